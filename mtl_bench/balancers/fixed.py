@@ -1,0 +1,33 @@
+"""Fixed loss weights: the network is trained on sum_k w_k L_k (the standard MTL baseline)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import Tensor
+
+from mtl_bench.balancers.base import Balancer, GradScalerLike, stack_weights
+
+
+class FixedWeights(Balancer):
+    """`FixedWeights({"a": 1.0, "b": 4.0})`: one backward of `1.0 * L_a + 4.0 * L_b`."""
+
+    def __init__(self, weights: Mapping[str, float]) -> None:
+        super().__init__(list(weights))
+        for name, w in weights.items():
+            if not w >= 0:  # also rejects NaN
+                raise ValueError(f"weight for task {name!r} is {w}; weights must be >= 0")
+        self.register_buffer("weights", stack_weights(dict(weights), self.task_names))
+
+    def backward(
+        self,
+        losses: dict[str, Tensor],
+        shared: Tensor,
+        scaler: GradScalerLike | None = None,
+    ) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        stacked = torch.stack([losses[name] for name in self.task_names])
+        total = (self.weights.to(stacked.dtype) * stacked).sum()
+        self.run_backward(total, scaler)
+        return {f"weight/{name}": self.weights[i] for i, name in enumerate(self.task_names)}

@@ -1,0 +1,8 @@
+"""The one exception type for user mistakes (bad config values, mismatched keys)."""
+
+
+class ConfigError(ValueError):
+    """A user error: the message is one line naming the bad key/value and what is allowed.
+
+    The CLI prints it without a traceback and exits non-zero.
+    """
