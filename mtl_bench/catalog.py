@@ -1,0 +1,25 @@
+"""What conf/ offers: group -> option names, read from the YAML files (no Hydra, no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+GROUPS = ("model", "tasks", "balancer", "optim", "precision", "trainer", "experiment")
+
+
+def conf_root() -> Path:
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"mtl-bench cannot find its conf/ directory next to {package}")
+
+
+def config_options() -> dict[str, list[str]]:
+    root = conf_root()
+    return {group: sorted(p.stem for p in (root / group).glob("*.yaml")) for group in GROUPS}
+
+
+def format_config_options() -> str:
+    """One line per group, as in `mtl-bench train --help` and `mtl-bench list`."""
+    return "\n".join(f"{group}: {', '.join(choices)}" for group, choices in config_options().items())

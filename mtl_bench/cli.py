@@ -1,0 +1,55 @@
+"""The `mtl-bench` command line: a typer app whose `train` hands its arguments to Hydra untouched."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Config-driven multi-task learning experiments in PyTorch.",
+)
+
+
+@app.callback()
+def _root() -> None:
+    """mtl-bench: compose an experiment from config groups, train it, compare runs."""
+    # A callback keeps `train` a subcommand even while it is the only one (typer's single-command rule).
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,  # `mtl-bench train --help` must reach Hydra's help, which lists the config groups
+)
+def train(ctx: typer.Context) -> None:
+    """Train one experiment, or a sweep with -m. Arguments go to Hydra verbatim (see `mtl-bench train --help`)."""
+    from mtl_bench.train import hydra_main  # lazy: `mtl-bench --help` must not import torch or hydra
+
+    saved = sys.argv
+    sys.argv = [saved[0], *ctx.args]  # Hydra reads sys.argv itself
+    try:
+        hydra_main()
+    finally:
+        sys.argv = saved
+
+
+@app.command("list")
+def list_options(group: str = typer.Argument(None, help="Only this group (model, tasks, balancer, ...).")) -> None:
+    """List the config groups and their options."""
+    from mtl_bench.catalog import config_options, format_config_options
+
+    options = config_options()
+    if group is None:
+        typer.echo(format_config_options())
+    elif group in options:
+        typer.echo("\n".join(options[group]))
+    else:
+        typer.echo(f"mtl-bench: error: unknown group {group!r}; groups: {', '.join(options)}", err=True)
+        raise typer.Exit(2)
+
+
+def main() -> None:
+    app()

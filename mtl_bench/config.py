@@ -1,0 +1,253 @@
+"""Structured configs: one dataclass per config-group option, registered in Hydra's ConfigStore.
+
+Each YAML under conf/<group>/<option>.yaml starts with `defaults: [/schema/<group>/<option>@_here_]`,
+so Hydra type-checks every override at compose time (`optim.lr=abc` fails before anything runs).
+Value checks that types cannot express (lr > 0, a known schedule name) live in `__post_init__` and
+raise ConfigError; they run when `OmegaConf.to_object` builds these objects.
+Adding an option = one YAML file + one dataclass here (+ the code it selects).
+This module imports nothing of ours but the error type, and no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from mtl_bench.errors import ConfigError
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def _positive(key: str, value: float | int | None) -> None:
+    _require(value is not None and value > 0, key, value, "must be > 0")
+
+
+def _non_negative(key: str, value: float | int) -> None:
+    _require(value >= 0, key, value, "must be >= 0")
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    _require(value in allowed, key, value, "allowed: " + ", ".join(allowed))
+
+
+# ----------------------------------------------------------------------------- model
+
+
+@dataclass
+class MLPConf:
+    name: str = "mlp"
+    widths: list[int] = field(default_factory=lambda: [100, 100, 100, 100])
+    activation: str = "relu"
+
+    def __post_init__(self) -> None:
+        _require(len(self.widths) > 0 and all(w > 0 for w in self.widths), "model.widths", self.widths,
+                 "a non-empty list of positive layer widths")
+        _one_of("model.activation", self.activation, ("relu", "tanh", "gelu"))
+
+
+@dataclass
+class LeNetConf:
+    name: str = "lenet"
+    channels: list[int] = field(default_factory=lambda: [10, 20])
+    hidden: int = 50
+
+    def __post_init__(self) -> None:
+        _require(len(self.channels) > 0 and all(c > 0 for c in self.channels), "model.channels",
+                 self.channels, "a non-empty list of positive channel counts")
+        _positive("model.hidden", self.hidden)
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+@dataclass
+class ToyTasksConf:
+    name: str = "toy"
+    sigmas: list[float] = field(default_factory=lambda: [1.0, 100.0])
+    n_train: int = 10000
+    n_val: int = 1000
+    n_test: int = 1000
+    in_dim: int = 250
+    out_dim: int = 100
+    b_var: float = 10.0
+    eps_var: float = 3.5
+    data_seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(len(self.sigmas) > 0, "tasks.sigmas", self.sigmas, "one scale per task, at least one")
+        for key in ("n_train", "n_val", "n_test", "in_dim", "out_dim"):
+            _positive(f"tasks.{key}", getattr(self, key))
+
+
+@dataclass
+class DigitsTasksConf:
+    name: str = "digits"
+    n_train: int = 10000
+    n_val: int = 2000
+    n_test: int = 2000
+    overlap: int = 4
+    data_seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("n_train", "n_val", "n_test"):
+            _positive(f"tasks.{key}", getattr(self, key))
+        _require(0 <= self.overlap <= 8, "tasks.overlap", self.overlap, "0..8 columns")
+
+
+# ----------------------------------------------------------------------------- balancer
+
+
+@dataclass
+class FixedBalancerConf:
+    name: str = "fixed"
+    # task -> weight; null gives every task weight 1.0, otherwise every task needs one.
+    # Typed Any: OmegaConf cannot replace a null typed dict, nor add keys to a typed empty one, from the CLI.
+    weights: Any = None
+
+    def __post_init__(self) -> None:
+        _require(self.weights is None or isinstance(self.weights, dict), "balancer.weights", self.weights,
+                 "null or a mapping task: weight, e.g. balancer.weights={t0:1.0,t1:0.5}")
+        for task, w in (self.weights or {}).items():
+            _require(isinstance(w, (int, float)) and not isinstance(w, bool), f"balancer.weights.{task}", w,
+                     "a number")
+            _non_negative(f"balancer.weights.{task}", w)
+
+
+# ----------------------------------------------------------------------------- optim
+
+SCHEDULES = ("none", "step", "cosine")
+
+
+@dataclass
+class ScheduleConf:
+    name: str = "none"  # none | step | cosine; every one may start with a linear warmup
+    warmup_steps: int = 0
+    step_size: int = 1000  # step: multiply the lr by gamma every step_size steps after warmup
+    gamma: float = 0.1
+    min_lr_ratio: float = 0.0  # cosine: final lr = min_lr_ratio * lr
+
+    def __post_init__(self) -> None:
+        _one_of("optim.schedule.name", self.name, SCHEDULES)
+        _non_negative("optim.schedule.warmup_steps", self.warmup_steps)
+        _positive("optim.schedule.step_size", self.step_size)
+        _positive("optim.schedule.gamma", self.gamma)
+        _require(0 <= self.min_lr_ratio <= 1, "optim.schedule.min_lr_ratio", self.min_lr_ratio, "0..1")
+
+
+@dataclass
+class SGDConf:
+    name: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    schedule: ScheduleConf = field(default_factory=ScheduleConf)
+
+    def __post_init__(self) -> None:
+        _positive("optim.lr", self.lr)
+        _require(0 <= self.momentum < 1, "optim.momentum", self.momentum, "0 <= momentum < 1")
+        _require(not self.nesterov or self.momentum > 0, "optim.nesterov", self.nesterov,
+                 "nesterov needs optim.momentum > 0")
+        _non_negative("optim.weight_decay", self.weight_decay)
+
+
+@dataclass
+class AdamConf:
+    name: str = "adam"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    # true: decoupled weight decay (AdamW, Loshchilov & Hutter 2019); false: L2 added to the gradient
+    decoupled_weight_decay: bool = False
+    schedule: ScheduleConf = field(default_factory=ScheduleConf)
+
+    def __post_init__(self) -> None:
+        _positive("optim.lr", self.lr)
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", self.betas,
+                 "two numbers in [0, 1)")
+        _positive("optim.eps", self.eps)
+        _non_negative("optim.weight_decay", self.weight_decay)
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+@dataclass
+class PrecisionConf:
+    name: str = "fp32"
+
+    def __post_init__(self) -> None:
+        _one_of("precision.name", self.name, ("fp32",))
+
+
+# ----------------------------------------------------------------------------- trainer
+
+
+@dataclass
+class TrainerConf:
+    max_steps: int = 1000  # optimizer steps; ignored when epochs is set
+    epochs: Optional[int] = None  # train for this many passes over the training split instead
+    batch_size: int = 128
+    eval_every: int = 250  # evaluate on val every N steps (and always at the end)
+    log_every: int = 50  # read losses/weights from the device and log them every N steps
+    checkpoint_every: int = 500  # save checkpoints/last.pt every N steps (and always at the end); 0 = only at the end
+    resume: Optional[str] = None  # null | auto (this run dir's checkpoint, if any) | a checkpoint or run-dir path
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    num_threads: Optional[int] = None  # torch intra-op threads; null keeps torch's default
+    progress: str = "auto"  # auto (bar on a terminal, log lines otherwise) | bar | log
+
+    def __post_init__(self) -> None:
+        _positive("trainer.max_steps", self.max_steps)
+        _require(self.epochs is None or self.epochs > 0, "trainer.epochs", self.epochs, "null or > 0")
+        for key in ("batch_size", "eval_every", "log_every"):
+            _positive(f"trainer.{key}", getattr(self, key))
+        _non_negative("trainer.checkpoint_every", self.checkpoint_every)
+        _require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+                 "trainer.device", self.device, "auto, cpu, cuda or cuda:N")
+        _require(self.num_threads is None or self.num_threads > 0, "trainer.num_threads", self.num_threads,
+                 "null or > 0")
+        _one_of("trainer.progress", self.progress, ("auto", "bar", "log"))
+
+
+# ----------------------------------------------------------------------------- top level
+
+
+@dataclass
+class RunConf:
+    model: Any = MISSING
+    tasks: Any = MISSING
+    balancer: Any = MISSING
+    optim: Any = MISSING
+    precision: Any = MISSING
+    trainer: TrainerConf = field(default_factory=TrainerConf)
+    seed: int = 0
+    # free-form label shown in TensorBoard's hparams table and in `mtl-bench report`
+    tag: Optional[str] = None
+
+
+GROUP_SCHEMAS: dict[str, dict[str, type]] = {
+    "model": {"mlp": MLPConf, "lenet": LeNetConf},
+    "tasks": {"toy": ToyTasksConf, "digits": DigitsTasksConf},
+    "balancer": {"fixed": FixedBalancerConf},
+    "optim": {"sgd": SGDConf, "adam": AdamConf},
+    "precision": {"fp32": PrecisionConf},
+}
+
+
+def register_configs() -> None:
+    """Store every schema under `schema/<group>/<option>` (a name no YAML option uses)."""
+    cs = ConfigStore.instance()
+    cs.store(name="schema_run", node=RunConf)
+    for group, options in GROUP_SCHEMAS.items():
+        for option, schema in options.items():
+            cs.store(group=f"schema/{group}", name=option, node=schema)
+
+
+register_configs()

@@ -1,0 +1,63 @@
+"""From typed config objects (mtl_bench.config) to the objects the loop uses; the loop never reads config."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from mtl_bench.balancers import Balancer, FixedWeights
+from mtl_bench.errors import ConfigError
+from mtl_bench.models import MODELS, MultiTaskModel
+from mtl_bench.tasks import TASK_SETS, TaskSet
+
+
+def _options(conf: Any) -> dict[str, Any]:
+    """The dataclass fields minus the `name` that selected it."""
+    fields = asdict(conf)
+    fields.pop("name")
+    return fields
+
+
+def build_taskset(conf: Any) -> TaskSet:
+    return TASK_SETS[conf.name](**_options(conf))
+
+
+def build_model(conf: Any, taskset: TaskSet) -> MultiTaskModel:
+    heads = {task.name: task.out_dim for task in taskset.tasks}
+    return MODELS[conf.name](taskset.input_shape, heads, **_options(conf))
+
+
+def task_weights(weights: dict[str, float] | None, task_names: list[str]) -> dict[str, float]:
+    """Weights for exactly the task set's tasks: null means 1.0 each; any mismatch is a ConfigError."""
+    if weights is None:
+        return {name: 1.0 for name in task_names}
+    unknown = sorted(set(weights) - set(task_names))
+    missing = sorted(set(task_names) - set(weights))
+    if unknown or missing:
+        problems = []
+        if unknown:
+            problems.append(f"weights for unknown tasks {unknown}")
+        if missing:
+            problems.append(f"no weight for tasks {missing}")
+        raise ConfigError(
+            f"balancer.weights: {'; '.join(problems)}; weights given for {sorted(weights)}, "
+            f"the task set has tasks {task_names}"
+        )
+    return {name: float(weights[name]) for name in task_names}
+
+
+def build_balancer(conf: Any, task_names: list[str], model: MultiTaskModel) -> Balancer:
+    if conf.name == "fixed":
+        return FixedWeights(task_weights(conf.weights, task_names))
+    raise ConfigError(f"balancer={conf.name!r} has no builder")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={name!r} but CUDA is not available here (allowed: auto, cpu)")
+    return device

@@ -1,0 +1,35 @@
+"""Evaluation of every task on one split: mean loss and mean of each metric per task."""
+
+from __future__ import annotations
+
+import torch
+
+from mtl_bench.models.base import MultiTaskModel
+from mtl_bench.tasks.base import Split, Task
+
+EVAL_BATCH = 1024
+
+
+@torch.no_grad()
+def evaluate(model: MultiTaskModel, tasks: list[Task], split: Split) -> dict[str, dict[str, float]]:
+    """{task: {"loss": ..., <metric>: ...}}: sums stay on the device until one transfer at the end."""
+    was_training = model.training
+    model.eval()
+    sums: dict[str, dict[str, torch.Tensor]] = {t.name: {} for t in tasks}
+    n = len(split)
+    for start in range(0, n, EVAL_BATCH):
+        index = torch.arange(start, min(start + EVAL_BATCH, n), device=split.inputs.device)
+        inputs, targets = split.batch(index)
+        preds = model(inputs).preds
+        for task in tasks:
+            pred, target = preds[task.name], targets[task.name]
+            batch_values = {"loss": task.loss(pred, target) * len(index), **task.metrics(pred, target)}
+            for name, value in batch_values.items():
+                sums[task.name][name] = sums[task.name].get(name, 0.0) + value.detach().float()
+    model.train(was_training)
+    names = [(task, name) for task, values in sums.items() for name in values]
+    means = (torch.stack([sums[t][m] for t, m in names]) / n).tolist()  # the one host sync
+    result: dict[str, dict[str, float]] = {t.name: {} for t in tasks}
+    for (task, name), value in zip(names, means):
+        result[task][name] = value
+    return result

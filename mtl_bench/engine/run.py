@@ -1,0 +1,135 @@
+"""One experiment from a composed config: build everything, train, write metrics.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mtl_bench.config import RunConf
+from mtl_bench.engine.builders import build_balancer, build_model, build_taskset, pick_device
+from mtl_bench.engine.checkpoint import find_checkpoint, load_checkpoint
+from mtl_bench.engine.files import write_json
+from mtl_bench.engine.progress import use_bar
+from mtl_bench.engine.trainer import Trainer, TrainResult, count_steps
+from mtl_bench.optim import build_optimizer, build_scheduler
+from mtl_bench.run_logger import RunLogger, flatten_hparams
+
+log = logging.getLogger("mtl_bench")
+
+METRICS_FILE = "metrics.json"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def previous_status(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / METRICS_FILE).read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def run_experiment(cfg: DictConfig) -> float:
+    """The Hydra task function's body. Returns the final mean val loss over tasks (for sweepers)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    choices = {group: option for group, option in hydra_cfg.runtime.choices.items()
+               if not group.startswith(("hydra", "schema")) and option is not None}
+    conf: RunConf = OmegaConf.to_object(cfg)  # type checks happened at compose time; value checks run here
+    result = train(
+        conf,
+        Path(hydra_cfg.runtime.output_dir),
+        overrides=list(hydra_cfg.overrides.task),
+        choices=choices,
+        multirun=hydra_cfg.mode == RunMode.MULTIRUN,
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+    return sum(values["loss"] for values in result.val.values()) / len(result.val)
+
+
+def train(
+    conf: RunConf,
+    run_dir: Path,
+    *,
+    overrides: list[str] | None = None,
+    choices: dict[str, str] | None = None,
+    multirun: bool = False,
+    config: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Train `conf` with outputs in `run_dir`; usable without Hydra (tests, notebooks)."""
+    overrides, choices = overrides or [], choices or {}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if conf.trainer.num_threads:
+        torch.set_num_threads(conf.trainer.num_threads)
+    device = pick_device(conf.trainer.device)
+    checkpoint_path = find_checkpoint(conf.trainer.resume, run_dir)
+
+    seed_everything(conf.seed)
+    taskset = build_taskset(conf.tasks).to(device)
+    model = build_model(conf.model, taskset).to(device)
+    balancer = build_balancer(conf.balancer, taskset.task_names, model).to(device)
+    optimizer = build_optimizer(conf.optim, model.parameters())
+    scheduler = build_scheduler(conf.optim.schedule, optimizer, count_steps(conf.trainer, len(taskset.train)))
+
+    logger: RunLogger | None = None
+    trainer: Trainer | None = None
+    try:
+        trainer = Trainer(
+            taskset=taskset, model=model, balancer=balancer, optimizer=optimizer,
+            scheduler=scheduler, conf=conf.trainer, seed=conf.seed, run_dir=run_dir, logger=None,
+            bar=use_bar(conf.trainer.progress, multirun),
+        )
+        if checkpoint_path is not None:
+            trainer.restore(load_checkpoint(checkpoint_path, device), checkpoint_path)
+        logger = RunLogger(run_dir, purge_step=trainer.step or None)
+        trainer.logger = logger
+        metric_names = {t.name: ["loss", *t.higher_is_better] for t in taskset.tasks}
+        if trainer.step == 0:
+            logger.write_dashboard(metric_names)
+            hparam_values = {**{f"choice.{g}": o for g, o in choices.items()}, **flatten_hparams(config or {})}
+            final_tags = [f"metric/test/{t}/{m}" for t, names in metric_names.items() for m in names]
+            logger.write_hparams(hparam_values, final_tags + ["summary/test_loss_ratio_sum"])
+        log.info("run dir %s | %d steps on %s | tasks %s", run_dir, trainer.total_steps, device, taskset.task_names)
+        result = trainer.fit()
+    except BaseException as err:
+        if previous_status(run_dir) != "completed":  # never overwrite a finished run's results
+            write_json(run_dir / METRICS_FILE, {
+                "status": "failed", "error": f"{type(err).__name__}: {err}",
+                "step": trainer.step if trainer is not None else 0,
+                "overrides": overrides, "choices": choices,
+            })
+        raise
+    finally:
+        if logger is not None:
+            logger.close()
+
+    write_json(run_dir / METRICS_FILE, {
+        "status": "completed",
+        "step": result.step,
+        "wall_time_s": round(result.wall_time_s, 3),
+        "overrides": overrides,
+        "choices": choices,
+        "seed": conf.seed,
+        "val": result.val,
+        "test": result.test,
+        "summary": result.summary,
+        "initial_test": result.initial_test,
+        "higher_is_better": {t.name: {"loss": False, **t.higher_is_better} for t in taskset.tasks},
+        "model_selection": "final step",
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    })
+    log.info("done: step %d, %.1f s | test %s", result.step, result.wall_time_s, result.test)
+    return result

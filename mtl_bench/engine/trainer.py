@@ -1,0 +1,184 @@
+"""The training loop: joint multi-task steps, periodic logging and evaluation, checkpoints, resume."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtl_bench.balancers import Balancer
+from mtl_bench.config import TrainerConf
+from mtl_bench.engine.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint, set_rng_state
+from mtl_bench.engine.data import StepSampler
+from mtl_bench.engine.evaluate import evaluate
+from mtl_bench.engine.progress import Progress
+from mtl_bench.errors import ConfigError
+from mtl_bench.models import MultiTaskModel
+from mtl_bench.run_logger import RunLogger
+from mtl_bench.tasks import TaskSet
+
+log = logging.getLogger("mtl_bench")
+
+Metrics = dict[str, dict[str, float]]
+
+
+@dataclass
+class TrainResult:
+    step: int
+    val: Metrics
+    test: Metrics
+    summary: dict[str, float]
+    wall_time_s: float
+    initial_test: Metrics = field(default_factory=dict)
+
+
+def metric_tags(split: str, metrics: Metrics) -> dict[str, float]:
+    return {f"metric/{split}/{task}/{name}": v for task, values in metrics.items() for name, v in values.items()}
+
+
+def loss_ratio_sum(test: Metrics, initial: Metrics) -> float:
+    """The GradNorm paper's summary: sum_i L_i / L_i(0), test losses against those of the untrained model."""
+    return sum(test[task]["loss"] / initial[task]["loss"] for task in test)
+
+
+def count_steps(conf: TrainerConf, n_train: int) -> int:
+    """Optimizer steps of the whole run: trainer.epochs full passes, else trainer.max_steps."""
+    return conf.epochs * (n_train // conf.batch_size) if conf.epochs else conf.max_steps
+
+
+class Trainer:
+    def __init__(
+        self,
+        *,
+        taskset: TaskSet,
+        model: MultiTaskModel,
+        balancer: Balancer,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        conf: TrainerConf,
+        seed: int,
+        run_dir: Path,
+        logger: RunLogger | None,
+        bar: bool,
+    ) -> None:
+        self.taskset, self.model, self.balancer = taskset, model, balancer
+        self.optimizer, self.scheduler, self.conf = optimizer, scheduler, conf
+        self.run_dir, self.logger, self.bar = run_dir, logger, bar
+        self.sampler = StepSampler(len(taskset.train), conf.batch_size, seed)
+        self.total_steps = count_steps(conf, len(taskset.train))
+        self.step = 0
+        self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
+        self.initial_test: Metrics = {}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoints" / CHECKPOINT_NAME
+
+    def save(self, elapsed: float) -> None:
+        save_checkpoint(self.checkpoint_path, {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "balancer": self.balancer.state_dict(),
+            "rng": rng_state(),
+            "initial_test": self.initial_test,
+            "elapsed_s": elapsed,
+        })
+
+    def restore(self, state: dict[str, Any], source: Path) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.balancer.load_state_dict(state["balancer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            first_line = str(err).strip().splitlines()[0]
+            raise ConfigError(f"trainer.resume: checkpoint {source} does not fit this config ({first_line})") from None
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.initial_test = state["initial_test"]
+        self.elapsed_before = state["elapsed_s"]
+        log.info("resumed from %s at step %d", source, self.step)
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> TrainResult:
+        tasks, train = self.taskset.tasks, self.taskset.train
+        device = train.inputs.device
+        total, conf = self.total_steps, self.conf
+        if not self.initial_test:  # L_i(0) for the loss-ratio summary, measured before any update
+            self.initial_test = evaluate(self.model, tasks, self.taskset.test)
+
+        progress = Progress(total, self.step, self.bar)
+        started = time.perf_counter()
+        window_losses = torch.zeros(len(tasks), device=device)
+        window_start, window_steps = time.perf_counter(), 0
+        measured: dict[str, torch.Tensor] = {}
+        self.model.train()
+        try:
+            while self.step < total:
+                index = self.sampler.indices(self.step).to(device, non_blocking=True)
+                inputs, targets = train.batch(index)
+                out = self.model(inputs)
+                losses = {task.name: task.loss(out.preds[task.name], targets[task.name]) for task in tasks}
+                self.optimizer.zero_grad(set_to_none=True)
+                measured = self.balancer.backward(losses, out.shared)
+                self.optimizer.step()
+                self.scheduler.step()
+                self.step += 1
+                window_losses += torch.stack([loss.detach() for loss in losses.values()])
+                window_steps += 1
+
+                if self.step % conf.log_every == 0 or self.step == total:
+                    rate = window_steps / (time.perf_counter() - window_start)
+                    self._log_train(window_losses / window_steps, measured, rate, progress)
+                    window_losses.zero_()
+                    window_start, window_steps = time.perf_counter(), 0
+                else:
+                    progress.update(self.step)
+                if self.step % conf.eval_every == 0 and self.step < total:
+                    self._log_eval("val", evaluate(self.model, tasks, self.taskset.val))
+                if conf.checkpoint_every and self.step % conf.checkpoint_every == 0 and self.step < total:
+                    self.save(self.elapsed_before + time.perf_counter() - started)
+        finally:
+            progress.close()
+
+        val = evaluate(self.model, tasks, self.taskset.val)
+        test = evaluate(self.model, tasks, self.taskset.test)
+        summary = {"test_loss_ratio_sum": loss_ratio_sum(test, self.initial_test)}
+        self._log_eval("val", val)
+        self._log_eval("test", test, extra={f"summary/{k}": v for k, v in summary.items()})
+        wall = self.elapsed_before + time.perf_counter() - started
+        self.save(wall)
+        return TrainResult(self.step, val, test, summary, wall, self.initial_test)
+
+    def _log_train(self, mean_losses: torch.Tensor, measured: dict[str, torch.Tensor], rate: float,
+                   progress: Progress) -> None:
+        names = [task.name for task in self.taskset.tasks]
+        # One host sync per log interval: losses and the balancer's measurements in one transfer.
+        values = torch.cat([mean_losses.float(), torch.stack(list(measured.values())).float().to(mean_losses.device)])
+        numbers = values.tolist()
+        losses = dict(zip(names, numbers[: len(names)]))
+        scalars = {f"loss/{name}": v for name, v in losses.items()}
+        scalars.update(zip(measured.keys(), numbers[len(names):]))
+        for i, group in enumerate(self.optimizer.param_groups):
+            scalars[f"lr/{group.get('name', i)}"] = group["lr"]
+        scalars["perf/steps_per_s"] = rate
+        if self.logger is not None:
+            self.logger.scalars(scalars, self.step)
+        progress.update(self.step, losses, rate)
+
+    def _log_eval(self, split: str, metrics: Metrics, extra: dict[str, float] | None = None) -> None:
+        text = "; ".join(f"{task}: " + " ".join(f"{k} {v:.4g}" for k, v in values.items())
+                         for task, values in metrics.items())
+        log.info("step %d %s | %s", self.step, split, text)
+        if self.logger is not None:
+            self.logger.scalars({**metric_tags(split, metrics), **(extra or {})}, self.step)
+            self.logger.flush()
