@@ -1,0 +1,113 @@
+"""The training loop: determinism, exact resume after SIGKILL, metrics.json, TensorBoard output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from mtl_bench.engine.run import train
+from mtl_bench.errors import ConfigError
+
+SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
+
+
+@pytest.fixture
+def small_conf(compose_cfg):
+    def _conf(*overrides: str):
+        return OmegaConf.to_object(compose_cfg(*SMALL, *overrides))
+
+    return _conf
+
+
+def test_same_config_and_seed_give_identical_numbers(small_conf, tmp_path):
+    a = train(small_conf("seed=3"), tmp_path / "a")
+    b = train(small_conf("seed=3"), tmp_path / "b")
+    c = train(small_conf("seed=4"), tmp_path / "c")
+    assert a.test == b.test and a.val == b.val
+    assert a.test != c.test
+
+
+def test_metrics_json_has_final_metrics_and_loss_ratio_summary(small_conf, tmp_path):
+    train(small_conf(), tmp_path, overrides=["optim=adam"], choices={"optim": "adam"})
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["step"] == 20
+    assert metrics["overrides"] == ["optim=adam"]
+    assert set(metrics["test"]) == {"t0", "t1"} and "mse" in metrics["test"]["t0"]
+    assert metrics["higher_is_better"]["t0"] == {"loss": False, "mse": False}
+    expected = sum(metrics["test"][t]["loss"] / metrics["initial_test"][t]["loss"] for t in ("t0", "t1"))
+    assert metrics["summary"]["test_loss_ratio_sum"] == pytest.approx(expected)
+    assert metrics["wall_time_s"] > 0
+
+
+def test_tensorboard_tags_layout_and_hparams_in_the_runs_own_file(small_conf, tmp_path):
+    train(small_conf(), tmp_path, choices={"balancer": "fixed"}, config={"optim": {"lr": 0.001}})
+    assert not [p for p in tmp_path.iterdir() if p.is_dir() and p.name not in ("checkpoints",)]  # no sub-runs
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("loss/t0", "loss/t1", "weight/t0", "weight/t1", "metric/val/t0/mse", "metric/test/t1/loss",
+                "lr/0", "perf/steps_per_s", "summary/test_loss_ratio_sum"):
+        assert tag in tags, tag
+    assert [e.step for e in events.Scalars("loss/t0")] == [5, 10, 15, 20]
+    plugins = events.PluginTagToContent("hparams")
+    assert "_hparams_/experiment" in plugins and "_hparams_/session_start_info" in plugins
+    assert b"choice.balancer" in plugins["_hparams_/session_start_info"]
+    assert events.PluginTagToContent("custom_scalars")
+
+
+def test_resume_auto_without_checkpoint_starts_fresh(small_conf, tmp_path):
+    assert train(small_conf("trainer.resume=auto"), tmp_path).step == 20
+
+
+def test_resume_from_a_checkpoint_of_another_model_is_a_config_error(small_conf, tmp_path):
+    train(small_conf(), tmp_path / "a")
+    with pytest.raises(ConfigError, match="does not fit this config"):
+        train(small_conf("model.widths=[16]", f"trainer.resume={tmp_path / 'a'}"), tmp_path / "b")
+
+
+def test_missing_resume_path_is_a_config_error(small_conf, tmp_path):
+    with pytest.raises(ConfigError, match="trainer.resume="):
+        train(small_conf(f"trainer.resume={tmp_path / 'nowhere'}"), tmp_path / "run")
+
+
+def test_epochs_set_the_step_count(small_conf, tmp_path):
+    # 512 samples / batch 32 = 16 steps per epoch
+    assert train(small_conf("trainer.epochs=2"), tmp_path).step == 32
+
+
+def _train_cmd(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "mtl_bench", "train", f"hydra.run.dir={run_dir}", *SMALL,
+            "trainer.max_steps=3000", "trainer.checkpoint_every=50", "trainer.eval_every=1000",
+            "trainer.log_every=100", "trainer.num_threads=1", *extra]
+
+
+def test_run_killed_with_sigkill_and_resumed_ends_with_identical_metrics(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(_train_cmd(tmp_path / "straight"), check=True, env=env, capture_output=True, timeout=300)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = killed / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "metrics.json").exists()  # it really died mid-run
+
+    subprocess.run(_train_cmd(killed, "trainer.resume=auto"), check=True, env=env, capture_output=True, timeout=300)
+    straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    resumed = json.loads((killed / "metrics.json").read_text())
+    assert resumed["step"] == straight["step"] == 3000
+    assert resumed["test"] == straight["test"] and resumed["val"] == straight["val"]
+    assert resumed["summary"] == straight["summary"]
