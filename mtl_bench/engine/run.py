@@ -131,5 +131,5 @@ def train(
         "model_selection": "final step",
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     })
-    log.info("done: step %d, %.1f s | test %s", result.step, result.wall_time_s, result.test)
+    log.info("done: %d steps in %.1f s; final metrics in %s", result.step, result.wall_time_s, run_dir / METRICS_FILE)
     return result
