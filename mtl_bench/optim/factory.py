@@ -18,7 +18,10 @@ def build_optimizer(conf: Any, params: Iterable[torch.nn.Parameter]) -> torch.op
     if conf.name == "adam":
         # AdamW decouples the decay from the gradient (Loshchilov & Hutter 2019); Adam adds L2 to it.
         cls = torch.optim.AdamW if conf.decoupled_weight_decay else torch.optim.Adam
-        return cls(params, lr=conf.lr, betas=tuple(conf.betas), eps=conf.eps, weight_decay=conf.weight_decay)
+        # fused: one pass over all tensors per step (CPU and CUDA) instead of one kernel per elementwise op.
+        fused = all(p.device.type in ("cpu", "cuda") for p in params)
+        return cls(params, lr=conf.lr, betas=tuple(conf.betas), eps=conf.eps, weight_decay=conf.weight_decay,
+                   fused=fused)
     raise ValueError(f"unknown optimizer {conf.name!r}")
 
 
