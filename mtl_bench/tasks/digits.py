@@ -1,0 +1,85 @@
+"""MultiMNIST-style digit pairs (MultiMNIST: Sabour et al. 2017, as used for MTL by Sener & Koltun 2018).
+
+Built from scikit-learn's bundled 8x8 digits (`load_digits`: 1797 real images, values 0..16, no download).
+The 1797 source images are first split into disjoint train/val/test pools (70/15/15 %, seeded permutation),
+so no val/test image is ever seen in training. Each sample draws two images (with replacement) from its
+split's pool and puts them on one 8 x (16 - overlap) canvas: the left image at columns 0..7, the right one
+at columns 8-overlap..15-overlap, combined by element-wise max (as MultiMNIST overlays digits), scaled to
+[0, 1]. Input shape (1, 8, 16 - overlap).
+
+Tasks: "left" and "right" (10-class cross-entropy; metric "accuracy", a per-batch count of correct
+predictions) and "sum" (regression of left + right digit, float target of shape (N, 1); loss MSE, metric
+"mse"), so the losses differ in kind and in scale.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import Generator, Tensor
+
+from mtl_bench.tasks.base import Split, Task, TaskSet
+from mtl_bench.tasks.losses import accuracy_metrics, cross_entropy_loss, mse_loss, mse_metrics
+
+POOL_FRACTIONS = (0.70, 0.15)  # train, val; test gets the rest
+SIDE = 8  # load_digits images are 8x8
+
+
+def source_pools(data_seed: int = 0) -> dict[str, Tensor]:
+    """Indices into `load_digits()` of each split's source images: disjoint, together all 1797."""
+    return _pools(torch.Generator().manual_seed(data_seed))
+
+
+def make_digits(n_train: int = 10000, n_val: int = 2000, n_test: int = 2000, overlap: int = 4,
+                data_seed: int = 0) -> TaskSet:
+    if not 0 <= overlap <= SIDE:
+        raise ValueError(f"overlap={overlap!r} is not allowed: 0..{SIDE} columns")
+    images, labels = _load()
+    gen = torch.Generator().manual_seed(data_seed)
+    pools = _pools(gen)  # drawn first from the same generator, so source_pools(data_seed) matches
+    splits = {}
+    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
+        pool = pools[split]
+        pick = pool[torch.randint(len(pool), (n, 2), generator=gen)]  # (n, 2) source indices
+        left, right = pick[:, 0], pick[:, 1]
+        targets = {
+            "left": labels[left],
+            "right": labels[right],
+            "sum": (labels[left] + labels[right]).float().unsqueeze(1),  # (N, 1), like the head's output
+        }
+        splits[split] = Split(inputs=_compose(images[left], images[right], overlap), targets=targets)
+    classify = dict(out_dim=10, loss=cross_entropy_loss, metrics=accuracy_metrics,
+                    higher_is_better={"accuracy": True}, initial_loss=math.log(10))
+    tasks = [
+        Task(name="left", **classify),
+        Task(name="right", **classify),
+        Task(name="sum", out_dim=1, loss=mse_loss, metrics=mse_metrics, higher_is_better={"mse": False}),
+    ]
+    return TaskSet(name="digits", tasks=tasks, input_shape=(1, SIDE, 2 * SIDE - overlap), **splits)
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[Tensor, Tensor]:
+    """(images (1797, 8, 8) float32 in [0, 1], labels (1797,) int64); cached: sklearn is slow to import."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return torch.from_numpy(digits.images).float() / 16.0, torch.from_numpy(digits.target).long()
+
+
+def _pools(gen: Generator) -> dict[str, Tensor]:
+    n = len(_load()[1])
+    order = torch.randperm(n, generator=gen)
+    n_train, n_val = round(POOL_FRACTIONS[0] * n), round(POOL_FRACTIONS[1] * n)
+    return {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}
+
+
+def _compose(left: Tensor, right: Tensor, overlap: int) -> Tensor:
+    """(N, 1, 8, 16 - overlap) canvases from (N, 8, 8) left and right images."""
+    width = 2 * SIDE - overlap
+    canvas = torch.zeros(len(left), 1, SIDE, width)
+    canvas[:, 0, :, :SIDE] = left
+    canvas[:, 0, :, width - SIDE:] = torch.maximum(canvas[:, 0, :, width - SIDE:], right)
+    return canvas
