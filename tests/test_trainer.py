@@ -111,3 +111,23 @@ def test_run_killed_with_sigkill_and_resumed_ends_with_identical_metrics(tmp_pat
     assert resumed["step"] == straight["step"] == 3000
     assert resumed["test"] == straight["test"] and resumed["val"] == straight["val"]
     assert resumed["summary"] == straight["summary"]
+
+
+def test_loop_reads_device_values_only_at_log_and_eval_points(small_conf, tmp_path, monkeypatch):
+    """Host syncs from our code (item/tolist/bool/float of a tensor) happen per log interval, not per step."""
+    import torch
+
+    calls = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("mtl_bench"):
+                calls.append((caller, _name))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    train(small_conf("trainer.max_steps=40", "trainer.log_every=20", "trainer.eval_every=1000"), tmp_path)
+    # 2 log points + 3 evaluations (initial test for L_i(0), final val, final test), one transfer each
+    assert len(calls) == 5, calls
