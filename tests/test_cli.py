@@ -93,3 +93,22 @@ def test_list_shows_groups():
     result = CliRunner().invoke(app, ["list"])
     assert result.exit_code == 0
     assert "tasks: digits, toy, toy10" in result.output
+
+
+def test_every_experiment_preset_runs(tmp_path):
+    result = CliRunner().invoke(app, ["train", "-m", "experiment=glob(*)", f"hydra.sweep.dir={tmp_path}",
+                                      "trainer.max_steps=10", "trainer.eval_every=5", "trainer.log_every=5",
+                                      "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32"])
+    assert result.exit_code == 0, result.output
+    finished = {json.loads(p.read_text())["choices"]["experiment"] for p in tmp_path.glob("*/metrics.json")}
+    assert finished == {"digits_lenet", "toy10"}
+
+
+@pytest.mark.slow
+def test_default_train_command_as_a_new_user_runs_it(tmp_path):
+    result = cli("train", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (metrics_file,) = tmp_path.glob("outputs/*/*/metrics.json")
+    metrics = json.loads(metrics_file.read_text())
+    assert metrics["status"] == "completed" and metrics["step"] == 1000
+    assert set(metrics["test"]) == {"t0", "t1"}
