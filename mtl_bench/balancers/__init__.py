@@ -2,5 +2,7 @@
 
 from mtl_bench.balancers.base import Balancer
 from mtl_bench.balancers.fixed import FixedWeights
+from mtl_bench.balancers.gradnorm import GradNorm
+from mtl_bench.balancers.rescaled_norm import RescaledNormBalancer
 
-__all__ = ["Balancer", "FixedWeights"]
+__all__ = ["Balancer", "FixedWeights", "GradNorm", "RescaledNormBalancer"]

@@ -23,7 +23,42 @@ class Balancer(nn.Module):
 
     Being an `nn.Module`, any learnable state (GradNorm's weights) or running statistics (EMA buffers)
     is part of `state_dict()`, so checkpoints restore it.
+
+    The step protocol (what a training loop calls; `FixedWeights` has no state, so `step` is a no-op):
+
+    joint mode (one batch carries every task)::
+
+        metrics = balancer.backward(losses, out.shared, scaler)  # all tasks at once
+        scaler.step(optimizer); scaler.update()                  # or optimizer.step()
+        metrics |= balancer.step()                               # commit the state update
+
+    per-task mode (one batch per task, gradients accumulate, one optimizer step)::
+
+        for task, batch in batches:
+            out = model(batch.inputs)
+            metrics |= balancer.backward_task(task, loss_of(task, out), out.shared, scaler)
+        scaler.step(optimizer); scaler.update()
+        metrics |= balancer.step()                               # update the weights once, from all tasks
+
+    Each `backward_task` uses the weights/scales the balancer holds at the start of the step and records
+    that task's statistics; `step()` computes the state update from all of them (every task must have had
+    its `backward_task`) and returns the metrics that need all tasks (ratios, GradNorm targets).
+
+    State updates are staged during the backward and committed by `step()`, so a step that is not taken
+    leaves the state unchanged:
+    - with a grad scaler, `step()` (called after `scaler.update()`) sees a skipped step by itself: the scale
+      went down (GradScaler's backoff factor is < 1 and it only lowers the scale on inf/NaN); checked on the
+      device, no host sync;
+    - `step(skipped=True)`, or a 0-d bool tensor, when the loop skips the step for its own reasons
+      (non-finite loss);
+    - statistics that are not finite (NaN/inf norms or losses) never enter the state.
+    Without a scaler and with `defer_updates = False` (the default), joint-mode `backward` commits at
+    once, so a library user may call `backward` alone; a loop that may skip steps sets
+    `balancer.defer_updates = True` and calls `step()`. A joint `backward` while an update is still
+    pending raises (the loop forgot `step()`).
     """
+
+    defer_updates: bool = False
 
     task_names: list[str]
 
@@ -47,6 +82,20 @@ class Balancer(nn.Module):
         scaler: GradScalerLike | None = None,
     ) -> dict[str, Tensor]:
         raise NotImplementedError
+
+    def backward_task(
+        self,
+        task: str,
+        loss: Tensor,
+        shared: Tensor,
+        scaler: GradScalerLike | None = None,
+    ) -> dict[str, Tensor]:
+        """Per-task mode: the backward of one task's loss on its own batch (see the class docstring)."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-task mode")
+
+    def step(self, skipped: bool | Tensor | None = None) -> dict[str, Tensor]:
+        """Commit the state update of this step unless the step was skipped; stateless balancers: no-op."""
+        return {}
 
     @staticmethod
     def run_backward(total: Tensor, scaler: GradScalerLike | None) -> None:
