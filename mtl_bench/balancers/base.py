@@ -42,20 +42,21 @@ class Balancer(nn.Module):
 
     Each `backward_task` uses the weights/scales the balancer holds at the start of the step and records
     that task's statistics; `step()` computes the state update from all of them (every task must have had
-    its `backward_task`) and returns the metrics that need all tasks (ratios, GradNorm targets).
+    its `backward_task`) and returns the metrics that need all tasks (ratios, GradNorm targets). Under
+    DDP every rank must run the tasks in the same order (statistics may be reduced task by task).
 
-    State updates are staged during the backward and committed by `step()`, so a step that is not taken
-    leaves the state unchanged:
-    - with a grad scaler, `step()` (called after `scaler.update()`) sees a skipped step by itself: the scale
-      went down (GradScaler's backoff factor is < 1 and it only lowers the scale on inf/NaN); checked on the
-      device, no host sync;
-    - `step(skipped=True)`, or a 0-d bool tensor, when the loop skips the step for its own reasons
-      (non-finite loss);
+    State updates (EMA of norms, GradNorm's weights, L_i(0), optimizer moments) are staged during the
+    backward and committed by `step()`, so a step that is not taken leaves the state unchanged:
+    - with a grad scaler, `step()` called after `scaler.update()` sees a skipped step by itself (the scale
+      went down: GradScaler lowers it, by backoff_factor < 1, exactly when it skipped), on the device,
+      without a host sync; gradient norms are always measured on unscaled gradients;
+    - `step(skipped=True)` (or a 0-d bool tensor) when the loop skips the step for its own reasons;
     - statistics that are not finite (NaN/inf norms or losses) never enter the state.
-    Without a scaler and with `defer_updates = False` (the default), joint-mode `backward` commits at
-    once, so a library user may call `backward` alone; a loop that may skip steps sets
-    `balancer.defer_updates = True` and calls `step()`. A joint `backward` while an update is still
-    pending raises (the loop forgot `step()`).
+    When to call `step()`: always in per-task mode; in joint mode whenever a scaler was passed or
+    `defer_updates = True` (set it when the loop may skip steps). In joint mode without a scaler and with
+    `defer_updates = False` (the default) `backward` commits at once, so a library user may call `backward`
+    alone; `step()` is then a no-op. A joint `backward` while an update is still pending raises (the loop
+    forgot `step()`).
     """
 
     defer_updates: bool = False

@@ -1,0 +1,287 @@
+"""Chen et al., ICML 2018, "GradNorm: Gradient Normalization for Adaptive Loss Balancing in Deep Multitask Networks"."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, NamedTuple, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from mtl_bench.balancers.base import GradScalerLike
+from mtl_bench.balancers.distributed import average_by_name
+from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
+
+GRAD_SOURCES = ("last_shared", "shared_rep")
+OPTIMIZERS = ("adam", "sgd")
+
+
+class GradNormTerms(NamedTuple):
+    grad: Tensor  # ∂L_grad/∂w
+    weighted_norms: Tensor  # G_i = w_i·n_i
+    target: Tensor  # Ḡ·r_i^α, a constant for the derivative
+    loss_ratio: Tensor  # L̃_i = L_i / L_i(0)
+    l_grad: Tensor  # Σ_i |G_i − target_i|
+
+
+def gradnorm_terms(weights: Tensor, norms: Tensor, losses: Tensor, initial_losses: Tensor,
+                   alpha: float) -> GradNormTerms:
+    """The paper's L_grad and its gradient with respect to the task weights, in closed form.
+
+    `norms[i]` = n_i = ‖∇_W L_i‖ (unweighted), so G_i = ‖∇_W (w_i L_i)‖ = w_i·n_i. With the target held
+    constant, ∂L_grad/∂w_i = sign(G_i − target_i)·n_i: no second backward through the network, and no
+    gradient of L_grad can leak into the network's parameters.
+    """
+    loss_ratio = losses / initial_losses
+    inverse_rate = loss_ratio / loss_ratio.mean()  # r_i
+    weighted = weights * norms
+    target = weighted.mean() * inverse_rate.pow(alpha)
+    diff = weighted - target
+    return GradNormTerms(torch.sign(diff) * norms, weighted, target, loss_ratio, diff.abs().sum())
+
+
+def adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, lr: float,
+                betas: tuple[float, float], eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One step of `torch.optim.Adam` (no weight decay/amsgrad), out of place, on device tensors.
+
+    Out of place so the step can be committed or dropped with `torch.where` (a skipped step) without
+    reading the skip flag on the host.
+    """
+    beta1, beta2 = betas
+    step = step + 1
+    exp_avg = exp_avg.lerp(grad, 1 - beta1)
+    exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+    bias_correction1 = 1 - beta1**step
+    bias_correction2_sqrt = (1 - beta2**step).sqrt()
+    denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + eps
+    return param - (lr / bias_correction1) * exp_avg / denom, exp_avg, exp_avg_sq, step
+
+
+class LinearGradNorms:
+    """‖∇_W L‖ over an `nn.Linear`'s weight (and bias) from its input `a` and δ = ∂L/∂output, per loss.
+
+    ∇_W L = δᵀ[a, 1] and ‖δᵀA‖²_F = ⟨δδᵀ, AAᵀ⟩. With N rows (batch items) and N ≤ in+1, the Gram matrix
+    K = AAᵀ (N×N) is computed once per step and each loss costs one N×N×out matmul: ‖·‖² = ⟨Kδ, δ⟩;
+    otherwise ‖aᵀδ‖² is cheaper. The ones column is never built: K = aaᵀ + 1 and ‖1ᵀδ‖² = ‖Σ_rows δ‖².
+    One loss at a time, so each δ can be freed at once (a batched (N, T·out) matmul measured 2× slower
+    on CPU, memory-bound, and holds all T gradients). Float32 throughout.
+    """
+
+    def __init__(self, inputs: Tensor, bias: bool) -> None:
+        self.a = inputs.reshape(-1, inputs.shape[-1]).float()
+        self.rows, self.bias = self.a.shape[0], bias
+        self.gram = self.a @ self.a.T + float(bias) if self.rows <= self.a.shape[1] + bias else None
+
+    def __call__(self, output_grad: Tensor) -> Tensor:
+        d = output_grad.reshape(self.rows, -1).float()
+        if self.gram is not None:
+            squared = torch.vdot((self.gram @ d).reshape(-1), d.reshape(-1))
+        else:
+            squared = (self.a.T @ d).square().sum()
+            if self.bias:
+                squared = squared + d.sum(0).square().sum()
+        return squared.clamp_min(0).sqrt()  # rounding in the Gram form can dip just below 0
+
+
+def linear_weight_grad_norms(inputs: Tensor, output_grads: Sequence[Tensor], bias: bool) -> Tensor:
+    """`LinearGradNorms` for several losses at once: one norm per output gradient."""
+    norm = LinearGradNorms(inputs, bias)
+    return torch.stack([norm(d) for d in output_grads])
+
+
+class GradNorm(StagedBalancer):
+    """Learnable task weights w_i (start at 1) that equalise the tasks' gradient norms at the last shared layer.
+
+    Each step: n_i = ‖∇_W L_i‖ over the last shared layer W (`grad_source="last_shared"`) or over the
+    shared representation (`"shared_rep"`, cheaper); G_i = w_i n_i; L̃_i = L_i / L_i(0) with L_i(0) the
+    first step's loss (or `initial_losses`, e.g. log C for C-class cross-entropy); r_i = L̃_i / mean(L̃);
+    L_grad = Σ_i |G_i − Ḡ r_i^α| with the target held constant. The network is trained on Σ w_i L_i with
+    the current weights; then w takes one step of its own optimizer (Adam or SGD, `lr`) on ∂L_grad/∂w
+    (closed form, see `gradnorm_terms`), is clamped to ≥ `min_weight` (a weight at 0 would stay there and
+    can make the renormalisation divide by 0) and renormalised to Σ w = T.
+
+    W is `shared_layer` (the model's last shared module) or `shared_params`. For an `nn.Linear` the norms
+    come from its input and output captured by a forward hook: a backward through the heads only gives
+    δ_i = ∂L_i/∂output, and `LinearGradNorms` turns it into n_i; no per-task backward through
+    the trunk. Any other module (or `shared_params`) takes per-task gradients of its parameters. The
+    Linear path hooks the layer when the balancer is built, so build it before the training forwards;
+    it expects the layer to run once per forward (`remove_hook()` detaches it).
+
+    Metrics: `weight/<task>` (w used this step), `grad_norm/<task>` (n_i), `ratio/<task>` (G_i / Σ G),
+    `gradnorm/target/<task>`, `gradnorm/loss_ratio/<task>` (L̃_i), `gradnorm/L_grad`.
+    Under DDP n_i and L_i are averaged across ranks (by name) before the update, so all ranks hold the
+    same weights. The weights, L_i(0) and the optimizer's moments are buffers: `state_dict` has them all.
+    """
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_layer: nn.Module | None = None,
+        *,
+        shared_params: Iterable[Tensor] | None = None,
+        alpha: float = 1.5,
+        lr: float = 0.025,
+        grad_source: str = "last_shared",
+        optimizer: str = "adam",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        initial_losses: Mapping[str, float] | None = None,
+        min_weight: float = 1e-6,
+    ) -> None:
+        super().__init__(task_names)
+        if grad_source not in GRAD_SOURCES:
+            raise ValueError(f"grad_source is {grad_source!r}; allowed: {', '.join(GRAD_SOURCES)}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer is {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+        if not alpha >= 0 or not lr > 0 or not min_weight > 0:
+            raise ValueError(f"need alpha >= 0 (got {alpha}), lr > 0 (got {lr}), min_weight > 0 (got {min_weight})")
+        self.alpha, self.lr, self.grad_source, self.optimizer = alpha, lr, grad_source, optimizer
+        self.betas, self.eps, self.min_weight = (float(betas[0]), float(betas[1])), eps, min_weight
+        self._layer_params: list[Tensor] = []
+        self._linear: nn.Linear | None = None
+        self._io: tuple[Tensor, Tensor] | None = None
+        self._hook = None
+        if grad_source == "last_shared":
+            self._setup_layer(shared_layer, shared_params)
+
+        n = len(self.task_names)
+        self.register_buffer("weights", torch.ones(n))
+        self.register_buffer("exp_avg", torch.zeros(n))
+        self.register_buffer("exp_avg_sq", torch.zeros(n))
+        self.register_buffer("opt_step", torch.zeros(()))
+        self.register_buffer("initial_losses", torch.ones(n))
+        self.register_buffer("initialized", torch.tensor(initial_losses is not None))
+        if initial_losses is not None:
+            if set(initial_losses) != set(self.task_names):
+                raise KeyError(f"initial_losses for {sorted(initial_losses)} do not match "
+                               f"tasks {sorted(self.task_names)}")
+            values = [float(initial_losses[name]) for name in self.task_names]
+            if not all(v > 0 for v in values):
+                raise ValueError(f"initial_losses must be > 0, got {dict(initial_losses)}")
+            self.initial_losses.copy_(torch.tensor(values))
+
+    def _setup_layer(self, layer: nn.Module | None, params: Iterable[Tensor] | None) -> None:
+        if (layer is None) == (params is None):
+            raise ValueError("grad_source='last_shared' needs exactly one of shared_layer= or shared_params=")
+        if params is not None:
+            self._layer_params = [p for p in params if p.requires_grad]
+        elif isinstance(layer, nn.Linear):
+            self._linear = layer
+            self._hook = layer.register_forward_hook(self._capture)
+        else:
+            self._layer_params = [p for p in layer.parameters() if p.requires_grad]
+        if self._linear is None and not self._layer_params:
+            raise ValueError("the last shared layer has no trainable parameters to measure gradient norms on")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # The shared layer belongs to the model: keep it out of this module's children and state_dict.
+        if name == "_linear":
+            self.__dict__[name] = value
+        else:
+            super().__setattr__(name, value)
+
+    def remove_hook(self) -> None:
+        """Detach the forward hook from the shared layer (the balancer cannot measure after this)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _capture(self, module: nn.Module, args: tuple[Tensor, ...], output: Tensor) -> None:
+        if torch.is_grad_enabled() and output.requires_grad:  # evaluation forwards are not training steps
+            self._io = (args[0].detach(), output)
+
+    def extra_repr(self) -> str:
+        return (f"tasks={self.task_names}, alpha={self.alpha}, lr={self.lr}, grad_source={self.grad_source}, "
+                f"optimizer={self.optimizer}")
+
+    # ------------------------------------------------------------------ measuring n_i
+
+    def _norms(self, losses: Sequence[Tensor], shared: Tensor, scale: Tensor | None) -> Tensor:
+        """n_i for each loss, on the unscaled gradients; float32."""
+        if self.grad_source == "shared_rep":
+            norms = torch.stack([torch.linalg.vector_norm(self._grad(loss, [shared], scale)[0], dtype=torch.float32)
+                                 for loss in losses])
+        elif self._linear is not None:
+            if self._io is None:
+                raise RuntimeError("GradNorm: the shared layer ran no forward with gradients since the last backward; "
+                                   "pass the layer the model actually uses (model.last_shared_layer)")
+            inputs, output = self._io
+            self._io = None  # release the activations with the graph
+            norm = LinearGradNorms(inputs, self._linear.bias is not None)
+            norms = torch.stack([norm(self._grad(loss, [output], scale)[0]) for loss in losses])
+        else:
+            rows = []
+            for loss in losses:
+                grads = [g for g in self._grad(loss, self._layer_params, scale, allow_unused=True) if g is not None]
+                per_tensor = torch._foreach_norm(grads) if grads else [torch.zeros((), device=loss.device)]
+                rows.append(torch.linalg.vector_norm(torch.stack(per_tensor).float()))
+            norms = torch.stack(rows)
+        return norms / scale if scale is not None else norms
+
+    # ------------------------------------------------------------------ the weight update
+
+    def _reduce(self, norms: Tensor, losses: Tensor) -> tuple[Tensor, Tensor]:
+        names = self.task_names
+        local = {**{f"norm/{n}": norms[i] for i, n in enumerate(names)},
+                 **{f"loss/{n}": losses[i] for i, n in enumerate(names)}}
+        mean = average_by_name(local)
+        return (torch.stack([mean[f"norm/{n}"] for n in names]), torch.stack([mean[f"loss/{n}"] for n in names]))
+
+    def _update(self, norms: Tensor, losses: Tensor) -> dict[str, Tensor]:
+        """Stage w(t+1) (and L_i(0) at the first step) from this step's n_i and L_i; return the metrics."""
+        norms, losses = self._reduce(norms, losses)
+        self._require_finite(norms, losses)
+        initial = torch.where(self.initialized, self.initial_losses, losses)
+        terms = gradnorm_terms(self.weights, norms, losses, initial, self.alpha)
+        if self.optimizer == "adam":
+            new, exp_avg, exp_avg_sq, step = adam_update(self.weights, terms.grad, self.exp_avg, self.exp_avg_sq,
+                                                         self.opt_step, self.lr, self.betas, self.eps)
+            self._stage(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
+        else:
+            new = self.weights - self.lr * terms.grad
+        new = new.clamp_min(self.min_weight)
+        new = new * (len(self.task_names) / new.sum())
+        self._stage(weights=new, initial_losses=initial, initialized=torch.ones_like(self.initialized))
+
+        ratio = terms.weighted_norms / terms.weighted_norms.sum()
+        metrics = {"gradnorm/L_grad": terms.l_grad}
+        for i, name in enumerate(self.task_names):
+            metrics[f"grad_norm/{name}"] = norms[i]
+            metrics[f"ratio/{name}"] = ratio[i]
+            metrics[f"gradnorm/target/{name}"] = terms.target[i]
+            metrics[f"gradnorm/loss_ratio/{name}"] = terms.loss_ratio[i]
+        return metrics
+
+    # ------------------------------------------------------------------ joint and per-task modes
+
+    def backward(
+        self,
+        losses: dict[str, Tensor],
+        shared: Tensor,
+        scaler: GradScalerLike | None = None,
+    ) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        scale = self._begin(JOINT, scaler, shared)
+        ordered = [losses[name] for name in self.task_names]
+        norms = self._norms(ordered, shared, scale)
+        metrics = self._update(norms, torch.stack([loss.detach().float() for loss in ordered]))
+        weights = self.weights.clone()  # the weights this step trains with (the update is only staged)
+        self.run_backward((weights * torch.stack(ordered)).sum(), scaler)
+        self._end_joint()
+        return {**{f"weight/{name}": weights[i] for i, name in enumerate(self.task_names)}, **metrics}
+
+    def backward_task(
+        self,
+        task: str,
+        loss: Tensor,
+        shared: Tensor,
+        scaler: GradScalerLike | None = None,
+    ) -> dict[str, Tensor]:
+        scale = self._begin(PER_TASK, scaler, shared)
+        self._collect(task, norm=self._norms([loss], shared, scale)[0], loss=loss.detach().float())
+        weight = self.weights[self._index[task]].clone()
+        self.run_backward(weight * loss, scaler)
+        return {f"weight/{task}": weight}
+
+    def _finish(self) -> dict[str, Tensor]:
+        stats = [self._collected[name] for name in self.task_names]
+        return self._update(torch.stack([s["norm"] for s in stats]), torch.stack([s["loss"] for s in stats]))

@@ -1,0 +1,164 @@
+"""Rescaled gradient norm loss balancer of Défossez et al. 2022, "High Fidelity Neural Audio Compression" (EnCodec)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import Tensor
+
+from mtl_bench.balancers.base import GradScalerLike, stack_weights
+from mtl_bench.balancers.distributed import average_by_name
+from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, check_weights
+
+
+def gradient_norm(grad: Tensor, per_batch_item: bool) -> Tensor:
+    """Norm of one loss's gradient at the shared output: mean over batch items of each item's norm, or global.
+
+    A 1-D output is a batch of scalars (each item's norm is |g_b|); a 0-d output has one item. Computed in
+    float32 whatever the gradient's dtype (fp16 squares overflow).
+    """
+    if not per_batch_item or grad.dim() == 0:
+        return torch.linalg.vector_norm(grad, dtype=torch.float32)
+    return torch.linalg.vector_norm(grad.reshape(grad.shape[0], -1), dim=1, dtype=torch.float32).mean()
+
+
+class RescaledNormBalancer(StagedBalancer):
+    """Each loss's gradient at `shared` is rescaled so that loss k contributes the share w_k/Σw of `total_norm`.
+
+    With g_k = ∂L_k/∂shared and n_k its norm (per batch item then averaged, or global), the balancer keeps
+    a bias-corrected EMA of each n_k (avg_k = Σ β^(t-s) n_k(s) / Σ β^(t-s); β = `ema_decay`, β = 1 is a
+    plain mean) and trains on Σ_k scale_k·L_k with
+
+        scale_k = (w_k / Σ_j w_j) · total_norm / (epsilon + avg_k),
+
+    so `shared` receives Σ_k scale_k g_k (the seed's `out_grad`) and every task head receives its own
+    scale (the seed's `output.backward(out_grad)` left the heads without gradients). With
+    `rescale_grads=False` it is the plain weighted sum Σ w_k L_k and no per-loss gradient is computed
+    (unless `monitor=True` asks for the ratios).
+
+    Metrics: `weight/<task>` is the factor applied to L_k (scale_k, or w_k without rescaling);
+    `grad_norm/<task>` the step's n_k (rank-averaged); with `monitor`, `ratio/<task>` = avg_k / Σ_j avg_j.
+
+    Under DDP the n_k are averaged across ranks (weighted by batch size, matched by task name) before they
+    enter the EMA, so all ranks hold the same EMA and scales. The seed averaged the per-rank EMAs instead;
+    the two agree whenever each rank's batch size is constant over steps.
+    """
+
+    def __init__(
+        self,
+        weights: Mapping[str, float],
+        rescale_grads: bool = True,
+        total_norm: float = 1.0,
+        ema_decay: float = 0.999,
+        per_batch_item: bool = True,
+        epsilon: float = 1e-12,
+        monitor: bool = False,
+    ) -> None:
+        super().__init__(list(weights))
+        check_weights(dict(weights))
+        if rescale_grads and not sum(weights.values()) > 0:
+            raise ValueError(f"weights {dict(weights)} sum to 0; rescaling needs a positive total weight")
+        if not 0.0 < ema_decay <= 1.0:
+            raise ValueError(f"ema_decay is {ema_decay}; it must be in (0, 1] (1 means a plain mean)")
+        if not total_norm > 0 or not epsilon >= 0:
+            raise ValueError(f"total_norm ({total_norm}) must be > 0 and epsilon ({epsilon}) >= 0")
+        self.rescale_grads, self.total_norm, self.ema_decay = rescale_grads, total_norm, ema_decay
+        self.per_batch_item, self.epsilon, self.monitor = per_batch_item, epsilon, monitor
+        n = len(self.task_names)
+        self.register_buffer("weights", stack_weights(dict(weights), self.task_names))
+        # The bias-corrected EMA as a ratio: avg = ema_sum / ema_count, both decayed by β each step.
+        self.register_buffer("ema_sum", torch.zeros(n))
+        self.register_buffer("ema_count", torch.zeros(n))
+
+    @property
+    def measures_norms(self) -> bool:
+        return self.rescale_grads or self.monitor
+
+    def extra_repr(self) -> str:
+        return (f"tasks={self.task_names}, rescale_grads={self.rescale_grads}, total_norm={self.total_norm}, "
+                f"ema_decay={self.ema_decay}, per_batch_item={self.per_batch_item}, monitor={self.monitor}")
+
+    # ------------------------------------------------------------------ maths
+
+    def _measure(self, loss: Tensor, shared: Tensor, scale: Tensor | None) -> Tensor:
+        (grad,) = self._grad(loss, [shared], scale)
+        norm = gradient_norm(grad, self.per_batch_item)
+        return norm / scale if scale is not None else norm  # norms of the unscaled gradient
+
+    def _count(self, shared: Tensor) -> int:
+        return shared.shape[0] if self.per_batch_item and shared.dim() > 0 else 1
+
+    def _ema(self, index: Tensor | slice, norms: Tensor) -> Tensor:
+        """Stage the EMA update of the given tasks; return their new averages."""
+        ema_sum, ema_count = self._current("ema_sum").clone(), self._current("ema_count").clone()
+        ema_sum[index] = ema_sum[index] * self.ema_decay + norms
+        ema_count[index] = ema_count[index] * self.ema_decay + 1.0
+        self._stage(ema_sum=ema_sum, ema_count=ema_count)
+        return ema_sum[index] / ema_count[index]
+
+    def _scales(self, avg: Tensor, weights: Tensor) -> Tensor:
+        return weights / self.weights.sum() * self.total_norm / (self.epsilon + avg)
+
+    # ------------------------------------------------------------------ joint mode
+
+    def backward(
+        self,
+        losses: dict[str, Tensor],
+        shared: Tensor,
+        scaler: GradScalerLike | None = None,
+    ) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        stacked = torch.stack([losses[name] for name in self.task_names])
+        metrics: dict[str, Tensor] = {}
+        factors = self.weights
+        if self.measures_norms:
+            scale = self._begin(JOINT, scaler, shared)
+            local = {name: self._measure(losses[name], shared, scale) for name in self.task_names}
+            reduced = average_by_name(local, self._count(shared))
+            norms = torch.stack([reduced[name] for name in self.task_names])
+            self._require_finite(norms)
+            avg = self._ema(slice(None), norms)
+            if self.rescale_grads:
+                factors = self._scales(avg, self.weights)
+            metrics.update({f"grad_norm/{name}": norms[i] for i, name in enumerate(self.task_names)})
+            if self.monitor:
+                ratios = avg / avg.sum()
+                metrics.update({f"ratio/{name}": ratios[i] for i, name in enumerate(self.task_names)})
+        total = (factors * stacked).sum()  # float32 even for fp16 losses
+        self.run_backward(total, scaler)
+        if self.measures_norms:
+            self._end_joint()
+        return {**{f"weight/{name}": factors[i] for i, name in enumerate(self.task_names)}, **metrics}
+
+    # ------------------------------------------------------------------ per-task mode
+
+    def backward_task(
+        self,
+        task: str,
+        loss: Tensor,
+        shared: Tensor,
+        scaler: GradScalerLike | None = None,
+    ) -> dict[str, Tensor]:
+        """One task's backward: its scale depends only on its own EMA and the weights, as in joint mode."""
+        scale = self._begin(PER_TASK, scaler, shared)
+        self._collect(task)
+        i = self._index[task]
+        factor = self.weights[i]
+        metrics: dict[str, Tensor] = {}
+        if self.measures_norms:
+            norm = average_by_name({task: self._measure(loss, shared, scale)}, self._count(shared))[task]
+            self._require_finite(norm)
+            avg = self._ema(i, norm)
+            if self.rescale_grads:
+                factor = self._scales(avg, self.weights[i])
+            metrics[f"grad_norm/{task}"] = norm
+        self.run_backward(factor * loss, scaler)
+        return {f"weight/{task}": factor, **metrics}
+
+    def _finish(self) -> dict[str, Tensor]:
+        if not self.monitor:
+            return {}
+        avg = self._current("ema_sum") / self._current("ema_count")
+        ratios = avg / avg.sum()
+        return {f"ratio/{name}": ratios[i] for i, name in enumerate(self.task_names)}

@@ -1,0 +1,136 @@
+"""Staged state updates: what a balancer learns in `backward` takes effect in `step()` (see `Balancer`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from mtl_bench.balancers.base import Balancer, GradScalerLike
+
+JOINT, PER_TASK = "joint", "per_task"
+
+
+def current_scale(scaler: GradScalerLike, like: Tensor) -> Tensor:
+    """The scaler's loss scale as a 0-d float32 tensor on `like`'s device, without a host sync.
+
+    `GradScaler.get_scale()` calls `.item()`; `scale(1)` is public and stays on the device (a disabled
+    scaler returns the 1 unchanged).
+    """
+    return scaler.scale(torch.ones((), dtype=torch.float32, device=like.device))
+
+
+def check_weights(weights: dict[str, float]) -> None:
+    for name, w in weights.items():
+        if not w >= 0:  # also rejects NaN
+            raise ValueError(f"weight for task {name!r} is {w}; weights must be >= 0")
+
+
+class StagedBalancer(Balancer):
+    """A balancer with running state (buffers) whose updates wait for the optimizer step.
+
+    Subclasses stage new buffer values with `_stage`, mark statistics with `_require_finite`, and in
+    per-task mode implement `_finish()` (build the update from the collected per-task statistics).
+
+    Tasks are kept in sorted name order, so buffers and sums over tasks do not depend on the order the
+    tasks were listed in: ranks built from differently ordered configs hold bit-identical state, and a
+    checkpoint loads whatever the order.
+    """
+
+    def __init__(self, task_names: Sequence[str]) -> None:
+        if len(set(task_names)) != len(task_names):
+            raise ValueError(f"task names repeat: {list(task_names)}")
+        super().__init__(sorted(task_names))
+        self._index = {name: i for i, name in enumerate(self.task_names)}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._mode: str | None = None
+        self._pending: dict[str, Tensor] = {}
+        self._finite: Tensor | None = None
+        self._scaler: GradScalerLike | None = None
+        self._scale: Tensor | None = None  # the loss scale used by this step's backward
+        self._collected: dict[str, dict[str, Tensor]] = {}
+
+    # ------------------------------------------------------------------ used by subclasses
+
+    def _begin(self, mode: str, scaler: GradScalerLike | None, like: Tensor) -> Tensor | None:
+        """Open (or continue, per task) a step; returns the loss scale, or None without a scaler."""
+        if self._mode is not None and (mode == JOINT or self._mode == JOINT):
+            raise RuntimeError(
+                f"{type(self).__name__}: the previous step's update is still pending; call balancer.step() "
+                "after each optimizer step (after scaler.update() when there is a grad scaler)"
+            )
+        if self._mode is None:
+            self._mode, self._scaler = mode, scaler
+            self._scale = current_scale(scaler, like) if scaler is not None else None
+        return self._scale
+
+    def _end_joint(self) -> None:
+        """Joint backward done: commit now unless a scaler or the loop may still skip the step."""
+        if self._scaler is None and not self.defer_updates:
+            self._commit(False)
+
+    def _stage(self, **values: Tensor) -> None:
+        self._pending.update(values)
+
+    def _current(self, name: str) -> Tensor:
+        """The staged value of a buffer if this step already changed it, else the committed one."""
+        return self._pending.get(name, self._buffers[name])
+
+    def _require_finite(self, *stats: Tensor) -> None:
+        ok = torch.stack([torch.isfinite(s).all() for s in stats]).all()
+        self._finite = ok if self._finite is None else self._finite & ok
+
+    def _grad(self, loss: Tensor, inputs: Sequence[Tensor], scale: Tensor | None,
+              allow_unused: bool = False) -> tuple[Tensor | None, ...]:
+        """Gradient of one loss, scaled like the real backward (fp16 heads underflow otherwise)."""
+        scaled = loss * scale if scale is not None else loss
+        return torch.autograd.grad(scaled, list(inputs), retain_graph=True, allow_unused=allow_unused)
+
+    def _collect(self, task: str, **stats: Tensor) -> None:
+        if task not in self._index:
+            raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
+        if task in self._collected:
+            raise RuntimeError(
+                f"task {task!r} already had its backward in this step; call balancer.step() once per optimizer step"
+            )
+        self._collected[task] = stats
+
+    def _finish(self) -> dict[str, Tensor]:
+        """Per-task mode: stage the update from `self._collected` (all tasks); return step metrics."""
+        return {}
+
+    def _commit(self, skipped: bool | Tensor) -> None:
+        if skipped is not True:
+            keep = self._finite
+            if isinstance(skipped, Tensor):
+                taken = ~skipped.to(torch.bool)
+                keep = taken if keep is None else keep & taken.to(keep.device)
+            for name, value in self._pending.items():
+                buf = self._buffers[name]
+                new = value if keep is None else torch.where(keep.to(buf.device), value.to(buf.dtype), buf)
+                buf.copy_(new)
+        self._reset()
+
+    # ------------------------------------------------------------------ the public step
+
+    def step(self, skipped: bool | Tensor | None = None) -> dict[str, Tensor]:
+        """Commit this step's update; `skipped=None` asks the grad scaler (if any) whether it skipped."""
+        if self._mode is None:
+            return {}  # nothing pending: joint backward without a scaler already committed
+        metrics: dict[str, Tensor] = {}
+        if self._mode == PER_TASK:
+            missing = [name for name in self.task_names if name not in self._collected]
+            if missing:
+                self._reset()
+                raise RuntimeError(f"per-task step without a backward for tasks {missing}; update dropped")
+            metrics = self._finish()
+        if skipped is None:
+            skipped = False
+            if self._scaler is not None and self._scale is not None:
+                # update() multiplies the scale by backoff_factor < 1 exactly when it skipped the step.
+                skipped = current_scale(self._scaler, self._scale) < self._scale
+        self._commit(skipped)
+        return metrics
