@@ -1,0 +1,124 @@
+"""Optimizer step() time on a transformer-shaped parameter set: ScaledAdam against torch's Adam.
+
+    python scripts/bench_optim.py                         # 12 layers, d=512: about 38M parameters
+    python scripts/bench_optim.py --layers 2 --rounds 5   # quick run
+    python scripts/bench_optim.py --threads 1             # steadier numbers on a shared machine
+    python scripts/bench_optim.py --cold-cache            # first-step column = a compile from scratch
+
+Every variant owns its own copy of the parameters and gradients. Steps are timed in interleaved rounds
+(one step of each variant per round) so load from other processes hits all variants alike; the table gives
+the median and the minimum over rounds, the ratio of medians to fused Adam, and the time of the first step
+(which includes torch.compile's work for compiled variants).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+from typing import Callable
+
+import torch
+
+from mtl_bench.optim import ScaledAdam
+
+
+def transformer_params(layers: int, d: int, scalars: int, seed: int = 0) -> list[torch.nn.Parameter]:
+    """Per layer: four d x d and two d x 4d matrices with biases, two norm weights and biases."""
+    g = torch.Generator().manual_seed(seed)
+    shapes: list[tuple[int, ...]] = []
+    for _ in range(layers):
+        shapes += [(d, d), (d,)] * 4 + [(4 * d, d), (4 * d,), (d, 4 * d), (d,)] + [(d,), (d,)] * 2
+    shapes += [()] * scalars
+    params = [torch.nn.Parameter(torch.randn(s, generator=g) * (0.05 if len(s) == 2 else 1.0)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g) * 1e-3
+    return params
+
+
+def copy_params(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    out = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for p, q in zip(out, params):
+        p.grad = q.grad.clone()
+    return out
+
+
+def scaled_adam(params: list[torch.nn.Parameter], compile: bool, stack_max_numel: int | None) -> ScaledAdam:
+    opt = ScaledAdam(params, lr=0.02, clipping_scale=2.0, compile=compile)
+    if stack_max_numel is not None:
+        opt.stack_max_numel = stack_max_numel
+    return opt
+
+
+def variants(params: list[torch.nn.Parameter], eager_all: bool) -> dict[str, Callable[[], object]]:
+    v: dict[str, Callable[[], object]] = {
+        "Adam fused=True": torch.optim.Adam(copy_params(params), lr=1e-3, fused=True).step,
+        "Adam foreach=True": torch.optim.Adam(copy_params(params), lr=1e-3, foreach=True).step,
+        "ScaledAdam compiled": scaled_adam(copy_params(params), True, None).step,
+        "ScaledAdam compiled, all stacked": scaled_adam(copy_params(params), True, 1 << 62).step,
+        "ScaledAdam eager, per-parameter loop": scaled_adam(copy_params(params), False, 0).step,
+    }
+    if eager_all:
+        v["ScaledAdam eager, all stacked"] = scaled_adam(copy_params(params), False, 1 << 62).step
+    return v
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"load average {load:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=12, help="transformer layers (12: about 38M parameters)")
+    ap.add_argument("--d-model", type=int, default=512, help="width; the MLP matrices are d x 4d")
+    ap.add_argument("--scalars", type=int, default=4, help="one-element parameters")
+    ap.add_argument("--rounds", type=int, default=10, help="timed steps per variant, interleaved")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--cold-cache", action="store_true", help="compile into a fresh inductor cache directory, "
+                    "so the first-step column shows a cold compile")
+    ap.add_argument("--eager-stacked", action="store_true", help="also time the eager path with every bucket "
+                    "stacked (the layout non-CPU devices use)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cold_cache:  # read by inductor at its first compile
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_optim_inductor_")
+    params = transformer_params(args.layers, args.d_model, args.scalars)
+    n = sum(p.numel() for p in params)
+    print(f"# {len(params)} tensors, {n / 1e6:.1f}M parameters; {machine()}")
+    runs = variants(params, args.eager_stacked)
+    first: dict[str, float] = {}
+    with torch.no_grad():
+        for name, step in runs.items():
+            t = time.perf_counter()
+            step()
+            first[name] = time.perf_counter() - t
+            step()  # a second warm-up step: allocator and caches settle
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, step in runs.items():
+                t = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - t)
+    base = statistics.median(times["Adam fused=True"])
+    print(f"# after the run: {machine()}")
+    print("| variant | median ms/step | min ms/step | ratio to fused Adam | first step s (compile) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"| {name} | {med * 1e3:.1f} | {min(ts) * 1e3:.1f} | {med / base:.2f} | {first[name]:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
