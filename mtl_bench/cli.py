@@ -26,12 +26,12 @@ def _root() -> None:
 )
 def train(ctx: typer.Context) -> None:
     """Train one experiment, or a sweep with -m. Arguments go to Hydra verbatim (see `mtl-bench train --help`)."""
-    from mtl_bench.train import hydra_main  # lazy: `mtl-bench --help` must not import torch or hydra
+    from mtl_bench.train import run_hydra_app  # lazy: `mtl-bench --help` must not import torch or hydra
 
     saved = sys.argv
     sys.argv = [saved[0], *ctx.args]  # Hydra reads sys.argv itself
     try:
-        hydra_main()
+        run_hydra_app()
     finally:
         sys.argv = saved
 

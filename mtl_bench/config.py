@@ -111,12 +111,61 @@ class FixedBalancerConf:
     weights: Any = None
 
     def __post_init__(self) -> None:
-        _require(self.weights is None or isinstance(self.weights, dict), "balancer.weights", self.weights,
-                 "null or a mapping task: weight, e.g. balancer.weights={t0:1.0,t1:0.5}")
-        for task, w in (self.weights or {}).items():
-            _require(isinstance(w, (int, float)) and not isinstance(w, bool), f"balancer.weights.{task}", w,
-                     "a number")
-            _non_negative(f"balancer.weights.{task}", w)
+        _check_weights(self.weights)
+
+
+def _check_weights(weights: Any) -> None:
+    _require(weights is None or isinstance(weights, dict), "balancer.weights", weights,
+             "null or a mapping task: weight, e.g. balancer.weights={t0:1.0,t1:0.5}")
+    for task, w in (weights or {}).items():
+        _require(isinstance(w, (int, float)) and not isinstance(w, bool), f"balancer.weights.{task}", w, "a number")
+        _non_negative(f"balancer.weights.{task}", w)
+
+
+@dataclass
+class RescaledNormBalancerConf:
+    """EnCodec's balancer (Défossez et al. 2022): each loss gets the share w_k/Σw of the gradient norm at `shared`."""
+
+    name: str = "rescaled_norm"
+    weights: Any = None  # as balancer=fixed: null gives every task 1.0
+    rescale_grads: bool = True  # false: plain weighted sum (with monitor, still logs the ratios)
+    total_norm: float = 1.0
+    ema_decay: float = 0.999  # EMA of each loss's gradient norm, bias-corrected; 1.0 = plain mean
+    per_batch_item: bool = True  # norm per batch item then averaged, else of the whole tensor
+    epsilon: float = 1e-12
+    monitor: bool = True  # log ratio/<task> (free when rescaling: the norms are measured anyway)
+
+    def __post_init__(self) -> None:
+        _check_weights(self.weights)
+        _positive("balancer.total_norm", self.total_norm)
+        _require(0 < self.ema_decay <= 1, "balancer.ema_decay", self.ema_decay, "0 < ema_decay <= 1")
+        _non_negative("balancer.epsilon", self.epsilon)
+
+
+GRADNORM_INITIAL_LOSSES = ("first_step", "theoretical")
+
+
+@dataclass
+class GradNormBalancerConf:
+    """GradNorm (Chen et al. 2018): learnable weights that equalise the tasks' gradient norms."""
+
+    name: str = "gradnorm"
+    alpha: float = 1.5  # restoring force; the paper uses 0.12 on its toy regression, 1.5 on NYUv2
+    lr: float = 0.025  # the weights' own optimizer
+    optimizer: str = "adam"  # adam | sgd, for the weights
+    grad_source: str = "last_shared"  # last_shared (the paper's W) | shared_rep (cheaper)
+    # L_i(0): first_step = the first training step's losses (the paper); theoretical = each task's known
+    # uninformed loss (log C for C-class cross-entropy); every task must have one
+    initial_losses: str = "first_step"
+    min_weight: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _non_negative("balancer.alpha", self.alpha)
+        _positive("balancer.lr", self.lr)
+        _one_of("balancer.optimizer", self.optimizer, ("adam", "sgd"))
+        _one_of("balancer.grad_source", self.grad_source, ("last_shared", "shared_rep"))
+        _one_of("balancer.initial_losses", self.initial_losses, GRADNORM_INITIAL_LOSSES)
+        _positive("balancer.min_weight", self.min_weight)
 
 
 # ----------------------------------------------------------------------------- optim
@@ -235,7 +284,8 @@ class RunConf:
 GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"mlp": MLPConf, "lenet": LeNetConf},
     "tasks": {"toy": ToyTasksConf, "digits": DigitsTasksConf},
-    "balancer": {"fixed": FixedBalancerConf},
+    "balancer": {"fixed": FixedBalancerConf, "rescaled_norm": RescaledNormBalancerConf,
+                 "gradnorm": GradNormBalancerConf},
     "optim": {"sgd": SGDConf, "adam": AdamConf},
     "precision": {"fp32": PrecisionConf},
 }

@@ -1,30 +1,43 @@
 """TensorBoard output of one run: tag names, the custom-scalars dashboard, hyper-parameters.
 
-Tags (DESIGN.md): loss/<task>, weight/<task>, ratio/<task>, grad_norm/<task>, metric/<split>/<task>/<name>,
-lr/<group>, perf/steps_per_s. The task is always the last path component so one regex collects all tasks.
+Tags (DESIGN.md): loss/<task>, weight/<task>, ratio/<task>, grad_norm/<task>, gradnorm/target/<task>,
+gradnorm/loss_ratio/<task>, gradnorm/L_grad, metric/<split>/<task>/<name>, lr/<group>, perf/steps_per_s. The task is always the last path component so one regex collects all tasks.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
-# Families whose tags end in /<task>: each gets one chart with every task on it.
-TASK_FAMILIES = ("loss", "weight", "ratio", "grad_norm")
+def dashboard_layout(metric_names: Mapping[str, list[str]], train_tags: list[str],
+                     splits: tuple[str, ...] = ("val", "test")) -> dict:
+    """Custom-scalars layout: one multi-line chart per family of per-task tags and per (split, metric).
 
-
-def dashboard_layout(metric_names: Mapping[str, list[str]], splits: tuple[str, ...] = ("val", "test")) -> dict:
-    """Custom-scalars layout: one multi-line chart per family and per (split, metric)."""
-    per_task = {f"{family} (all tasks)": ["Multiline", [rf"^{family}/[^/]+$"]] for family in TASK_FAMILIES}
+    `train_tags` are the tags the training loop logs; a tag `<family>/<task>` joins its family's chart
+    (loss, weight, ratio, grad_norm, gradnorm/target, ...), any other tag gets a chart of its own.
+    """
+    tasks = "|".join(re.escape(task) for task in metric_names)
+    families: dict[str, None] = {}  # ordered set
+    singles = []
+    for tag in train_tags:
+        family, _, last = tag.rpartition("/")
+        if last in metric_names and family:
+            families[family] = None
+        elif not tag.startswith(("lr/", "momentum/")):
+            singles.append(tag)
+    per_task = {f"{family} (all tasks)": ["Multiline", [rf"^{re.escape(family)}/({tasks})$"]] for family in families}
     metrics = {}
     names = sorted({name for task_metrics in metric_names.values() for name in task_metrics})
     for split in splits:
         for name in names:
-            metrics[f"{split} {name} (all tasks)"] = ["Multiline", [rf"^metric/{split}/[^/]+/{name}$"]]
-    return {"tasks": per_task, "metrics": metrics, "optim": {"learning rate": ["Multiline", [r"^lr/"]]}}
+            metrics[f"{split} {name} (all tasks)"] = ["Multiline", [rf"^metric/{split}/({tasks})/{re.escape(name)}$"]]
+    optim = {"learning rate": ["Multiline", [r"^lr/"]], "momentum": ["Multiline", [r"^momentum/"]]}
+    return {"tasks": per_task, "metrics": metrics, "optim": optim,
+            "train": {tag: ["Multiline", [rf"^{re.escape(tag)}$"]] for tag in singles}}
 
 
 def flatten_hparams(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -47,8 +60,8 @@ class RunLogger:
     def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step, flush_secs=30)
 
-    def write_dashboard(self, metric_names: Mapping[str, list[str]]) -> None:
-        self.writer.add_custom_scalars(dashboard_layout(metric_names))
+    def write_dashboard(self, metric_names: Mapping[str, list[str]], train_tags: list[str]) -> None:
+        self.writer.add_custom_scalars(dashboard_layout(metric_names, train_tags))
 
     def write_hparams(self, hparam_values: Mapping[str, Any], metric_tags: list[str]) -> None:
         """Hyper-parameters go into this run's own event file (add_hparams would open a timestamped sub-run).

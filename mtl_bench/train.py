@@ -6,14 +6,17 @@ imported only inside the task function.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import hydra
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench.catalog import conf_root, format_config_options
 import mtl_bench.config  # noqa: F401  (registers the structured-config schemas before Hydra composes)
 from mtl_bench.errors import ConfigError
+from mtl_bench.hydra_errors import describe
 
 # The help template lists our groups through this resolver, so the schema/* groups stay out of it.
 OmegaConf.register_new_resolver("mtl_bench_config_groups", format_config_options, replace=True)
@@ -31,5 +34,25 @@ def hydra_main(cfg: DictConfig) -> float | None:
         raise SystemExit(2) from None
 
 
+def run_hydra_app() -> None:
+    """Run `hydra_main` on sys.argv; a config that does not compose is one error line and exit status 2.
+
+    Hydra prints composition errors over several lines with exit status 1 unless HYDRA_FULL_ERROR is set,
+    in which case it raises them: we set it for the call and turn the exception into one line.
+    """
+    saved = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        hydra_main()
+    except CompactHydraException as err:  # composition and override-parsing errors
+        print(f"mtl-bench: error: {describe(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        if saved is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved
+
+
 if __name__ == "__main__":
-    hydra_main()
+    run_hydra_app()

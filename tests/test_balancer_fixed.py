@@ -45,3 +45,14 @@ def test_mismatch_names_both_sets():
         task_weights({"t0": 1.0, "t9": 2.0}, ["t0", "t1"])
     message = str(info.value)
     assert "['t9']" in message and "['t1']" in message and "['t0', 't1']" in message
+
+
+def test_per_task_backward_accumulates_the_joint_gradient():
+    x = torch.tensor([2.0], requires_grad=True)
+    balancer = FixedWeights({"a": 1.0, "b": 4.0})
+    metrics = balancer.backward_task("a", (x**2).sum(), x) | balancer.backward_task("b", (3 * x).sum(), x)
+    metrics |= balancer.step()
+    assert x.grad.item() == pytest.approx(1.0 * 4 + 4.0 * 3)
+    assert metrics["weight/a"].item() == 1.0 and metrics["weight/b"].item() == 4.0
+    with pytest.raises(KeyError, match="'c'"):
+        balancer.backward_task("c", x.sum(), x)

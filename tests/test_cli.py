@@ -55,8 +55,10 @@ def test_cfg_job_prints_the_composed_config():
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["optim=nope"], "Could not find 'optim/nope'"),
-        (["optim.lr=abc"], "optim.lr"),
+        (["optim=nope"], "mtl-bench: error: optim=nope: no such option; allowed: adam, sgd"),
+        (["optim.lr=abc"], "mtl-bench: error: optim.lr: Value 'abc' of type 'str' could not be converted to Float"),
+        (["optim.lrr=1"], "mtl-bench: error: optim.lrr: no such key; keys of optim: lr, betas, eps"),
+        (["optim"], "mtl-bench: error: cannot parse the override"),
         (["optim.lr=-1"], "mtl-bench: error: optim.lr=-1.0 is not allowed: must be > 0"),
         (["balancer.weights={t0:1.0,t7:2.0}"], "mtl-bench: error: balancer.weights: weights for unknown tasks"),
     ],
@@ -64,6 +66,7 @@ def test_cfg_job_prints_the_composed_config():
 def test_user_errors_are_one_clear_line_without_traceback(tmp_path, args, expected):
     result = cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
     assert result.returncode != 0
+    assert len(result.stderr.strip().splitlines()) == 1
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
 

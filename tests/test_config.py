@@ -56,3 +56,14 @@ def test_bad_values_raise_one_line_config_error(compose_cfg, override, message):
         OmegaConf.to_object(compose_cfg(override))
     assert str(info.value) == message
     assert "\n" not in str(info.value)
+
+
+def test_gradnorm_theoretical_initial_losses_need_every_task_to_declare_one(compose_cfg):
+    from mtl_bench.engine.builders import build_balancer, build_model, build_taskset
+
+    conf = OmegaConf.to_object(compose_cfg("tasks=digits", "model=lenet", "tasks.n_train=16", "tasks.n_val=8",
+                                           "tasks.n_test=8", "balancer=gradnorm",
+                                           "balancer.initial_losses=theoretical"))
+    taskset = build_taskset(conf.tasks)
+    with pytest.raises(ConfigError, match=r"tasks \['sum'\] declare no theoretical initial loss"):
+        build_balancer(conf.balancer, taskset.tasks, build_model(conf.model, taskset))

@@ -131,3 +131,22 @@ def test_loop_reads_device_values_only_at_log_and_eval_points(small_conf, tmp_pa
     train(small_conf("trainer.max_steps=40", "trainer.log_every=20", "trainer.eval_every=1000"), tmp_path)
     # 2 log points + 3 evaluations (initial test for L_i(0), final val, final test), one transfer each
     assert len(calls) == 5, calls
+
+
+@pytest.mark.parametrize("balancer", ["rescaled_norm", "gradnorm"])
+def test_balancer_state_is_logged_and_checkpointed(small_conf, tmp_path, balancer):
+    import torch
+
+    train(small_conf(f"balancer={balancer}"), tmp_path)
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {"weight/t0", "ratio/t1", "grad_norm/t0"}
+    if balancer == "gradnorm":
+        expected |= {"gradnorm/target/t0", "gradnorm/loss_ratio/t1", "gradnorm/L_grad"}
+    assert expected <= tags
+    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["balancer"]
+    if balancer == "gradnorm":  # the weights moved and still sum to T
+        assert state["weights"].sum().item() == pytest.approx(2.0) and not torch.equal(state["weights"], torch.ones(2))
+    else:  # 20 steps of EMA count: sum_{k<20} 0.999^k
+        assert state["ema_count"][0].item() == pytest.approx((1 - 0.999**20) / (1 - 0.999), rel=1e-5)

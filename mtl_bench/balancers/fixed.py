@@ -31,3 +31,17 @@ class FixedWeights(Balancer):
         total = (self.weights.to(stacked.dtype) * stacked).sum()
         self.run_backward(total, scaler)
         return {f"weight/{name}": self.weights[i] for i, name in enumerate(self.task_names)}
+
+    def backward_task(
+        self,
+        task: str,
+        loss: Tensor,
+        shared: Tensor,
+        scaler: GradScalerLike | None = None,
+    ) -> dict[str, Tensor]:
+        """Per-task mode: w_task * L_task on its own batch; the accumulated gradients equal the joint sum."""
+        if task not in self.task_names:
+            raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
+        weight = self.weights[self.task_names.index(task)]
+        self.run_backward(weight.to(loss.dtype) * loss, scaler)
+        return {f"weight/{task}": weight}

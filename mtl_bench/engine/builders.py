@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from mtl_bench.balancers import Balancer, FixedWeights
+from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
 from mtl_bench.errors import ConfigError
 from mtl_bench.models import MODELS, MultiTaskModel
-from mtl_bench.tasks import TASK_SETS, TaskSet
+from mtl_bench.tasks import TASK_SETS, Task, TaskSet
 
 
 def _options(conf: Any) -> dict[str, Any]:
@@ -48,9 +48,35 @@ def task_weights(weights: dict[str, float] | None, task_names: list[str]) -> dic
     return {name: float(weights[name]) for name in task_names}
 
 
-def build_balancer(conf: Any, task_names: list[str], model: MultiTaskModel) -> Balancer:
+def theoretical_initial_losses(tasks: list[Task]) -> dict[str, float]:
+    """Each task's known uninformed loss (GradNorm's L_i(0) option); every task must declare one."""
+    unknown = [task.name for task in tasks if task.initial_loss is None]
+    if unknown:
+        raise ConfigError(
+            f"balancer.initial_losses=theoretical: tasks {unknown} declare no theoretical initial loss "
+            "(allowed here: first_step)"
+        )
+    return {task.name: float(task.initial_loss) for task in tasks}
+
+
+def build_balancer(conf: Any, tasks: list[Task], model: MultiTaskModel) -> Balancer:
+    """Build before the training forwards: GradNorm hooks the model's last shared layer."""
+    names = [task.name for task in tasks]
     if conf.name == "fixed":
-        return FixedWeights(task_weights(conf.weights, task_names))
+        return FixedWeights(task_weights(conf.weights, names))
+    if conf.name == "rescaled_norm":
+        options = _options(conf)
+        options.pop("weights")
+        return RescaledNormBalancer(task_weights(conf.weights, names), **options)
+    if conf.name == "gradnorm":
+        options = _options(conf)
+        initial = options.pop("initial_losses")
+        return GradNorm(
+            names,
+            shared_layer=model.last_shared_layer,
+            initial_losses=theoretical_initial_losses(tasks) if initial == "theoretical" else None,
+            **options,
+        )
     raise ConfigError(f"balancer={conf.name!r} has no builder")
 
 

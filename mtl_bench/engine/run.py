@@ -80,7 +80,7 @@ def train(
     seed_everything(conf.seed)
     taskset = build_taskset(conf.tasks).to(device)
     model = build_model(conf.model, taskset).to(device)
-    balancer = build_balancer(conf.balancer, taskset.task_names, model).to(device)
+    balancer = build_balancer(conf.balancer, taskset.tasks, model).to(device)
     optimizer = build_optimizer(conf.optim, model.parameters())
     scheduler = build_scheduler(conf.optim.schedule, optimizer, count_steps(conf.trainer, len(taskset.train)))
 
@@ -98,7 +98,6 @@ def train(
         trainer.logger = logger
         metric_names = {t.name: ["loss", *t.higher_is_better] for t in taskset.tasks}
         if trainer.step == 0:
-            logger.write_dashboard(metric_names)
             hparam_values = {**{f"choice.{g}": o for g, o in choices.items()}, **flatten_hparams(config or {})}
             final_tags = [f"metric/test/{t}/{m}" for t, names in metric_names.items() for m in names]
             logger.write_hparams(hparam_values, final_tags + ["summary/test_loss_ratio_sum"])

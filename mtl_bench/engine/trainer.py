@@ -73,6 +73,7 @@ class Trainer:
         self.step = 0
         self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
         self.initial_test: Metrics = {}
+        self.layout_written = False
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -131,6 +132,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 measured = self.balancer.backward(losses, out.shared)
                 self.optimizer.step()
+                measured |= self.balancer.step()  # commits staged balancer state (a no-op when nothing is staged)
                 self.scheduler.step()
                 self.step += 1
                 window_losses += torch.stack([loss.detach() for loss in losses.values()])
@@ -172,6 +174,10 @@ class Trainer:
             scalars[f"lr/{group.get('name', i)}"] = group["lr"]
         scalars["perf/steps_per_s"] = rate
         if self.logger is not None:
+            if not self.layout_written:  # the tags are known only now (they depend on the balancer)
+                metric_names = {t.name: ["loss", *t.higher_is_better] for t in self.taskset.tasks}
+                self.logger.write_dashboard(metric_names, list(scalars))
+                self.layout_written = True
             self.logger.scalars(scalars, self.step)
         progress.update(self.step, losses, rate)
 

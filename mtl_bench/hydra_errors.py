@@ -1,0 +1,46 @@
+"""Hydra's composition errors as one line that names the bad key or value and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from hydra.errors import MissingConfigException, OverrideParseException
+
+# Hydra's messages end with a config search path or a link to the grammar docs: noise for a user.
+_NOISE = re.compile(r"^(Config search path:|\s*provider=|See https://hydra\.cc|To append to your config)")
+
+
+def _first_lines(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not _NOISE.match(line)]
+    return "; ".join(line for line in lines if not line.startswith(("full_key:", "object_type=", "reference_type=")))
+
+
+def _allowed_keys(object_type: object) -> str:
+    if dataclasses.is_dataclass(object_type):
+        return ", ".join(field.name for field in dataclasses.fields(object_type) if field.name != "name")
+    return ""
+
+
+def describe(err: BaseException) -> str:
+    """One line for an error Hydra raised while parsing the overrides or composing the config."""
+    if isinstance(err, MissingConfigException):
+        found = re.search(r"Could not find '([^']+)'", str(err))
+        options = re.findall(r"^\t(\S+)$", str(err).split("Config search path:")[0], flags=re.M)
+        if found and "/" in found.group(1) and options:
+            group, option = found.group(1).rsplit("/", 1)
+            return f"{group}={option}: no such option; allowed: {', '.join(options)}"
+        return _first_lines(str(err))
+    if isinstance(err, OverrideParseException):
+        return f"cannot parse the override ({_first_lines(str(err))}); the form is key=value or group=option"
+    cause = err.__cause__
+    full_key = getattr(cause, "full_key", None)
+    if cause is None or not full_key:
+        return _first_lines(str(err))
+    object_type = getattr(cause, "object_type", None)
+    reason = _first_lines(str(cause))
+    if type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
+        allowed = _allowed_keys(object_type)
+        section = full_key.rsplit(".", 1)[0]
+        return f"{full_key}: no such key" + (f"; keys of {section}: {allowed}" if allowed else "")
+    return f"{full_key}: {reason}"
