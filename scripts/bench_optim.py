@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
 from typing import Callable
 
 import torch
+
+from mtl_bench.analysis.machine import machine_description
 
 from mtl_bench.optim import ScaledAdam
 
@@ -66,18 +67,6 @@ def variants(params: list[torch.nn.Parameter], eager_all: bool) -> dict[str, Cal
     return v
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"load average {load:.2f}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=12, help="transformer layers (12: about 38M parameters)")
@@ -96,7 +85,7 @@ def main() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_optim_inductor_")
     params = transformer_params(args.layers, args.d_model, args.scalars)
     n = sum(p.numel() for p in params)
-    print(f"# {len(params)} tensors, {n / 1e6:.1f}M parameters; {machine()}")
+    print(f"# {len(params)} tensors, {n / 1e6:.1f}M parameters; {machine_description()}")
     runs = variants(params, args.eager_stacked)
     first: dict[str, float] = {}
     with torch.no_grad():
@@ -112,7 +101,7 @@ def main() -> None:
                 step()
                 times[name].append(time.perf_counter() - t)
     base = statistics.median(times["Adam fused=True"])
-    print(f"# after the run: {machine()}")
+    print(f"# after the run: {machine_description()}")
     print("| variant | median ms/step | min ms/step | ratio to fused Adam | first step s (compile) |")
     print("|---|---:|---:|---:|---:|")
     for name, ts in times.items():

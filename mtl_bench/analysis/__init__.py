@@ -1,0 +1,1 @@
+"""Reading finished runs back: metrics.json and TensorBoard scalars."""

@@ -1,0 +1,57 @@
+"""Finished runs on disk: a run directory holds metrics.json, checkpoints/ and the TensorBoard event files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class Run:
+    path: Path
+    metrics: dict[str, Any]
+
+    @property
+    def overrides(self) -> dict[str, str]:
+        """The command-line overrides of the run as {key: value} (`seed=1` -> {"seed": "1"})."""
+        return dict(item.lstrip("+~").split("=", 1) for item in self.metrics.get("overrides", []) if "=" in item)
+
+    def scalars(self, prefix: str) -> dict[str, list[tuple[int, float]]]:
+        """TensorBoard scalars whose tag starts with `prefix`, as {tag: [(step, value), ...]}."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(self.path), size_guidance={"scalars": 0})
+        events.Reload()
+        return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+                for tag in events.Tags()["scalars"] if tag.startswith(prefix)}
+
+
+def find_runs(root: Path) -> list[Run]:
+    """Every completed run under `root` (a run directory or a sweep directory), sorted by path."""
+    runs = []
+    for path in sorted(root.rglob(METRICS_FILE)):
+        metrics = json.loads(path.read_text())
+        if metrics.get("status") == "completed":
+            runs.append(Run(path.parent, metrics))
+    return runs
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman rank correlation (no ties expected: ranks by sort order)."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        for rank, i in enumerate(order):
+            out[i] = float(rank)
+        return out
+
+    rx, ry = ranks(x), ranks(y)
+    n = len(x)
+    mean = (n - 1) / 2
+    cov = sum((a - mean) * (b - mean) for a, b in zip(rx, ry))
+    var = sum((a - mean) ** 2 for a in rx)
+    return cov / var
