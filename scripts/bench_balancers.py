@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import statistics
 import tempfile
 import time
@@ -29,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtl_bench.analysis.machine import machine_description
 from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
 from mtl_bench.models.base import MultiTaskModel
 
@@ -171,9 +171,8 @@ def main() -> None:
     rows = []
     for label, model, batch, head_dim in configs:
         rows += bench_config(label, model, batch, head_dim, variants, args.rounds, args.steps, device)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    print(f"torch {torch.__version__}, {device.type} ({where}), {torch.get_num_threads()} threads, "
-          f"{args.rounds} rounds x {args.steps} steps, {time.perf_counter() - started:.0f} s in all\n")
+    print(f"{machine_description()}; on {device.type}, {args.rounds} rounds x {args.steps} steps, "
+          f"{time.perf_counter() - started:.0f} s in all\n")
     print("| model | T | head out | balancer | ms/step | x fixed | peak MB/step | x fixed |")
     print("|---|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:

@@ -10,13 +10,14 @@ ratio to a bare `python -c pass` measured in the same run (the interpreter's own
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from mtl_bench.analysis.machine import machine_description
 
 
 def timed(cmd: list[str], cwd: str) -> float:
@@ -45,7 +46,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cwd:  # run dirs land in a scratch outputs/
         rows = [(name, statistics.median(timed(cmd, cwd) for _ in range(n)), n) for name, cmd, n in cases]
     base = rows[0][1]
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, {platform.platform()}")
+    print(f"machine: {machine_description()}, Python {platform.python_version()}")
     print("| command | median s | runs | ratio to python start-up |")
     print("|---|---:|---:|---:|")
     for name, seconds, n in rows:
