@@ -170,23 +170,59 @@ class GradNormBalancerConf:
 
 # ----------------------------------------------------------------------------- optim
 
-SCHEDULES = ("none", "step", "cosine")
+SCHEDULES = ("none", "step", "multistep", "cosine", "eden", "eden2", "cyclic")
 
 
 @dataclass
 class ScheduleConf:
-    name: str = "none"  # none | step | cosine; every one may start with a linear warmup
-    warmup_steps: int = 0
+    """The learning-rate schedule, stepped once per optimizer step; only the keys of `name` are read."""
+
+    name: str = "none"  # none | step | multistep | cosine | eden | eden2 | cyclic
+    warmup_steps: int = 0  # linear warmup before any schedule but cyclic (eden/eden2: icefall's warmup)
     step_size: int = 1000  # step: multiply the lr by gamma every step_size steps after warmup
-    gamma: float = 0.1
+    gamma: float = 0.1  # step, multistep
+    milestones: list[int] = field(default_factory=list)  # multistep: steps (after warmup) where lr *= gamma
     min_lr_ratio: float = 0.0  # cosine: final lr = min_lr_ratio * lr
+    lr_batches: float = 7500.0  # eden, eden2: the batch count where the decay sets in (icefall zipformer)
+    lr_epochs: float = 3.5  # eden: the same in epochs
+    warmup_start: float = 0.5  # eden, eden2: the warmup starts at this fraction of the lr
+    # cyclic (mmcv CyclicLrUpdater): lr goes from lr up to lr*target_ratio[0] over step_ratio_up of a cycle,
+    # then down to lr*target_ratio[1]; momentum (SGD momentum, Adam beta1) moves the other way between
+    # momentum*momentum_target_ratio[0] and momentum*momentum_target_ratio[1]; null keeps it fixed
+    target_ratio: list[float] = field(default_factory=lambda: [10.0, 1e-4])
+    cyclic_times: int = 1
+    step_ratio_up: float = 0.4
+    anneal_strategy: str = "cos"  # cos | linear
+    momentum_target_ratio: Optional[list[float]] = field(default_factory=lambda: [0.85 / 0.95, 1.0])
 
     def __post_init__(self) -> None:
         _one_of("optim.schedule.name", self.name, SCHEDULES)
         _non_negative("optim.schedule.warmup_steps", self.warmup_steps)
         _positive("optim.schedule.step_size", self.step_size)
         _positive("optim.schedule.gamma", self.gamma)
+        _require(all(m > 0 for m in self.milestones) and list(self.milestones) == sorted(self.milestones),
+                 "optim.schedule.milestones", self.milestones, "increasing positive step counts")
+        _require(self.name != "multistep" or len(self.milestones) > 0, "optim.schedule.milestones",
+                 self.milestones, "multistep needs at least one milestone, e.g. [1000,2000]")
         _require(0 <= self.min_lr_ratio <= 1, "optim.schedule.min_lr_ratio", self.min_lr_ratio, "0..1")
+        _positive("optim.schedule.lr_batches", self.lr_batches)
+        _positive("optim.schedule.lr_epochs", self.lr_epochs)
+        _require(0 <= self.warmup_start <= 1, "optim.schedule.warmup_start", self.warmup_start, "0..1")
+        _require(len(self.target_ratio) == 2 and all(r > 0 for r in self.target_ratio),
+                 "optim.schedule.target_ratio", self.target_ratio, "two positive ratios [up, end]")
+        _positive("optim.schedule.cyclic_times", self.cyclic_times)
+        _require(0 < self.step_ratio_up < 1, "optim.schedule.step_ratio_up", self.step_ratio_up, "0 < x < 1")
+        _one_of("optim.schedule.anneal_strategy", self.anneal_strategy, ("cos", "linear"))
+        _require(self.momentum_target_ratio is None or len(self.momentum_target_ratio) == 2,
+                 "optim.schedule.momentum_target_ratio", self.momentum_target_ratio, "null or two ratios")
+        _require(self.name != "cyclic" or self.warmup_steps == 0, "optim.schedule.warmup_steps",
+                 self.warmup_steps, "0 with the cyclic schedule (its first phase is the warmup)")
+
+
+def _check_paramwise(paramwise: Any) -> None:
+    _require(paramwise is None or isinstance(paramwise, dict), "optim.paramwise", paramwise,
+             "null or a mapping (custom_keys, bias_lr_mult, bias_decay_mult, norm_decay_mult, "
+             "dwconv_decay_mult, bypass_duplicate)")
 
 
 @dataclass
@@ -197,6 +233,8 @@ class SGDConf:
     nesterov: bool = False
     weight_decay: float = 0.0
     schedule: ScheduleConf = field(default_factory=ScheduleConf)
+    # mmcv paramwise_cfg: per-parameter lr/decay multipliers, e.g. {bias_decay_mult: 0, custom_keys: {head: {lr_mult: 10}}}
+    paramwise: Any = None
 
     def __post_init__(self) -> None:
         _positive("optim.lr", self.lr)
@@ -204,6 +242,7 @@ class SGDConf:
         _require(not self.nesterov or self.momentum > 0, "optim.nesterov", self.nesterov,
                  "nesterov needs optim.momentum > 0")
         _non_negative("optim.weight_decay", self.weight_decay)
+        _check_paramwise(self.paramwise)
 
 
 @dataclass
@@ -216,6 +255,7 @@ class AdamConf:
     # true: decoupled weight decay (AdamW, Loshchilov & Hutter 2019); false: L2 added to the gradient
     decoupled_weight_decay: bool = False
     schedule: ScheduleConf = field(default_factory=ScheduleConf)
+    paramwise: Any = None  # as optim=sgd
 
     def __post_init__(self) -> None:
         _positive("optim.lr", self.lr)
@@ -223,6 +263,60 @@ class AdamConf:
                  "two numbers in [0, 1)")
         _positive("optim.eps", self.eps)
         _non_negative("optim.weight_decay", self.weight_decay)
+        _check_paramwise(self.paramwise)
+
+
+@dataclass
+class ScaledAdamConf:
+    """icefall's ScaledAdam (zipformer optim.py); defaults as the zipformer recipe (base_lr 0.045, clipping 2.0)."""
+
+    name: str = "scaled_adam"
+    lr: float = 0.045
+    clipping_scale: Optional[float] = 2.0  # clip to this times the median recent gradient norm; null: off
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    scalar_lr_scale: float = 0.1
+    eps: float = 1e-8
+    param_min_rms: float = 1e-5
+    param_max_rms: float = 3.0
+    scalar_max: float = 10.0
+    size_update_period: int = 4
+    clipping_update_period: int = 100
+    compile: str = "auto"  # auto | true | false: run the update through torch.compile (auto: when it pays off)
+    schedule: ScheduleConf = field(default_factory=lambda: ScheduleConf(name="eden", warmup_steps=500))
+    paramwise: Any = None  # as optim=sgd (lr_mult only: decay_mult has nothing to act on)
+
+    def __post_init__(self) -> None:
+        _positive("optim.lr", self.lr)
+        _require(self.clipping_scale is None or self.clipping_scale > 0, "optim.clipping_scale",
+                 self.clipping_scale, "null or > 0")
+        _require(len(self.betas) == 2 and 0 < self.betas[0] <= self.betas[1] < 1, "optim.betas", self.betas,
+                 "two numbers with 0 < beta1 <= beta2 < 1")
+        _positive("optim.eps", self.eps)
+        _require(0 < self.param_min_rms < self.param_max_rms, "optim.param_min_rms", self.param_min_rms,
+                 "0 < param_min_rms < param_max_rms")
+        _positive("optim.size_update_period", self.size_update_period)
+        _positive("optim.clipping_update_period", self.clipping_update_period)
+        _one_of("optim.compile", str(self.compile).lower(), ("auto", "true", "false"))
+        _check_paramwise(self.paramwise)
+
+
+@dataclass
+class CustomOptimConf:
+    """Any optimizer class: a torch.optim name (RMSprop, NAdam, ...) or an import path `pkg.module.Class`."""
+
+    name: str = "custom"
+    class_path: str = "RMSprop"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    kwargs: Any = field(default_factory=dict)  # more constructor arguments, e.g. {alpha: 0.9, momentum: 0.5}
+    schedule: ScheduleConf = field(default_factory=ScheduleConf)
+    paramwise: Any = None  # as optim=sgd
+
+    def __post_init__(self) -> None:
+        _positive("optim.lr", self.lr)
+        _non_negative("optim.weight_decay", self.weight_decay)
+        _require(isinstance(self.kwargs, dict), "optim.kwargs", self.kwargs, "a mapping of constructor arguments")
+        _check_paramwise(self.paramwise)
 
 
 # ----------------------------------------------------------------------------- precision
@@ -240,6 +334,24 @@ class PrecisionConf:
 
 
 @dataclass
+class GradClipConf:
+    """mmcv's grad_clip: by global norm (max_norm, norm_type) or by value; grad_norm/total is logged either way."""
+
+    max_norm: Optional[float] = None  # null: no clipping by norm
+    norm_type: float = 2.0
+    clip_value: Optional[float] = None  # clamp every gradient element to [-clip_value, clip_value]
+
+    def __post_init__(self) -> None:
+        _require(self.max_norm is None or self.max_norm > 0, "trainer.grad_clip.max_norm", self.max_norm,
+                 "null or > 0")
+        _require(self.clip_value is None or self.clip_value > 0, "trainer.grad_clip.clip_value", self.clip_value,
+                 "null or > 0")
+        _require(self.max_norm is None or self.clip_value is None, "trainer.grad_clip", "max_norm and clip_value",
+                 "one of max_norm or clip_value")
+        _positive("trainer.grad_clip.norm_type", self.norm_type)
+
+
+@dataclass
 class TrainerConf:
     max_steps: int = 1000  # optimizer steps; ignored when epochs is set
     epochs: Optional[int] = None  # train for this many passes over the training split instead
@@ -251,6 +363,9 @@ class TrainerConf:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: Optional[int] = None  # torch intra-op threads; null keeps torch's default
     progress: str = "auto"  # auto (bar on a terminal, log lines otherwise) | bar | log
+    grad_clip: GradClipConf = field(default_factory=GradClipConf)
+    # name, once, every trainable parameter that does not reach the loss (costs a graph walk per session)
+    detect_anomalous_params: bool = False
 
     def __post_init__(self) -> None:
         _positive("trainer.max_steps", self.max_steps)
@@ -286,7 +401,8 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "tasks": {"toy": ToyTasksConf, "digits": DigitsTasksConf},
     "balancer": {"fixed": FixedBalancerConf, "rescaled_norm": RescaledNormBalancerConf,
                  "gradnorm": GradNormBalancerConf},
-    "optim": {"sgd": SGDConf, "adam": AdamConf},
+    "optim": {"sgd": SGDConf, "adam": AdamConf, "scaled_adam": ScaledAdamConf,
+              "custom": CustomOptimConf},
     "precision": {"fp32": PrecisionConf},
 }
 

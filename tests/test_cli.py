@@ -43,7 +43,8 @@ def test_train_help_is_hydras_with_our_groups():
     result = cli("train", "--help")
     assert result.returncode == 0
     assert "mtl-bench train" in result.stdout
-    assert "balancer: fixed" in result.stdout and "optim: adam, sgd" in result.stdout
+    assert "balancer: fixed, gradnorm, rescaled_norm" in result.stdout
+    assert "optim: adam, custom, scaled_adam, sgd" in result.stdout
     assert "schema/" not in result.stdout
 
 
@@ -56,7 +57,7 @@ def test_cfg_job_prints_the_composed_config():
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["optim=nope"], "mtl-bench: error: optim=nope: no such option; allowed: adam, sgd"),
+        (["optim=nope"], "mtl-bench: error: optim=nope: no such option; allowed: adam, custom, scaled_adam, sgd"),
         (["optim.lr=abc"], "mtl-bench: error: optim.lr: Value 'abc' of type 'str' could not be converted to Float"),
         (["optim.lrr=1"], "mtl-bench: error: optim.lrr: no such key; keys of optim: lr, betas, eps"),
         (["optim"], "mtl-bench: error: cannot parse the override"),

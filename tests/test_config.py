@@ -43,7 +43,7 @@ def test_unknown_key_fails_at_compose_time(compose_cfg):
     ("override", "message"),
     [
         ("optim.lr=-0.1", "optim.lr=-0.1 is not allowed: must be > 0"),
-        ("optim.schedule.name=exp", "optim.schedule.name='exp' is not allowed: allowed: none, step, cosine"),
+        ("optim.schedule.name=exp", "optim.schedule.name='exp' is not allowed: allowed: none, step, multistep, cosine, eden, eden2, cyclic"),
         ("trainer.batch_size=0", "trainer.batch_size=0 is not allowed: must be > 0"),
         ("trainer.device=tpu", "trainer.device='tpu' is not allowed: auto, cpu, cuda or cuda:N"),
         ("model.activation=swish", "model.activation='swish' is not allowed: allowed: relu, tanh, gelu"),

@@ -70,3 +70,28 @@ def test_frozen_parameters_are_left_out():
     a, b = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(1), requires_grad=False)
     opt = build_optimizer(SGDConf(), [a, b])
     assert opt.param_groups[0]["params"] == [a]
+
+
+def test_multistep_decays_at_each_milestone_after_warmup():
+    got = lrs(ScheduleConf(name="multistep", warmup_steps=2, milestones=[2, 5], gamma=0.5), 10)
+    assert got == pytest.approx([0.05, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025])
+
+
+def test_eden_from_config_follows_icefall_formula():
+    schedule = ScheduleConf(name="eden", warmup_steps=4, warmup_start=0.5, lr_batches=10.0, lr_epochs=2.0)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(schedule, opt, total_steps=100)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5)  # warmup starts at half the lr
+    for _ in range(20):
+        sched.step()
+    sched.step_epoch()
+    expected = ((20**2 + 10**2) / 10**2) ** -0.25 * ((1 + 2**2) / 2**2) ** -0.25
+    assert opt.param_groups[0]["lr"] == pytest.approx(expected)
+
+
+def test_scaled_adam_from_config():
+    from mtl_bench.config import ScaledAdamConf
+    from mtl_bench.optim import ScaledAdam
+
+    opt = build_optimizer(ScaledAdamConf(lr=0.01, clipping_scale=None, compile="false"), [torch.nn.Parameter(torch.ones(4, 4))])
+    assert isinstance(opt, ScaledAdam) and opt.compile is False and opt.param_groups[0]["betas"] == (0.9, 0.98)

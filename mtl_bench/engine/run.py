@@ -19,7 +19,7 @@ from mtl_bench.engine.checkpoint import find_checkpoint, load_checkpoint
 from mtl_bench.engine.files import write_json
 from mtl_bench.engine.progress import use_bar
 from mtl_bench.engine.trainer import Trainer, TrainResult, count_steps
-from mtl_bench.optim import build_optimizer, build_scheduler
+from mtl_bench.optim import build_optimizer, build_param_groups, build_scheduler
 from mtl_bench.run_logger import RunLogger, flatten_hparams
 
 log = logging.getLogger("mtl_bench")
@@ -81,7 +81,8 @@ def train(
     taskset = build_taskset(conf.tasks).to(device)
     model = build_model(conf.model, taskset).to(device)
     balancer = build_balancer(conf.balancer, taskset.tasks, model).to(device)
-    optimizer = build_optimizer(conf.optim, model.parameters())
+    groups = build_param_groups(model, conf.optim.lr, getattr(conf.optim, "weight_decay", None), conf.optim.paramwise)
+    optimizer = build_optimizer(conf.optim, groups)
     scheduler = build_scheduler(conf.optim.schedule, optimizer, count_steps(conf.trainer, len(taskset.train)))
 
     logger: RunLogger | None = None
