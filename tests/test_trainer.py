@@ -55,7 +55,7 @@ def test_tensorboard_tags_layout_and_hparams_in_the_runs_own_file(small_conf, tm
     events.Reload()
     tags = set(events.Tags()["scalars"])
     for tag in ("loss/t0", "loss/t1", "weight/t0", "weight/t1", "metric/val/t0/mse", "metric/test/t1/loss",
-                "lr/0", "perf/steps_per_s", "summary/test_loss_ratio_sum"):
+                "lr/default", "perf/steps_per_s", "summary/test_loss_ratio_sum"):
         assert tag in tags, tag
     assert [e.step for e in events.Scalars("loss/t0")] == [5, 10, 15, 20]
     plugins = events.PluginTagToContent("hparams")
@@ -150,3 +150,48 @@ def test_balancer_state_is_logged_and_checkpointed(small_conf, tmp_path, balance
         assert state["weights"].sum().item() == pytest.approx(2.0) and not torch.equal(state["weights"], torch.ones(2))
     else:  # 20 steps of EMA count: sum_{k<20} 0.999^k
         assert state["ema_count"][0].item() == pytest.approx((1 - 0.999**20) / (1 - 0.999), rel=1e-5)
+
+
+def test_grad_norm_total_and_momentum_are_logged_and_clipping_applies(small_conf, tmp_path):
+    train(small_conf("optim=sgd", "trainer.grad_clip.max_norm=0.001"), tmp_path)
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    norms = [e.value for e in events.Scalars("grad_norm/total")]
+    assert [e.step for e in events.Scalars("grad_norm/total")] == [5, 10, 15, 20]
+    assert all(n > 0.001 for n in norms)  # measured before clipping
+    assert [e.value for e in events.Scalars("momentum/default")] == pytest.approx([0.9] * 4)
+
+
+def test_unused_parameters_are_named_once(small_conf, tmp_path, caplog, monkeypatch):
+    import torch
+
+    from mtl_bench.engine import builders
+
+    build = builders.build_model
+
+    def with_unused_layer(conf, taskset):
+        model = build(conf, taskset)
+        model.spare = torch.nn.Linear(2, 2)  # never called in forward
+        return model
+
+    monkeypatch.setattr("mtl_bench.engine.run.build_model", with_unused_layer)
+    with caplog.at_level("WARNING", logger="mtl_bench"):
+        train(small_conf("trainer.detect_anomalous_params=true"), tmp_path)
+    warnings = [r.getMessage() for r in caplog.records if "do not reach the loss" in r.getMessage()]
+    assert warnings == ["trainable parameters that do not reach the loss: spare.weight, spare.bias"]
+
+
+@pytest.mark.parametrize("optim", ["scaled_adam", "sgd"])
+def test_training_lowers_the_loss_with_each_optimizer(small_conf, tmp_path, optim):
+    result = train(small_conf(f"optim={optim}", "trainer.max_steps=60"), tmp_path)
+    initial = sum(v["loss"] for v in result.initial_test.values())
+    assert sum(v["loss"] for v in result.test.values()) < initial
+
+
+def test_eden_counts_epochs(small_conf, tmp_path):
+    # 512 samples, batch 32: 16 steps per epoch, so 20 steps end with epoch count 1 and batch count 20
+    train(small_conf("optim=scaled_adam"), tmp_path)
+    import torch
+
+    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["scheduler"]
+    assert state["batch"] == 20 and state["epoch"] == 1

@@ -6,15 +6,17 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
 from mtl_bench.balancers import Balancer
 from mtl_bench.config import TrainerConf
 from mtl_bench.engine.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint, set_rng_state
+from mtl_bench.engine.anomalous import parameters_outside_graph
 from mtl_bench.engine.data import StepSampler
 from mtl_bench.engine.evaluate import evaluate
+from mtl_bench.engine.gradients import clip_gradients
 from mtl_bench.engine.progress import Progress
 from mtl_bench.errors import ConfigError
 from mtl_bench.models import MultiTaskModel
@@ -74,6 +76,8 @@ class Trainer:
         self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
         self.initial_test: Metrics = {}
         self.layout_written = False
+        self.anomalies_checked = False
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -129,11 +133,17 @@ class Trainer:
                 inputs, targets = train.batch(index)
                 out = self.model(inputs)
                 losses = {task.name: task.loss(out.preds[task.name], targets[task.name]) for task in tasks}
+                if conf.detect_anomalous_params and not self.anomalies_checked:
+                    self._report_parameters_outside_graph(losses.values())
                 self.optimizer.zero_grad(set_to_none=True)
                 measured = self.balancer.backward(losses, out.shared)
+                logging_now = (self.step + 1) % conf.log_every == 0 or self.step + 1 == total
+                grad_norm = clip_gradients(self.trainable, conf.grad_clip, measure=logging_now)
+                if grad_norm is not None:
+                    measured["grad_norm/total"] = grad_norm
                 self.optimizer.step()
                 measured |= self.balancer.step()  # commits staged balancer state (a no-op when nothing is staged)
-                self.scheduler.step()
+                self._step_schedule()
                 self.step += 1
                 window_losses += torch.stack([loss.detach() for loss in losses.values()])
                 window_steps += 1
@@ -161,6 +171,19 @@ class Trainer:
         self.save(wall)
         return TrainResult(self.step, val, test, summary, wall, self.initial_test)
 
+    def _step_schedule(self) -> None:
+        self.scheduler.step()
+        if hasattr(self.scheduler, "step_epoch") and (self.step + 1) % self.sampler.steps_per_epoch == 0:
+            self.scheduler.step_epoch()  # Eden decays with epochs as well as batches
+
+    def _report_parameters_outside_graph(self, losses: Iterable[torch.Tensor]) -> None:
+        unused = parameters_outside_graph(losses, self.model.named_parameters())
+        if unused:
+            log.warning("trainable parameters that do not reach the loss: %s", ", ".join(unused))
+        else:
+            log.info("detect_anomalous_params: every trainable parameter reaches the loss")
+        self.anomalies_checked = True
+
     def _log_train(self, mean_losses: torch.Tensor, measured: dict[str, torch.Tensor], rate: float,
                    progress: Progress) -> None:
         names = [task.name for task in self.taskset.tasks]
@@ -171,7 +194,10 @@ class Trainer:
         scalars = {f"loss/{name}": v for name, v in losses.items()}
         scalars.update(zip(measured.keys(), numbers[len(names):]))
         for i, group in enumerate(self.optimizer.param_groups):
-            scalars[f"lr/{group.get('name', i)}"] = group["lr"]
+            name = group.get("name", i)
+            scalars[f"lr/{name}"] = group["lr"]
+            if "betas" in group or "momentum" in group:  # Adam-type optimizers: beta1 is the momentum
+                scalars[f"momentum/{name}"] = group["betas"][0] if "betas" in group else group["momentum"]
         scalars["perf/steps_per_s"] = rate
         if self.logger is not None:
             if not self.layout_written:  # the tags are known only now (they depend on the balancer)
