@@ -308,14 +308,15 @@ class CustomOptimConf:
     class_path: str = "RMSprop"
     lr: float = 1e-3
     weight_decay: float = 0.0
-    kwargs: Any = field(default_factory=dict)  # more constructor arguments, e.g. {alpha: 0.9, momentum: 0.5}
+    kwargs: Any = None  # more constructor arguments, e.g. {alpha: 0.9, momentum: 0.5}; null: none
     schedule: ScheduleConf = field(default_factory=ScheduleConf)
     paramwise: Any = None  # as optim=sgd
 
     def __post_init__(self) -> None:
         _positive("optim.lr", self.lr)
         _non_negative("optim.weight_decay", self.weight_decay)
-        _require(isinstance(self.kwargs, dict), "optim.kwargs", self.kwargs, "a mapping of constructor arguments")
+        _require(self.kwargs is None or isinstance(self.kwargs, dict), "optim.kwargs", self.kwargs,
+                 "null or a mapping of constructor arguments")
         _check_paramwise(self.paramwise)
 
 

@@ -67,3 +67,10 @@ def test_gradnorm_theoretical_initial_losses_need_every_task_to_declare_one(comp
     taskset = build_taskset(conf.tasks)
     with pytest.raises(ConfigError, match=r"tasks \['sum'\] declare no theoretical initial loss"):
         build_balancer(conf.balancer, taskset.tasks, build_model(conf.model, taskset))
+
+
+def test_custom_optimizer_kwargs_and_paramwise_take_a_mapping_override(compose_cfg):
+    conf = OmegaConf.to_object(compose_cfg("optim=custom", "optim.kwargs={alpha:0.9}",
+                                           "optim.paramwise={custom_keys:{heads:{lr_mult:10.0}}}"))
+    assert conf.optim.kwargs == {"alpha": 0.9}
+    assert conf.optim.paramwise == {"custom_keys": {"heads": {"lr_mult": 10.0}}}

@@ -49,7 +49,7 @@ def build_optimizer(conf: Any, params: ParamsOrGroups) -> torch.optim.Optimizer:
         except ValueError as err:
             raise ConfigError(f"optim.class_path={conf.class_path!r}: {err}") from None
         try:
-            return cls(params, lr=conf.lr, weight_decay=conf.weight_decay, **dict(conf.kwargs))
+            return cls(params, lr=conf.lr, weight_decay=conf.weight_decay, **dict(conf.kwargs or {}))
         except TypeError as err:  # an argument the class does not take
             raise ConfigError(f"optim.kwargs: {cls.__name__} rejects the arguments ({err})") from None
     raise ValueError(f"unknown optimizer {conf.name!r}")
