@@ -323,12 +323,45 @@ class CustomOptimConf:
 # ----------------------------------------------------------------------------- precision
 
 
+PRECISIONS = ("fp32", "fp16", "bf16")
+GRAD_SCALER_KEYS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
 @dataclass
 class PrecisionConf:
+    """fp32, or bf16 autocast (no scaler needed: bfloat16 has float32's exponent range)."""
+
     name: str = "fp32"
 
     def __post_init__(self) -> None:
-        _one_of("precision.name", self.name, ("fp32",))
+        _one_of("precision.name", self.name, PRECISIONS)
+
+
+def _check_loss_scale(value: Any) -> None:
+    allowed = f"dynamic, a number > 0 (a static scale) or a mapping of {', '.join(GRAD_SCALER_KEYS)}"
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(GRAD_SCALER_KEYS))
+        if unknown:
+            raise ConfigError(f"precision.loss_scale.{unknown[0]}: no such key; allowed: {', '.join(GRAD_SCALER_KEYS)}")
+        for key, number in value.items():
+            _require(isinstance(number, (int, float)) and not isinstance(number, bool) and number > 0,
+                     f"precision.loss_scale.{key}", number, "a number > 0")
+        return
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    _require(value == "dynamic" or (is_number and value > 0), "precision.loss_scale", value, allowed)
+
+
+@dataclass
+class Fp16PrecisionConf:
+    """float16 autocast with a grad scaler (mmcv Fp16OptimizerHook's loss_scale forms)."""
+
+    name: str = "fp16"
+    # dynamic | a number (static scale; an int is fine) | {init_scale, growth_factor, backoff_factor, growth_interval}
+    loss_scale: Any = "dynamic"
+
+    def __post_init__(self) -> None:
+        _one_of("precision.name", self.name, ("fp16",))
+        _check_loss_scale(self.loss_scale)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -367,6 +400,12 @@ class TrainerConf:
     grad_clip: GradClipConf = field(default_factory=GradClipConf)
     # name, once, every trainable parameter that does not reach the loss (costs a graph walk per session)
     detect_anomalous_params: bool = False
+    # joint: one batch carries every task's targets; per_task: one batch per task (its own sample stream),
+    # forwarded and backpropagated in turn, gradients accumulate, one optimizer step
+    step_mode: str = "joint"
+    grad_accumulation_steps: int = 1  # loader steps per optimizer step; the gradient is their mean
+    on_nonfinite: str = "skip"  # a non-finite loss: skip the step (counted, logged) | raise (stop, naming task/step)
+    profile: bool = False  # write a torch profiler trace of a few steps (TensorBoard's profile tab)
 
     def __post_init__(self) -> None:
         _positive("trainer.max_steps", self.max_steps)
@@ -379,6 +418,9 @@ class TrainerConf:
         _require(self.num_threads is None or self.num_threads > 0, "trainer.num_threads", self.num_threads,
                  "null or > 0")
         _one_of("trainer.progress", self.progress, ("auto", "bar", "log"))
+        _one_of("trainer.step_mode", self.step_mode, ("joint", "per_task"))
+        _positive("trainer.grad_accumulation_steps", self.grad_accumulation_steps)
+        _one_of("trainer.on_nonfinite", self.on_nonfinite, ("skip", "raise"))
 
 
 # ----------------------------------------------------------------------------- top level
@@ -404,7 +446,7 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
                  "gradnorm": GradNormBalancerConf},
     "optim": {"sgd": SGDConf, "adam": AdamConf, "scaled_adam": ScaledAdamConf,
               "custom": CustomOptimConf},
-    "precision": {"fp32": PrecisionConf},
+    "precision": {"fp32": PrecisionConf, "fp16": Fp16PrecisionConf, "bf16": PrecisionConf},
 }
 
 

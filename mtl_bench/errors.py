@@ -6,3 +6,7 @@ class ConfigError(ValueError):
 
     The CLI prints it without a traceback and exits non-zero.
     """
+
+
+class NonFiniteLossError(ConfigError):
+    """trainer.on_nonfinite=raise met a NaN/inf loss: reported like a user error (one line, non-zero exit)."""

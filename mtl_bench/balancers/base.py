@@ -57,9 +57,15 @@ class Balancer(nn.Module):
     `defer_updates = False` (the default) `backward` commits at once, so a library user may call `backward`
     alone; `step()` is then a no-op. A joint `backward` while an update is still pending raises (the loop
     forgot `step()`).
+
+    Gradient accumulation: set `accumulates = True` and call `backward` (or every task's `backward_task`)
+    once per micro-batch, with a scaler-like object that also multiplies by 1/k if the gradient should be
+    the mean. All micro-batches use the weights held at the start of the step; `step()` then updates the
+    state once, from the mean of the micro-batches' statistics.
     """
 
     defer_updates: bool = False
+    accumulates: bool = False
 
     task_names: list[str]
 

@@ -227,8 +227,10 @@ class GradNorm(StagedBalancer):
         return (torch.stack([mean[f"norm/{n}"] for n in names]), torch.stack([mean[f"loss/{n}"] for n in names]))
 
     def _update(self, norms: Tensor, losses: Tensor) -> dict[str, Tensor]:
-        """Stage w(t+1) (and L_i(0) at the first step) from this step's n_i and L_i; return the metrics."""
-        norms, losses = self._reduce(norms, losses)
+        """Stage w(t+1) (and L_i(0) at the first step) from this step's rank-averaged n_i and L_i; return metrics.
+
+        Always from the committed state, so a later micro-batch of the same step restages it from the new means.
+        """
         self._require_finite(norms, losses)
         initial = torch.where(self.initialized, self.initial_losses, losses)
         terms = gradnorm_terms(self.weights, norms, losses, initial, self.alpha)
@@ -262,8 +264,9 @@ class GradNorm(StagedBalancer):
         self.check_losses(losses)
         scale = self._begin(JOINT, scaler, shared)
         ordered = [losses[name] for name in self.task_names]
-        norms = self._norms(ordered, shared, scale)
-        metrics = self._update(norms, torch.stack([loss.detach().float() for loss in ordered]))
+        norms, losses = self._reduce(self._norms(ordered, shared, scale),
+                                     torch.stack([loss.detach().float() for loss in ordered]))
+        metrics = self._update(self._mean("norms", norms), self._mean("losses", losses))
         weights = self.weights.clone()  # the weights this step trains with (the update is only staged)
         self.run_backward((weights * torch.stack(ordered)).sum(), scaler)
         self._end_joint()
@@ -284,4 +287,5 @@ class GradNorm(StagedBalancer):
 
     def _finish(self) -> dict[str, Tensor]:
         stats = [self._collected[name] for name in self.task_names]
-        return self._update(torch.stack([s["norm"] for s in stats]), torch.stack([s["loss"] for s in stats]))
+        return self._update(*self._reduce(torch.stack([s["norm"] for s in stats]),
+                                          torch.stack([s["loss"] for s in stats])))

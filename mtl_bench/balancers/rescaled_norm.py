@@ -89,11 +89,11 @@ class RescaledNormBalancer(StagedBalancer):
     def _count(self, shared: Tensor) -> int:
         return shared.shape[0] if self.per_batch_item and shared.dim() > 0 else 1
 
-    def _ema(self, index: Tensor | slice, norms: Tensor) -> Tensor:
-        """Stage the EMA update of the given tasks; return their new averages."""
+    def _ema(self, index: int | slice, norms: Tensor) -> Tensor:
+        """Stage the EMA update of the given tasks from their committed values; return their new averages."""
         ema_sum, ema_count = self._current("ema_sum").clone(), self._current("ema_count").clone()
-        ema_sum[index] = ema_sum[index] * self.ema_decay + norms
-        ema_count[index] = ema_count[index] * self.ema_decay + 1.0
+        ema_sum[index] = self.ema_sum[index] * self.ema_decay + norms
+        ema_count[index] = self.ema_count[index] * self.ema_decay + 1.0
         self._stage(ema_sum=ema_sum, ema_count=ema_count)
         return ema_sum[index] / ema_count[index]
 
@@ -116,7 +116,7 @@ class RescaledNormBalancer(StagedBalancer):
             scale = self._begin(JOINT, scaler, shared)
             local = {name: self._measure(losses[name], shared, scale) for name in self.task_names}
             reduced = average_by_name(local, self._count(shared))
-            norms = torch.stack([reduced[name] for name in self.task_names])
+            norms = self._mean("norms", torch.stack([reduced[name] for name in self.task_names]))
             self._require_finite(norms)
             avg = self._ema(slice(None), norms)
             if self.rescale_grads:
@@ -148,6 +148,7 @@ class RescaledNormBalancer(StagedBalancer):
         metrics: dict[str, Tensor] = {}
         if self.measures_norms:
             norm = average_by_name({task: self._measure(loss, shared, scale)}, self._count(shared))[task]
+            norm = self._mean(f"norm/{task}", norm)
             self._require_finite(norm)
             avg = self._ema(i, norm)
             if self.rescale_grads:

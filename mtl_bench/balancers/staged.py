@@ -47,6 +47,7 @@ class StagedBalancer(Balancer):
 
     def _reset(self) -> None:
         self._mode: str | None = None
+        self._sums: dict[str, tuple[Tensor, int]] = {}
         self._pending: dict[str, Tensor] = {}
         self._finite: Tensor | None = None
         self._scaler: GradScalerLike | None = None
@@ -57,7 +58,8 @@ class StagedBalancer(Balancer):
 
     def _begin(self, mode: str, scaler: GradScalerLike | None, like: Tensor) -> Tensor | None:
         """Open (or continue, per task) a step; returns the loss scale, or None without a scaler."""
-        if self._mode is not None and (mode == JOINT or self._mode == JOINT):
+        repeat_ok = self.accumulates and mode == self._mode
+        if self._mode is not None and (mode == JOINT or self._mode == JOINT) and not repeat_ok:
             raise RuntimeError(
                 f"{type(self).__name__}: the previous step's update is still pending; call balancer.step() "
                 "after each optimizer step (after scaler.update() when there is a grad scaler)"
@@ -68,9 +70,16 @@ class StagedBalancer(Balancer):
         return self._scale
 
     def _end_joint(self) -> None:
-        """Joint backward done: commit now unless a scaler or the loop may still skip the step."""
-        if self._scaler is None and not self.defer_updates:
+        """Joint backward done: commit now unless a scaler, the loop or more micro-batches may still change it."""
+        if self._scaler is None and not self.defer_updates and not self.accumulates:
             self._commit(False)
+
+    def _mean(self, key: str, value: Tensor) -> Tensor:
+        """The mean of the values given for `key` in this step (one per micro-batch under accumulation)."""
+        total, count = self._sums.get(key, (torch.zeros_like(value), 0))
+        total, count = total + value, count + 1
+        self._sums[key] = (total, count)
+        return total / count
 
     def _stage(self, **values: Tensor) -> None:
         self._pending.update(values)
@@ -90,13 +99,14 @@ class StagedBalancer(Balancer):
         return torch.autograd.grad(scaled, list(inputs), retain_graph=True, allow_unused=allow_unused)
 
     def _collect(self, task: str, **stats: Tensor) -> None:
+        """Record a task's statistics for `_finish`; under accumulation, their mean over the micro-batches."""
         if task not in self._index:
             raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
-        if task in self._collected:
+        if task in self._collected and not self.accumulates:
             raise RuntimeError(
                 f"task {task!r} already had its backward in this step; call balancer.step() once per optimizer step"
             )
-        self._collected[task] = stats
+        self._collected[task] = {name: self._mean(f"{task}/{name}", value) for name, value in stats.items()}
 
     def _finish(self) -> dict[str, Tensor]:
         """Per-task mode: stage the update from `self._collected` (all tasks); return step metrics."""

@@ -13,12 +13,15 @@ from mtl_bench.errors import ConfigError
 
 
 class StepSampler:
-    """Epoch e is a permutation of range(n) drawn from seed and e; the last incomplete batch is dropped."""
+    """Epoch e is a permutation of range(n) drawn from seed and e; the last incomplete batch is dropped.
 
-    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+    `stream` > 0 draws an independent order from the same seed (per-task mode: one stream per task).
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, stream: int = 0) -> None:
         if batch_size > n:
             raise ConfigError(f"trainer.batch_size={batch_size} is larger than the training split ({n} samples)")
-        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.n, self.batch_size, self.seed, self.stream = n, batch_size, seed, stream
         self.steps_per_epoch = n // batch_size
         self._epoch = -1
         self._perm = torch.empty(0, dtype=torch.long)
@@ -26,7 +29,7 @@ class StepSampler:
     def indices(self, step: int) -> Tensor:
         epoch, position = divmod(step, self.steps_per_epoch)
         if epoch != self._epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + self.stream * 2**40)
             self._perm = torch.randperm(self.n, generator=generator)
             self._epoch = epoch
         start = position * self.batch_size

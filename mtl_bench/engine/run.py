@@ -16,7 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from mtl_bench.config import RunConf
 from mtl_bench.engine.builders import build_balancer, build_model, build_taskset, pick_device
 from mtl_bench.engine.checkpoint import find_checkpoint, load_checkpoint
+from mtl_bench.engine.distributed import broadcast_text, init_distributed, rank_device, wrap_ddp
 from mtl_bench.engine.files import write_json
+from mtl_bench.engine.precision import build_precision
 from mtl_bench.engine.progress import use_bar
 from mtl_bench.engine.trainer import Trainer, TrainResult, count_steps
 from mtl_bench.optim import build_optimizer, build_param_groups, build_scheduler
@@ -69,12 +71,19 @@ def train(
     multirun: bool = False,
     config: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Train `conf` with outputs in `run_dir`; usable without Hydra (tests, notebooks)."""
+    """Train `conf` with outputs in `run_dir`; usable without Hydra (tests, notebooks).
+
+    Under torchrun (WORLD_SIZE > 1) every rank trains its slice of each batch with DDP; rank 0's run_dir
+    is used by all (for resume) and rank 0 alone writes to it.
+    """
     overrides, choices = overrides or [], choices or {}
-    run_dir.mkdir(parents=True, exist_ok=True)
     if conf.trainer.num_threads:
         torch.set_num_threads(conf.trainer.num_threads)
     device = pick_device(conf.trainer.device)
+    dist_info = init_distributed(device)
+    device = rank_device(device, dist_info)
+    run_dir = Path(broadcast_text(str(run_dir)))
+    run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_path = find_checkpoint(conf.trainer.resume, run_dir)
 
     seed_everything(conf.seed)
@@ -83,7 +92,9 @@ def train(
     balancer = build_balancer(conf.balancer, taskset.tasks, model).to(device)
     groups = build_param_groups(model, conf.optim.lr, getattr(conf.optim, "weight_decay", None), conf.optim.paramwise)
     optimizer = build_optimizer(conf.optim, groups)
-    scheduler = build_scheduler(conf.optim.schedule, optimizer, count_steps(conf.trainer, len(taskset.train)))
+    total_steps = count_steps(conf.trainer, len(taskset.train), dist_info.world_size)
+    scheduler = build_scheduler(conf.optim.schedule, optimizer, total_steps)
+    forward_model = wrap_ddp(model, device, dist_info, per_task=conf.trainer.step_mode == "per_task")
 
     logger: RunLogger | None = None
     trainer: Trainer | None = None
@@ -91,10 +102,14 @@ def train(
         trainer = Trainer(
             taskset=taskset, model=model, balancer=balancer, optimizer=optimizer,
             scheduler=scheduler, conf=conf.trainer, seed=conf.seed, run_dir=run_dir, logger=None,
-            bar=use_bar(conf.trainer.progress, multirun),
+            bar=use_bar(conf.trainer.progress, multirun) and dist_info.is_main,
+            precision=build_precision(conf.precision, device), forward_model=forward_model,
+            rank=dist_info.rank, world_size=dist_info.world_size,
         )
         if checkpoint_path is not None:
             trainer.restore(load_checkpoint(checkpoint_path, device), checkpoint_path)
+        if not dist_info.is_main:
+            return trainer.fit()
         logger = RunLogger(run_dir, purge_step=trainer.step or None)
         trainer.logger = logger
         metric_names = {t.name: ["loss", *t.higher_is_better] for t in taskset.tasks}
@@ -102,10 +117,12 @@ def train(
             hparam_values = {**{f"choice.{g}": o for g, o in choices.items()}, **flatten_hparams(config or {})}
             final_tags = [f"metric/test/{t}/{m}" for t, names in metric_names.items() for m in names]
             logger.write_hparams(hparam_values, final_tags + ["summary/test_loss_ratio_sum"])
-        log.info("run dir %s | %d steps on %s | tasks %s", run_dir, trainer.total_steps, device, taskset.task_names)
+        ranks = f" x {dist_info.world_size} ranks" if dist_info.world_size > 1 else ""
+        log.info("run dir %s | %d steps on %s%s, %s, %s mode | tasks %s", run_dir, trainer.total_steps, device, ranks,
+                 conf.precision.name, conf.trainer.step_mode, taskset.task_names)
         result = trainer.fit()
     except BaseException as err:
-        if previous_status(run_dir) != "completed":  # never overwrite a finished run's results
+        if dist_info.is_main and previous_status(run_dir) != "completed":  # never overwrite a finished run's results
             write_json(run_dir / METRICS_FILE, {
                 "status": "failed", "error": f"{type(err).__name__}: {err}",
                 "step": trainer.step if trainer is not None else 0,
