@@ -40,6 +40,10 @@ def run_hydra_app() -> None:
     Hydra prints composition errors over several lines with exit status 1 unless HYDRA_FULL_ERROR is set,
     in which case it raises them: we set it for the call and turn the exception into one line.
     """
+    if int(os.environ.get("RANK", "0")) > 0:
+        # torchrun: ranks other than 0 write nothing (rank 0's run dir is shared with them by broadcast).
+        sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=disabled",
+                     "hydra/hydra_logging=disabled"]
     saved = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:

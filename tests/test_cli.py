@@ -63,6 +63,9 @@ def test_cfg_job_prints_the_composed_config():
         (["optim"], "mtl-bench: error: cannot parse the override"),
         (["optim.lr=-1"], "mtl-bench: error: optim.lr=-1.0 is not allowed: must be > 0"),
         (["balancer.weights={t0:1.0,t7:2.0}"], "mtl-bench: error: balancer.weights: weights for unknown tasks"),
+        (["precision.loss_scale=512"], "mtl-bench: error: precision.loss_scale: no such key"),
+        (["precision=fp16", "precision.loss_scale=auto"], "mtl-bench: error: precision.loss_scale='auto' is not allowed"),
+        (["trainer.step_mode=tasks"], "mtl-bench: error: trainer.step_mode='tasks' is not allowed: allowed: joint, per_task"),
     ],
 )
 def test_user_errors_are_one_clear_line_without_traceback(tmp_path, args, expected):
@@ -71,6 +74,13 @@ def test_user_errors_are_one_clear_line_without_traceback(tmp_path, args, expect
     assert len(result.stderr.strip().splitlines()) == 1
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_nonfinite_raise_ends_the_log_with_one_error_line(tmp_path):
+    # diverges in two steps: a training failure reported like a user error, after the run's own log lines
+    result = cli("train", "optim=sgd", "optim.lr=1e8", "trainer.on_nonfinite=raise", f"hydra.run.dir={tmp_path}", *SMOKE)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("mtl-bench: error: non-finite loss for task 't0' at step 2")
 
 
 def test_train_runs_in_process_and_writes_a_run_dir(tmp_path):

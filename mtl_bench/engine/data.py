@@ -29,7 +29,9 @@ class StepSampler:
     def indices(self, step: int) -> Tensor:
         epoch, position = divmod(step, self.steps_per_epoch)
         if epoch != self._epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + self.stream * 2**40)
+            # The CPU generator keeps 32 bits of its seed: streams are spread over them (golden-ratio step).
+            offset = (self.stream * 0x9E3779B1) % 2**32
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + offset)
             self._perm = torch.randperm(self.n, generator=generator)
             self._epoch = epoch
         start = position * self.batch_size

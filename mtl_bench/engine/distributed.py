@@ -53,6 +53,12 @@ def wrap_ddp(model: nn.Module, device: torch.device, info: DistInfo, per_task: b
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=per_task)
 
 
+def shutdown_distributed(info: DistInfo) -> None:
+    """Leave the process group this run joined (a no-op for one process)."""
+    if info.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def broadcast_text(text: str) -> str:
     """Rank 0's `text` on every rank (e.g. its run directory); unchanged without a process group."""
     if not (dist.is_available() and dist.is_initialized()):

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from mtl_bench.config import RunConf
 from mtl_bench.engine.builders import build_balancer, build_model, build_taskset, pick_device
 from mtl_bench.engine.checkpoint import find_checkpoint, load_checkpoint
-from mtl_bench.engine.distributed import broadcast_text, init_distributed, rank_device, wrap_ddp
+from mtl_bench.engine.distributed import (broadcast_text, init_distributed, rank_device, shutdown_distributed,
+                                          wrap_ddp)
 from mtl_bench.engine.files import write_json
 from mtl_bench.engine.precision import build_precision
 from mtl_bench.engine.progress import use_bar
@@ -132,6 +133,7 @@ def train(
     finally:
         if logger is not None:
             logger.close()
+        shutdown_distributed(dist_info)
 
     write_json(run_dir / METRICS_FILE, {
         "status": "completed",

@@ -111,7 +111,7 @@ class StepRunner:
                 inputs, targets = self._batch(self.samplers[i], loader_step)
                 with self._sync(last=j == self.k - 1 and i == len(tasks) - 1):
                     with self.precision.autocast():
-                        out = self.model(inputs)
+                        out = self.model(inputs, tasks=[task.name])
                     loss = task.loss(out.preds[task.name].float(), targets[task.name])
                     self._guard([loss])
                     metrics |= self.balancer.backward_task(task.name, loss, out.shared, self.scale)

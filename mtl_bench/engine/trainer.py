@@ -91,6 +91,7 @@ class Trainer:
         self.anomalies_checked = False
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.skipped_steps = torch.zeros(())  # steps skipped for non-finite losses or gradients (on the device)
+        self.skipped_reported = 0.0
         self.nonfinite_at = torch.full((len(taskset.tasks),), -1)  # first step with a non-finite loss, per task
 
     # ------------------------------------------------------------------ checkpoints
@@ -266,6 +267,10 @@ class Trainer:
             if "betas" in group or "momentum" in group:  # Adam-type optimizers: beta1 is the momentum
                 scalars[f"momentum/{name}"] = group["betas"][0] if "betas" in group else group["momentum"]
         scalars["perf/steps_per_s"] = rate
+        if scalars["steps/skipped"] > self.skipped_reported:
+            log.warning("step %d: %d steps skipped so far (non-finite loss or gradients)", self.step,
+                        scalars["steps/skipped"])
+            self.skipped_reported = scalars["steps/skipped"]
         if self.logger is not None:
             if not self.layout_written:  # the tags are known only now (they depend on the balancer)
                 metric_names = {t.name: ["loss", *t.higher_is_better] for t in self.taskset.tasks}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional, Sequence
 
 from torch import Tensor, nn
 
@@ -40,6 +40,9 @@ class MultiTaskModel(nn.Module):
     def task_parameters(self, task: str) -> Iterator[nn.Parameter]:
         return self.heads[task].parameters()
 
-    def forward(self, x: Tensor) -> ModelOutput:
+    def forward(self, x: Tensor, tasks: Optional[Sequence[str]] = None) -> ModelOutput:
+        """Predictions of every head, or only of `tasks` (per-task steps: the other heads would not reach
+        the loss, which DDP must not wait for)."""
         shared = self.trunk(x)
-        return ModelOutput(shared=shared, preds={name: head(shared) for name, head in self.heads.items()})
+        names = self.heads.keys() if tasks is None else tasks
+        return ModelOutput(shared=shared, preds={name: self.heads[name](shared) for name in names})

@@ -1,0 +1,117 @@
+"""Seed 001's multi-batch processor: joint and per-task steps, gradient accumulation (trainer.step_mode,
+trainer.grad_accumulation_steps). The seed asks whether the gradient at the step is the sum of the
+per-batch gradients: these tests answer with numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mtl_bench.balancers import FixedWeights, GradNorm
+from mtl_bench.engine.builders import build_model, build_taskset
+from mtl_bench.engine.data import StepSampler
+from mtl_bench.engine.precision import build_precision
+from mtl_bench.engine.run import train
+from mtl_bench.engine.step import BackwardScale, StepRunner
+
+SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
+
+
+@pytest.fixture
+def small_conf(compose_cfg):
+    return lambda *overrides: OmegaConf.to_object(compose_cfg(*SMALL, *overrides))
+
+
+def setup(conf):
+    torch.manual_seed(0)
+    taskset = build_taskset(conf.tasks)
+    model = build_model(conf.model, taskset)
+    return taskset, model
+
+
+def grads(model) -> list[torch.Tensor]:
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+def runner_grads(conf, taskset, model, balancer, step=3):
+    precision = build_precision(conf.precision, torch.device("cpu"))
+    runner = StepRunner(model, taskset, balancer, precision, BackwardScale(precision.scaler), conf.trainer, conf.seed)
+    model.zero_grad(set_to_none=True)
+    out = runner.run(step)
+    return grads(model), out
+
+
+def manual_grad(model, taskset, task_weights, batches):
+    """Σ over (task, index) of weight·∇L_task(batch) computed one backward at a time."""
+    total = [torch.zeros_like(p) for p in model.parameters()]
+    for task, index, weight in batches:
+        model.zero_grad(set_to_none=True)
+        inputs, targets = taskset.train.batch(index)
+        out = model(inputs)
+        t = next(t for t in taskset.tasks if t.name == task)
+        (weight * t.loss(out.preds[task], targets[task])).backward()
+        total = [acc + g for acc, g in zip(total, grads(model))]
+    return total
+
+
+def test_per_task_gradient_is_the_sum_of_the_per_task_batch_gradients(small_conf):
+    conf = small_conf("trainer.step_mode=per_task", "balancer.weights={t0:1.0,t1:0.001}")
+    taskset, model = setup(conf)
+    got, out = runner_grads(conf, taskset, model, FixedWeights({"t0": 1.0, "t1": 0.001}))
+    n, b = len(taskset.train), conf.trainer.batch_size
+    # each task has its own stream: stream i+1 of the same seed
+    batches = [(t, StepSampler(n, b, conf.seed, stream=i + 1).indices(3), w)
+               for i, (t, w) in enumerate([("t0", 1.0), ("t1", 0.001)])]
+    assert not torch.equal(batches[0][1], batches[1][1])  # really different batches
+    expected = manual_grad(model, taskset, None, batches)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["joint", "per_task"])
+def test_accumulated_gradient_is_the_mean_over_micro_batches(small_conf, mode):
+    conf = small_conf(f"trainer.step_mode={mode}", "trainer.grad_accumulation_steps=3")
+    taskset, model = setup(conf)
+    got, out = runner_grads(conf, taskset, model, FixedWeights({"t0": 1.0, "t1": 1.0}), step=2)
+    n, b = len(taskset.train), conf.trainer.batch_size
+    streams = {"t0": 1, "t1": 2} if mode == "per_task" else {"t0": 0, "t1": 0}
+    batches = [(t, StepSampler(n, b, conf.seed, stream=s).indices(2 * 3 + j), 1.0 / 3)
+               for j in range(3) for t, s in streams.items()]
+    expected = manual_grad(model, taskset, None, batches)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7)
+    assert out.losses.shape == (2,)
+
+
+def test_batch_b_with_two_micro_batches_equals_batch_2b(small_conf, tmp_path):
+    one = train(small_conf("trainer.batch_size=64", "optim=sgd"), tmp_path / "one")
+    two = train(small_conf("trainer.batch_size=32", "trainer.grad_accumulation_steps=2", "optim=sgd"), tmp_path / "two")
+    a = torch.load(tmp_path / "one" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "two" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)
+    assert one.step == two.step == 20
+
+
+def test_gradnorm_updates_once_per_optimizer_step_from_mean_statistics(small_conf):
+    conf = small_conf("trainer.grad_accumulation_steps=2", "balancer=gradnorm")
+    taskset, model = setup(conf)
+    balancer = GradNorm(["t0", "t1"], shared_layer=model.last_shared_layer, alpha=1.5, lr=0.025)
+    _, out = runner_grads(conf, taskset, model, balancer, step=0)
+    balancer.step(False)
+    assert balancer.opt_step.item() == 1  # one weight update for two micro-batches
+    # L_i(0) is the mean of the two micro-batches' losses
+    torch.testing.assert_close(balancer.initial_losses, out.losses)
+
+
+@pytest.mark.parametrize("balancer", ["fixed", "rescaled_norm", "gradnorm"])
+@pytest.mark.parametrize("mode", ["joint", "per_task"])
+def test_every_balancer_trains_in_both_modes_with_accumulation(small_conf, tmp_path, balancer, mode):
+    result = train(small_conf(f"balancer={balancer}", f"trainer.step_mode={mode}", "trainer.grad_accumulation_steps=2",
+                              "trainer.max_steps=30", "optim.lr=0.003"), tmp_path)
+    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert state["scheduler"]["last_epoch"] == 30  # the schedule counts optimizer steps
+    if balancer == "gradnorm":
+        assert state["balancer"]["opt_step"].item() == 30
+    assert sum(v["loss"] for v in result.test.values()) < sum(v["loss"] for v in result.initial_test.values())
