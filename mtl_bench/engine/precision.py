@@ -14,7 +14,7 @@ AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 @dataclass
 class Precision:
-    """What the step needs: an autocast context and a GradScaler (fp16's, or a unit one: see build_precision).
+    """What the step needs: an autocast context and, for fp16, a GradScaler.
 
     A static `loss_scale` is a GradScaler whose scale is reset to that value at every update, so it
     still skips steps with non-finite gradients but never changes the scale.
@@ -22,7 +22,7 @@ class Precision:
 
     name: str
     device_type: str
-    scaler: torch.amp.GradScaler
+    scaler: Optional[torch.amp.GradScaler] = None
     static_scale: Optional[float] = None
 
     def autocast(self) -> ContextManager[Any]:
@@ -33,26 +33,28 @@ class Precision:
 
     def update(self) -> None:
         """After scaler.step(optimizer): adjust the scale (dynamic) or hold it (static)."""
-        self.scaler.update(self.static_scale)
+        if self.scaler is not None:
+            self.scaler.update(self.static_scale)
 
     def loss_scale(self, like: Tensor) -> Tensor:
         """The current scale as a 0-d tensor, without a host sync (`get_scale()` would call `.item()`)."""
+        assert self.scaler is not None
         return self.scaler.scale(torch.ones((), dtype=torch.float32, device=like.device))
 
     def found_inf(self, optimizer: torch.optim.Optimizer) -> Tensor:
         """After scaler.step, before update: 1.0 where the step was skipped for non-finite gradients (on device)."""
         # GradScaler records this per optimizer and clears it in update(); no public accessor exists.
+        assert self.scaler is not None
         return sum(self.scaler._found_inf_per_device(optimizer).values())
 
 
 def build_precision(conf: Any, device: torch.device) -> Precision:
     """`conf` is precision's PrecisionConf or Fp16PrecisionConf.
 
-    fp32 and bf16 get a GradScaler too, with a fixed scale of 1: the trainer uses it to skip steps with
-    non-finite gradients on the device (fused optimizers take its found_inf flag; no host sync).
+    fp32 and bf16 need no scaler: the trainer checks their gradients itself (engine/skip_step.py).
     """
     if conf.name != "fp16":
-        return Precision(conf.name, device.type, torch.amp.GradScaler(device.type, init_scale=1.0), 1.0)
+        return Precision(conf.name, device.type)
     loss_scale = conf.loss_scale
     if isinstance(loss_scale, dict):
         scaler = torch.amp.GradScaler(device.type, **{k: (int(v) if k == "growth_interval" else float(v))

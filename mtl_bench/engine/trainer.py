@@ -20,6 +20,7 @@ from mtl_bench.engine.gradients import clip_gradients
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.profile import maybe_profile
 from mtl_bench.engine.progress import Progress
+from mtl_bench.engine.skip_step import nonfinite_flag, step_unless
 from mtl_bench.engine.step import BackwardScale, StepRunner
 from mtl_bench.errors import ConfigError, NonFiniteLossError
 from mtl_bench.models import MultiTaskModel
@@ -187,32 +188,40 @@ class Trainer:
         return TrainResult(self.step, val, test, summary, wall, self.initial_test)
 
     def _optimizer_step(self, logging_now: bool) -> dict[str, torch.Tensor]:
-        """Forwards and backwards of one step, clipping, the optimizer step through the grad scaler.
+        """Forwards and backwards of one step, clipping, then the optimizer step unless it is not finite.
 
-        Every precision steps through a GradScaler (fp32 and bf16: a fixed unit scale), so a step with
-        non-finite gradients, or a non-finite loss (see BackwardScale), is skipped on the device, leaving
-        the model, optimizer and balancer untouched, without a host sync in our code.
+        fp16 steps through its GradScaler, which skips steps with non-finite gradients; fp32 and bf16 check
+        the gradients' norm (engine/skip_step.py). A non-finite loss makes every gradient NaN (see
+        BackwardScale), so both catch it. A skipped step leaves model, optimizer and balancer untouched and
+        is decided on the device (no host sync in the loop with fused optimizers).
         """
         conf, scaler = self.conf, self.precision.scaler
         self.optimizer.zero_grad(set_to_none=True)
         out = self.runner.run(self.step)
         measured = dict(out.metrics)
-        if conf.grad_clip.max_norm is not None or conf.grad_clip.clip_value is not None or logging_now:
+        clipping = conf.grad_clip.max_norm is not None or conf.grad_clip.clip_value is not None
+        if scaler is not None and (clipping or logging_now):
             scaler.unscale_(self.optimizer)  # clip and measure the true gradients
         grad_norm = clip_gradients(self.trainable, conf.grad_clip, measure=logging_now)
         if grad_norm is not None:
             measured["grad_norm/total"] = grad_norm
-        if self.precision.name == "fp16":
+        if scaler is not None:
             measured["amp/loss_scale"] = self.precision.loss_scale(out.losses)
-        scaler.step(self.optimizer)
-        skipped = self.precision.found_inf(self.optimizer) > 0
-        self.precision.update()
+            scaler.step(self.optimizer)
+            found_inf = self.precision.found_inf(self.optimizer)
+            self.precision.update()
+        else:
+            grads = [p.grad for p in self.trainable if p.grad is not None]
+            found_inf = nonfinite_flag(grads, grad_norm)
+            step_unless(self.optimizer, found_inf)
+        skipped = found_inf > 0
         measured |= self.balancer.step(skipped)  # commits the staged balancer state unless skipped
         self._step_schedule()
         self.skipped_steps += skipped
         measured["steps/skipped"] = self.skipped_steps
         finite = torch.isfinite(out.losses)
-        self.nonfinite_at = torch.where((self.nonfinite_at < 0) & ~finite, self.step, self.nonfinite_at)
+        if conf.on_nonfinite == "raise":
+            self.nonfinite_at = torch.where((self.nonfinite_at < 0) & ~finite, self.step, self.nonfinite_at)
         measured["_losses"] = torch.where(finite, out.losses, 0.0)  # a skipped step adds nothing to the window
         return measured
 

@@ -26,14 +26,15 @@ def _params_of(params: list[Any]) -> list[torch.Tensor]:
 def build_optimizer(conf: Any, params: ParamsOrGroups) -> torch.optim.Optimizer:
     """`conf` is one of the optim schemas of mtl_bench.config; `params` parameters or param groups."""
     params = [p for p in params if isinstance(p, dict) or p.requires_grad]
+    # fused: one pass over all tensors per step (CPU and CUDA) instead of one kernel per elementwise op,
+    # and it can skip a non-finite step on the device (see engine/skip_step.py)
+    fused = all(p.device.type in ("cpu", "cuda") for p in _params_of(params))
     if conf.name == "sgd":
         return torch.optim.SGD(params, lr=conf.lr, momentum=conf.momentum, nesterov=conf.nesterov,
-                               weight_decay=conf.weight_decay)
+                               weight_decay=conf.weight_decay, fused=fused)
     if conf.name == "adam":
         # AdamW decouples the decay from the gradient (Loshchilov & Hutter 2019); Adam adds L2 to it.
         cls = torch.optim.AdamW if conf.decoupled_weight_decay else torch.optim.Adam
-        # fused: one pass over all tensors per step (CPU and CUDA) instead of one kernel per elementwise op.
-        fused = all(p.device.type in ("cpu", "cuda") for p in _params_of(params))
         return cls(params, lr=conf.lr, betas=tuple(conf.betas), eps=conf.eps, weight_decay=conf.weight_decay,
                    fused=fused)
     if conf.name == "scaled_adam":

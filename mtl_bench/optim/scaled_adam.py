@@ -118,6 +118,8 @@ class ScaledAdam(torch.optim.Optimizer):
     eager, with a warning, if compiling fails.
     """
 
+    skips_nonfinite = True  # a step with a non-finite gradient norm is skipped inside step() (the trainer relies on it)
+
     def __init__(
         self,
         params: Iterable[Any],
