@@ -195,3 +195,9 @@ def test_eden_counts_epochs(small_conf, tmp_path):
 
     state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["scheduler"]
     assert state["batch"] == 20 and state["epoch"] == 1
+
+
+def test_profile_writes_a_tensorboard_trace(small_conf, tmp_path):
+    train(small_conf("trainer.profile=true"), tmp_path)
+    traces = list((tmp_path / "profile").glob("*.pt.trace.json"))
+    assert len(traces) == 1 and "ProfilerStep" in traces[0].read_text()
