@@ -60,8 +60,9 @@ class Balancer(nn.Module):
 
     Gradient accumulation: set `accumulates = True` and call `backward` (or every task's `backward_task`)
     once per micro-batch, with a scaler-like object that also multiplies by 1/k if the gradient should be
-    the mean. All micro-batches use the weights held at the start of the step; `step()` then updates the
-    state once, from the mean of the micro-batches' statistics.
+    the mean. Each micro-batch's statistics enter the step's running mean; the staged update is rebuilt
+    from the committed state and that mean, so `step()` commits one update from the mean of all
+    micro-batches (GradNorm's weights stay those of the step's start until then).
     """
 
     defer_updates: bool = False
