@@ -115,3 +115,10 @@ def test_every_balancer_trains_in_both_modes_with_accumulation(small_conf, tmp_p
     if balancer == "gradnorm":
         assert state["balancer"]["opt_step"].item() == 30
     assert sum(v["loss"] for v in result.test.values()) < sum(v["loss"] for v in result.initial_test.values())
+
+
+def test_per_task_mode_on_digits_with_lenet(compose_cfg, tmp_path):
+    conf = OmegaConf.to_object(compose_cfg("trainer=smoke", "tasks=digits", "model=lenet", "trainer.step_mode=per_task",
+                                           "balancer=gradnorm"))
+    result = train(conf, tmp_path)
+    assert set(result.test) == {"left", "right", "sum"} and result.step == 20
