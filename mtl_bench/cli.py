@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -49,6 +51,36 @@ def list_options(group: str = typer.Argument(None, help="Only this group (model,
     else:
         typer.echo(f"mtl-bench: error: unknown group {group!r}; groups: {', '.join(options)}", err=True)
         raise typer.Exit(2)
+
+
+@app.command()
+def report(
+    paths: list[Path] = typer.Argument(..., help="Run, sweep (multirun) or outputs/ directories; several are merged."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (terminal), markdown, csv or json."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+    baseline: Optional[str] = typer.Option(
+        None, "--baseline", "-b",
+        help="Δm against the group with these values (e.g. balancer=fixed), or 'reference' (tasks.reference)."),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Write PNG plots here (needs matplotlib)."),
+) -> None:
+    """Compare runs: mean ± std over seeds of each final test metric per group of overrides, and Δm."""
+    from mtl_bench.errors import ConfigError
+    from mtl_bench.report.main import make_report
+
+    try:
+        text, written = make_report(paths, fmt, baseline, plots)
+    except ConfigError as err:
+        typer.echo(f"mtl-bench: error: {err}", err=True)
+        raise typer.Exit(2) from None
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        from mtl_bench.engine.files import write_text
+
+        write_text(output, text)
+        typer.echo(f"report written to {output}", err=True)
+    for path in written:
+        typer.echo(f"plot written to {path}", err=True)
 
 
 def main() -> None:

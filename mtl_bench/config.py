@@ -66,6 +66,13 @@ class LeNetConf:
 # ----------------------------------------------------------------------------- tasks
 
 
+def _check_reference(reference: Any) -> None:
+    ok = reference is None or (isinstance(reference, dict) and all(
+        isinstance(metrics, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values())
+        for metrics in reference.values()))
+    _require(ok, "tasks.reference", reference, "null or {task: {metric: number}}, e.g. {t0: {mse: 0.5}}")
+
+
 @dataclass
 class ToyTasksConf:
     name: str = "toy"
@@ -78,8 +85,10 @@ class ToyTasksConf:
     b_var: float = 10.0
     eps_var: float = 3.5
     data_seed: int = 0
+    reference: Any = None  # single-task reference metrics {task: {metric: value}} for `mtl-bench report -b reference`
 
     def __post_init__(self) -> None:
+        _check_reference(self.reference)
         _require(len(self.sigmas) > 0, "tasks.sigmas", self.sigmas, "one scale per task, at least one")
         for key in ("n_train", "n_val", "n_test", "in_dim", "out_dim"):
             _positive(f"tasks.{key}", getattr(self, key))
@@ -93,8 +102,10 @@ class DigitsTasksConf:
     n_test: int = 2000
     overlap: int = 4
     data_seed: int = 0
+    reference: Any = None  # as tasks=toy
 
     def __post_init__(self) -> None:
+        _check_reference(self.reference)
         for key in ("n_train", "n_val", "n_test"):
             _positive(f"tasks.{key}", getattr(self, key))
         _require(0 <= self.overlap <= 8, "tasks.overlap", self.overlap, "0..8 columns")

@@ -30,6 +30,34 @@ class Run:
                 for tag in events.Tags()["scalars"] if tag.startswith(prefix)}
 
 
+def _read_metrics(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return {"status": "failed", "error": f"unreadable {path.name}: {err}"}
+
+
+def run_status(run: Run) -> str:
+    """completed | failed | incomplete (no metrics.json yet: still running, or killed)."""
+    return str(run.metrics.get("status", "incomplete"))
+
+
+def scan_runs(root: Path) -> list[Run]:
+    """Every run under `root`, whatever its status, sorted by path.
+
+    A run directory is one with metrics.json, or a Hydra run directory (`.hydra/overrides.yaml`) without it:
+    a job that was killed or is still running. Its overrides then come from Hydra's file.
+    """
+    import yaml  # from omegaconf's dependencies; only the report needs it
+
+    runs = {path.parent: Run(path.parent, _read_metrics(path)) for path in root.rglob(METRICS_FILE)}
+    for overrides in root.rglob(".hydra/overrides.yaml"):
+        run_dir = overrides.parent.parent
+        if run_dir not in runs:
+            runs[run_dir] = Run(run_dir, {"status": "incomplete", "overrides": yaml.safe_load(overrides.read_text()) or []})
+    return [runs[path] for path in sorted(runs)]
+
+
 def find_runs(root: Path) -> list[Run]:
     """Every completed run under `root` (a run directory or a sweep directory), sorted by path."""
     runs = []

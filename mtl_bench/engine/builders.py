@@ -21,7 +21,22 @@ def _options(conf: Any) -> dict[str, Any]:
 
 
 def build_taskset(conf: Any) -> TaskSet:
-    return TASK_SETS[conf.name](**_options(conf))
+    options = _options(conf)
+    reference = options.pop("reference", None)  # read by the report, not by the data
+    taskset = TASK_SETS[conf.name](**options)
+    check_reference(reference, taskset)
+    return taskset
+
+
+def check_reference(reference: dict[str, dict[str, float]] | None, taskset: TaskSet) -> None:
+    """tasks.reference may name only this task set's tasks and their metrics."""
+    metrics = {task.name: ["loss", *task.higher_is_better] for task in taskset.tasks}
+    for task, values in (reference or {}).items():
+        if task not in metrics:
+            raise ConfigError(f"tasks.reference.{task}: no such task; tasks: {', '.join(metrics)}")
+        for name in values:
+            if name not in metrics[task]:
+                raise ConfigError(f"tasks.reference.{task}.{name}: no such metric; metrics: {', '.join(metrics[task])}")
 
 
 def build_model(conf: Any, taskset: TaskSet) -> MultiTaskModel:

@@ -27,3 +27,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 def write_json(path: Path, data: Any) -> None:
     text = json.dumps(data, indent=2, sort_keys=False) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))

@@ -148,6 +148,7 @@ def train(
         "initial_test": result.initial_test,
         "higher_is_better": {t.name: {"loss": False, **t.higher_is_better} for t in taskset.tasks},
         "model_selection": "final step",
+        "reference": conf.tasks.reference,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     })
     log.info("done: %d steps in %.1f s; final metrics in %s", result.step, result.wall_time_s, run_dir / METRICS_FILE)

@@ -1,0 +1,1 @@
+"""`mtl-bench report`: tables, Δm and plots from finished runs."""
