@@ -7,6 +7,12 @@ import re
 
 from hydra.errors import MissingConfigException, OverrideParseException
 
+# Launchers and sweepers beyond Hydra's basic ones come from plugins, installed by our extras.
+PLUGIN_GROUPS = {
+    "hydra/launcher": "joblib and submitit_* come with: pip install 'mtl-bench[sweep]'",
+    "hydra/sweeper": "optuna comes with: pip install 'mtl-bench[optuna]'",
+}
+
 # Hydra's messages end with a config search path or a link to the grammar docs: noise for a user.
 _NOISE = re.compile(r"^(Config search path:|\s*provider=|See https://hydra\.cc|To append to your config)")
 
@@ -29,7 +35,10 @@ def describe(err: BaseException) -> str:
         options = re.findall(r"^\t(\S+)$", str(err).split("Config search path:")[0], flags=re.M)
         if found and "/" in found.group(1) and options:
             group, option = found.group(1).rsplit("/", 1)
-            return f"{group}={option}: no such option; allowed: {', '.join(options)}"
+            message = f"{group}={option}: no such option; allowed: {', '.join(options)}"
+            if group in PLUGIN_GROUPS:
+                message += f" ({PLUGIN_GROUPS[group]})"
+            return message
         return _first_lines(str(err))
     if isinstance(err, OverrideParseException):
         return f"cannot parse the override ({_first_lines(str(err))}); the form is key=value or group=option"

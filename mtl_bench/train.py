@@ -24,11 +24,18 @@ OmegaConf.register_new_resolver("mtl_bench_config_groups", format_config_options
 
 @hydra.main(version_base="1.3", config_path=str(conf_root()), config_name="config")
 def hydra_main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from mtl_bench.engine.run import run_experiment
 
     try:
         return run_experiment(cfg)
     except ConfigError as err:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            # The launcher records the failed job and runs the others; run_hydra_app reports it at the end.
+            print(f"mtl-bench: error in this job: {err}", file=sys.stderr)
+            raise
         # A user error: one line, no traceback, non-zero exit.
         print(f"mtl-bench: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -50,6 +57,15 @@ def run_hydra_app() -> None:
         hydra_main()
     except CompactHydraException as err:  # composition and override-parsing errors
         print(f"mtl-bench: error: {describe(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ConfigError as err:  # a sweep's failed job, raised by Hydra after every job of the sweep ran
+        print(f"mtl-bench: error: a job of the sweep failed ({err}); the other jobs ran: "
+              "mtl-bench report <sweep dir> lists them all", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ValueError as err:
+        if not str(err).startswith("Only one of --run"):  # Hydra's check of its own flags
+            raise
+        print(f"mtl-bench: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
         if saved is None:

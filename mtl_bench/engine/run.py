@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from mtl_bench.engine.files import write_json
 from mtl_bench.engine.precision import build_precision
 from mtl_bench.engine.progress import use_bar
 from mtl_bench.engine.trainer import Trainer, TrainResult, count_steps
+from mtl_bench.errors import ConfigError
 from mtl_bench.optim import build_optimizer, build_param_groups, build_scheduler
 from mtl_bench.run_logger import RunLogger, flatten_hparams
 
@@ -44,23 +46,46 @@ def previous_status(run_dir: Path) -> str | None:
 
 
 def run_experiment(cfg: DictConfig) -> float:
-    """The Hydra task function's body. Returns the final mean val loss over tasks (for sweepers)."""
+    """The Hydra task function's body. Returns what sweepers (Optuna) minimise: the mean over tasks of the
+    final val loss divided by the task's initial loss (L_i(0), measured on test before training), so that
+    tasks of very different loss scales weigh the same."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
     choices = {group: option for group, option in hydra_cfg.runtime.choices.items()
                if not group.startswith(("hydra", "schema")) and option is not None}
-    conf: RunConf = OmegaConf.to_object(cfg)  # type checks happened at compose time; value checks run here
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        conf: RunConf = OmegaConf.to_object(cfg)  # type checks happened at compose time; value checks run here
+    except ConfigError as err:  # recorded, so a sweep's report lists this job as failed
+        if previous_status(run_dir) != "completed":
+            write_json(run_dir / METRICS_FILE, {"status": "failed", "error": f"ConfigError: {err}", "step": 0,
+                                                "overrides": list(hydra_cfg.overrides.task), "choices": choices})
+        raise
+    if conf.trainer.num_threads is None:
+        conf.trainer.num_threads = threads_per_parallel_job(hydra_cfg.launcher)
     result = train(
         conf,
-        Path(hydra_cfg.runtime.output_dir),
+        run_dir,
         overrides=list(hydra_cfg.overrides.task),
         choices=choices,
         multirun=hydra_cfg.mode == RunMode.MULTIRUN,
         config=OmegaConf.to_container(cfg, resolve=True),
     )
-    return sum(values["loss"] for values in result.val.values()) / len(result.val)
+    ratios = [result.val[task]["loss"] / result.initial_test[task]["loss"] for task in result.val]
+    return sum(ratios) / len(ratios)
+
+
+def threads_per_parallel_job(launcher: Any) -> int | None:
+    """Under the joblib launcher, cores // parallel jobs torch threads per job, so jobs do not oversubscribe
+    the cores (each would otherwise start one thread per core); None (torch's default) for other launchers."""
+    if "joblib" not in str(launcher.get("_target_", "")):
+        return None
+    cores = os.cpu_count() or 1
+    n_jobs = launcher.get("n_jobs") or -1
+    jobs = cores + 1 + n_jobs if n_jobs < 0 else n_jobs  # joblib: -1 is every core, -2 all but one, ...
+    return max(1, cores // max(1, min(jobs, cores)))
 
 
 def train(
@@ -119,8 +144,9 @@ def train(
             final_tags = [f"metric/test/{t}/{m}" for t, names in metric_names.items() for m in names]
             logger.write_hparams(hparam_values, final_tags + ["summary/test_loss_ratio_sum"])
         ranks = f" x {dist_info.world_size} ranks" if dist_info.world_size > 1 else ""
-        log.info("run dir %s | %d steps on %s%s, %s, %s mode | tasks %s", run_dir, trainer.total_steps, device, ranks,
-                 conf.precision.name, conf.trainer.step_mode, taskset.task_names)
+        log.info("run dir %s | %d steps on %s%s (%d threads), %s, %s mode | tasks %s", run_dir, trainer.total_steps,
+                 device, ranks, torch.get_num_threads(), conf.precision.name, conf.trainer.step_mode,
+                 taskset.task_names)
         result = trainer.fit()
     except BaseException as err:
         if dist_info.is_main and previous_status(run_dir) != "completed":  # never overwrite a finished run's results

@@ -1,0 +1,94 @@
+"""Sweeps: a failed job does not stop the others; joblib caps torch threads per job; submitit's local
+executor runs a sweep; the shipped SLURM and Optuna configs compose; a missing plugin names its extra."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from mtl_bench.engine.run import threads_per_parallel_job
+
+SMOKE = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64"]
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "mtl_bench", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=600)
+
+
+def statuses(sweep: Path) -> dict[str, str]:
+    return {p.parent.name: json.loads(p.read_text())["status"] for p in sweep.glob("*/metrics.json")}
+
+
+def test_a_failed_job_leaves_the_other_jobs_and_is_reported(tmp_path):
+    result = cli("train", "-m", "optim.lr=-1,0.001", f"hydra.sweep.dir={tmp_path / 'sweep'}", *SMOKE, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("mtl-bench: error: a job of the sweep failed (optim.lr")
+    assert sorted(statuses(tmp_path / "sweep").values()) == ["completed", "failed"]
+    report = cli("report", str(tmp_path / "sweep"), cwd=tmp_path)
+    assert report.returncode == 0 and "failed:" in report.stdout and "optim.lr=-1" in report.stdout
+
+
+@pytest.mark.parametrize("n_jobs, cores, expected", [(2, 2, 1), (-1, 8, 1), (2, 8, 4), (-7, 8, 4), (16, 8, 1)])
+def test_joblib_jobs_share_the_cores(monkeypatch, n_jobs, cores, expected):
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    launcher = OmegaConf.create({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+                                 "n_jobs": n_jobs})
+    assert threads_per_parallel_job(launcher) == expected
+    assert threads_per_parallel_job(OmegaConf.create({"_target_": "BasicLauncher"})) is None
+
+
+def test_joblib_sweep_runs_jobs_in_parallel_with_capped_threads(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    result = cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=0,1",
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}", *SMOKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert list(statuses(tmp_path / "sweep").values()) == ["completed", "completed"]
+    cores = os.cpu_count() or 1
+    for log in (tmp_path / "sweep").glob("*/train.log"):
+        assert f"({max(1, cores // min(2, cores))} threads)" in log.read_text()
+
+
+def test_submitit_local_sweep(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    result = cli("train", "-m", "hydra/launcher=submitit_local", "seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                 *SMOKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert list(statuses(tmp_path / "sweep").values()) == ["completed", "completed"]
+
+
+def test_shipped_slurm_launcher_config_composes(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    result = cli("train", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "--cfg", "hydra", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    launcher = OmegaConf.create(result.stdout)["hydra"]["launcher"]
+    assert launcher["_target_"].endswith("SlurmLauncher") and launcher["partition"] == "gpu"
+    assert launcher["gpus_per_node"] == 1 and launcher["timeout_min"] == 120
+
+
+def test_optuna_sweeper_tunes_gradnorm_alpha(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    result = cli("train", "-m", "hydra/sweeper=gradnorm_alpha", "hydra.sweeper.n_trials=2", "balancer=gradnorm",
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}", *SMOKE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Best parameters: {'balancer.alpha'" in result.stdout + result.stderr
+    assert len(statuses(tmp_path / "sweep")) == 2
+
+
+def test_a_launcher_that_is_not_installed_names_the_extra(compose_cfg):
+    from hydra.errors import MissingConfigException
+
+    from mtl_bench.hydra_errors import describe
+
+    with pytest.raises(MissingConfigException) as info:
+        compose_cfg("hydra/launcher=ray")
+    message = describe(info.value)
+    assert message.startswith("hydra/launcher=ray: no such option; allowed: basic")
+    assert "pip install 'mtl-bench[sweep]'" in message
