@@ -140,7 +140,9 @@ def train(
         trainer.logger = logger
         metric_names = {t.name: ["loss", *t.higher_is_better] for t in taskset.tasks}
         if trainer.step == 0:
-            hparam_values = {**{f"choice.{g}": o for g, o in choices.items()}, **flatten_hparams(config or {})}
+            # `overrides` first: the HParams table then shows what each run of a sweep changed
+            hparam_values = {"overrides": " ".join(overrides) or "(none)",
+                             **{f"choice.{g}": o for g, o in choices.items()}, **flatten_hparams(config or {})}
             final_tags = [f"metric/test/{t}/{m}" for t, names in metric_names.items() for m in names]
             logger.write_hparams(hparam_values, final_tags + ["summary/test_loss_ratio_sum"])
         ranks = f" x {dist_info.world_size} ranks" if dist_info.world_size > 1 else ""
