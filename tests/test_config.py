@@ -74,3 +74,20 @@ def test_custom_optimizer_kwargs_and_paramwise_take_a_mapping_override(compose_c
                                            "optim.paramwise={custom_keys:{heads:{lr_mult:10.0}}}"))
     assert conf.optim.kwargs == {"alpha": 0.9}
     assert conf.optim.paramwise == {"custom_keys": {"heads": {"lr_mult": 10.0}}}
+
+
+def test_task_set_reference_values_are_checked(compose_cfg):
+    from mtl_bench.engine.builders import build_taskset
+
+    conf = OmegaConf.to_object(compose_cfg("tasks.n_train=64", "tasks.n_val=8", "tasks.n_test=8",
+                                           "tasks.reference={t0: {mse: 0.3}, t1: {mse: 2500}}"))
+    assert conf.tasks.reference == {"t0": {"mse": 0.3}, "t1": {"mse": 2500}}
+    build_taskset(conf.tasks)  # names the toy's tasks and metrics: accepted
+    with pytest.raises(ConfigError, match="tasks.reference=.* is not allowed: null or {task: {metric: number}}"):
+        OmegaConf.to_object(compose_cfg("tasks.reference={t0: 0.3}"))
+    for reference, message in (("{t7: {mse: 1.0}}", "tasks.reference.t7: no such task; tasks: t0, t1"),
+                               ("{t0: {acc: 1.0}}", "tasks.reference.t0.acc: no such metric; metrics: loss, mse")):
+        conf = OmegaConf.to_object(compose_cfg("tasks.n_train=64", "tasks.n_val=8", "tasks.n_test=8",
+                                               f"tasks.reference={reference}"))
+        with pytest.raises(ConfigError, match=message):
+            build_taskset(conf.tasks)
