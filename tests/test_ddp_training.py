@@ -42,8 +42,31 @@ def worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir: str) -
     torch.save(built["balancer"].state_dict(), Path(out_dir) / f"balancer{rank}.pt")
 
 
-def run_two_ranks(conf, run_dir: Path, out_dir: Path) -> None:
-    context = mp.spawn(worker, args=(2, free_port(), conf, str(run_dir), str(out_dir)), nprocs=2, join=False)
+def raising_worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir: str) -> None:
+    """Rank 1 alone meets NaN targets: with on_nonfinite=raise both ranks must stop (none may hang)."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from mtl_bench.engine import run
+    from mtl_bench.errors import NonFiniteLossError
+
+    build_taskset = run.build_taskset
+
+    def poisoned(tasks_conf):
+        taskset = build_taskset(tasks_conf)
+        if rank == 1:
+            taskset.train.targets["t1"][:] = float("nan")
+        return taskset
+
+    run.build_taskset = poisoned
+    try:
+        run.train(conf, Path(run_dir) if rank == 0 else Path(out_dir) / "ignored")
+    except NonFiniteLossError as err:
+        (Path(out_dir) / f"stopped{rank}.txt").write_text(str(err))
+
+
+def run_two_ranks(conf, run_dir: Path, out_dir: Path, target=worker) -> None:
+    context = mp.spawn(target, args=(2, free_port(), conf, str(run_dir), str(out_dir)), nprocs=2, join=False)
     deadline = time.monotonic() + 120
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
@@ -73,6 +96,13 @@ def test_gradnorm_weights_are_identical_on_both_ranks(compose_cfg, tmp_path):
     r0, r1 = (torch.load(tmp_path / f"balancer{r}.pt", weights_only=True) for r in range(2))
     assert torch.equal(r0["weights"], r1["weights"]) and r0["opt_step"].item() == 20
     assert not torch.equal(r0["weights"], torch.ones(2))
+
+
+def test_nonfinite_raise_on_one_rank_stops_both(compose_cfg, tmp_path):
+    conf = OmegaConf.to_object(compose_cfg(*SMALL, "trainer.batch_size=16", "trainer.on_nonfinite=raise"))
+    run_two_ranks(conf, tmp_path / "ddp", tmp_path, target=raising_worker)
+    messages = [(tmp_path / f"stopped{rank}.txt").read_text() for rank in range(2)]
+    assert all(m.startswith("non-finite loss for task 't1' at step 1 ") for m in messages)
 
 
 @pytest.mark.slow

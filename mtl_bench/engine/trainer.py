@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from mtl_bench.balancers import Balancer
@@ -225,6 +226,15 @@ class Trainer:
         measured["_losses"] = torch.where(finite, out.losses, 0.0)  # a skipped step adds nothing to the window
         return measured
 
+    def _agree_on_nonfinite(self) -> None:
+        """Under DDP, every rank takes the earliest non-finite step of any rank, so all ranks stop together."""
+        if self.conf.on_nonfinite != "raise" or not (dist.is_available() and dist.is_initialized()):
+            return
+        never = torch.iinfo(self.nonfinite_at.dtype).max
+        at = torch.where(self.nonfinite_at < 0, never, self.nonfinite_at)
+        dist.all_reduce(at, op=dist.ReduceOp.MIN)
+        self.nonfinite_at = torch.where(at == never, -1, at)
+
     def _check_nonfinite(self, first_steps: Optional[list[float]] = None) -> None:
         """on_nonfinite=raise: stop, naming the first task and step with a non-finite loss.
 
@@ -233,6 +243,8 @@ class Trainer:
         """
         if self.conf.on_nonfinite != "raise":
             return
+        if first_steps is None:
+            self._agree_on_nonfinite()
         steps = first_steps if first_steps is not None else self.nonfinite_at.tolist()
         bad = [(int(step), task.name) for step, task in zip(steps, self.taskset.tasks) if step >= 0]
         if bad:
@@ -262,6 +274,7 @@ class Trainer:
         names = [task.name for task in self.taskset.tasks]
         # One host sync per log interval: losses, the balancer's measurements and the non-finite record.
         device = mean_losses.device
+        self._agree_on_nonfinite()
         values = torch.cat([mean_losses.float(), self.nonfinite_at.float(),
                             torch.stack(list(measured.values())).float().to(device)])
         numbers = values.tolist()
