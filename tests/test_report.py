@@ -60,6 +60,8 @@ def test_delta_m_conventions_on_a_hand_computed_case():
     # acc up 0.05/0.75 (better: -6.67), err down 0.05/0.25 (better: -20), mse up 10% (worse: +10); loss too
     assert drops["a"]["acc"] == pytest.approx(-100 * 0.05 / 0.75)
     assert drops["a"]["err"] == pytest.approx(-20.0) and drops["b"]["mse"] == pytest.approx(10.0)
+    assert relative_drops(values(0.8, 0.2, 1.1), values(0.75, 0.25, 1.0), {"a": {"acc": True}}) == \
+        {"a": {"acc": pytest.approx(-100 * 0.05 / 0.75)}}  # metrics of unknown direction are left out
     drops = {t: {m: d for m, d in ms.items() if m != "loss"} for t, ms in drops.items()}
     assert delta_m_flat(drops) == pytest.approx((-100 * 0.05 / 0.75 - 20 + 10) / 3)
     assert delta_m_task_averaged(drops) == pytest.approx(((-100 * 0.05 / 0.75 - 20) / 2 + 10) / 2)

@@ -23,9 +23,10 @@ def relative_drops(values: Metrics, baseline: Metrics, higher_is_better: HigherI
     for task, metrics in values.items():
         for name, value in metrics.items():
             base = baseline.get(task, {}).get(name)
-            if base is None or base == 0:
+            higher = higher_is_better.get(task, {}).get(name)
+            if base is None or base == 0 or higher is None:  # no baseline, or no known direction
                 continue
-            sign = -1.0 if higher_is_better[task][name] else 1.0
+            sign = -1.0 if higher else 1.0
             drops.setdefault(task, {})[name] = 100.0 * sign * (value - base) / base
     return drops
 
