@@ -24,10 +24,9 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         raise
 
 
-def write_json(path: Path, data: Any) -> None:
-    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
-    atomic_write(path, lambda f: f.write(text.encode()))
-
-
 def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")

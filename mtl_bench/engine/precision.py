@@ -9,6 +9,8 @@ from typing import Any, ContextManager, Optional
 import torch
 from torch import Tensor
 
+from mtl_bench.balancers.staged import current_scale
+
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -39,7 +41,7 @@ class Precision:
     def loss_scale(self, like: Tensor) -> Tensor:
         """The current scale as a 0-d tensor, without a host sync (`get_scale()` would call `.item()`)."""
         assert self.scaler is not None
-        return self.scaler.scale(torch.ones((), dtype=torch.float32, device=like.device))
+        return current_scale(self.scaler, like)
 
     def found_inf(self, optimizer: torch.optim.Optimizer) -> Tensor:
         """After scaler.step, before update: 1.0 where the step was skipped for non-finite gradients (on device)."""

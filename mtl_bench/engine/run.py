@@ -22,7 +22,7 @@ from mtl_bench.engine.distributed import (broadcast_text, init_distributed, rank
 from mtl_bench.engine.files import write_json
 from mtl_bench.engine.precision import build_precision
 from mtl_bench.engine.progress import use_bar
-from mtl_bench.engine.trainer import Trainer, TrainResult, count_steps
+from mtl_bench.engine.trainer import Trainer, TrainResult, count_steps, loss_ratio_sum
 from mtl_bench.errors import ConfigError
 from mtl_bench.optim import build_optimizer, build_param_groups, build_scheduler
 from mtl_bench.run_logger import RunLogger, flatten_hparams
@@ -45,6 +45,14 @@ def previous_status(run_dir: Path) -> str | None:
         return None
 
 
+def record_failure(run_dir: Path, err: BaseException, step: int, overrides: list[str],
+                   choices: dict[str, str]) -> None:
+    """metrics.json with status "failed", so a sweep's report lists the run; a finished run's results stay."""
+    if previous_status(run_dir) != "completed":
+        write_json(run_dir / METRICS_FILE, {"status": "failed", "error": f"{type(err).__name__}: {err}", "step": step,
+                                            "overrides": overrides, "choices": choices})
+
+
 def run_experiment(cfg: DictConfig) -> float:
     """The Hydra task function's body. Returns what sweepers (Optuna) minimise: the mean over tasks of the
     final val loss divided by the task's initial loss (L_i(0), measured on test before training), so that
@@ -58,10 +66,8 @@ def run_experiment(cfg: DictConfig) -> float:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         conf: RunConf = OmegaConf.to_object(cfg)  # type checks happened at compose time; value checks run here
-    except ConfigError as err:  # recorded, so a sweep's report lists this job as failed
-        if previous_status(run_dir) != "completed":
-            write_json(run_dir / METRICS_FILE, {"status": "failed", "error": f"ConfigError: {err}", "step": 0,
-                                                "overrides": list(hydra_cfg.overrides.task), "choices": choices})
+    except ConfigError as err:
+        record_failure(run_dir, err, 0, list(hydra_cfg.overrides.task), choices)
         raise
     if conf.trainer.num_threads is None:
         conf.trainer.num_threads = threads_per_parallel_job(hydra_cfg.launcher)
@@ -73,8 +79,7 @@ def run_experiment(cfg: DictConfig) -> float:
         multirun=hydra_cfg.mode == RunMode.MULTIRUN,
         config=OmegaConf.to_container(cfg, resolve=True),
     )
-    ratios = [result.val[task]["loss"] / result.initial_test[task]["loss"] for task in result.val]
-    return sum(ratios) / len(ratios)
+    return loss_ratio_sum(result.val, result.initial_test) / len(result.val)
 
 
 def threads_per_parallel_job(launcher: Any) -> int | None:
@@ -151,12 +156,8 @@ def train(
                  taskset.task_names)
         result = trainer.fit()
     except BaseException as err:
-        if dist_info.is_main and previous_status(run_dir) != "completed":  # never overwrite a finished run's results
-            write_json(run_dir / METRICS_FILE, {
-                "status": "failed", "error": f"{type(err).__name__}: {err}",
-                "step": trainer.step if trainer is not None else 0,
-                "overrides": overrides, "choices": choices,
-            })
+        if dist_info.is_main:
+            record_failure(run_dir, err, trainer.step if trainer is not None else 0, overrides, choices)
         raise
     finally:
         if logger is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mtl_bench.engine.gradients import total_grad_norm
+
 
 def nonfinite_flag(grads: list[Tensor], norm: Tensor | None = None) -> Tensor:
     """1.0 when any gradient holds a NaN or inf (their joint norm is then not finite), else 0.0; on the device.
@@ -12,9 +14,7 @@ def nonfinite_flag(grads: list[Tensor], norm: Tensor | None = None) -> Tensor:
     `norm`: the total gradient norm if the step already measured it (logging, clipping).
     """
     if norm is None:
-        if not grads:
-            return torch.zeros(())
-        norm = torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+        norm = total_grad_norm(grads, 2.0)
     return (~torch.isfinite(norm)).float()
 
 

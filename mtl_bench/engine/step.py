@@ -44,6 +44,12 @@ class StepOutput:
     metrics: dict[str, Tensor]  # the balancer's measurements
 
 
+def optimizer_steps_per_epoch(conf: TrainerConf, n_train: int, world_size: int = 1) -> int:
+    """Optimizer steps per pass over the training split (per task stream in per-task mode): global batches
+    of batch_size × world_size, grad_accumulation_steps of them per step."""
+    return max(1, n_train // (conf.batch_size * world_size) // conf.grad_accumulation_steps)
+
+
 class StepRunner:
     """Runs the forwards and backwards of optimizer step `step`; the caller zeroes grads and steps the optimizer.
 
@@ -64,13 +70,9 @@ class StepRunner:
             self.samplers = [StepSampler(n, global_batch, seed, stream=i + 1) for i in range(len(taskset.tasks))]
         else:
             self.samplers = [StepSampler(n, global_batch, seed)]
+        self.steps_per_epoch = optimizer_steps_per_epoch(conf, n, world_size)
         balancer.accumulates = self.k > 1
         self.on_first_losses: Optional[Callable[[list[Tensor]], None]] = None  # detect_anomalous_params
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Optimizer steps per pass over the training split (per task stream in per-task mode)."""
-        return max(1, self.samplers[0].steps_per_epoch // self.k)
 
     def _batch(self, sampler: StepSampler, loader_step: int) -> tuple[Tensor, dict[str, Tensor]]:
         train = self.taskset.train

@@ -22,7 +22,7 @@ from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.profile import maybe_profile
 from mtl_bench.engine.progress import Progress
 from mtl_bench.engine.skip_step import nonfinite_flag, step_unless
-from mtl_bench.engine.step import BackwardScale, StepRunner
+from mtl_bench.engine.step import BackwardScale, StepRunner, optimizer_steps_per_epoch
 from mtl_bench.errors import ConfigError, NonFiniteLossError
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.run_logger import RunLogger
@@ -54,9 +54,7 @@ def loss_ratio_sum(test: Metrics, initial: Metrics) -> float:
 
 def count_steps(conf: TrainerConf, n_train: int, world_size: int = 1) -> int:
     """Optimizer steps of the whole run: trainer.epochs full passes, else trainer.max_steps."""
-    if not conf.epochs:
-        return conf.max_steps
-    return conf.epochs * max(1, n_train // (conf.batch_size * world_size) // conf.grad_accumulation_steps)
+    return conf.epochs * optimizer_steps_per_epoch(conf, n_train, world_size) if conf.epochs else conf.max_steps
 
 
 class Trainer:
