@@ -32,6 +32,10 @@ def _non_negative(key: str, value: float | int) -> None:
     _require(value >= 0, key, value, "must be >= 0")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # bool subclasses int: true is no number
+
+
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     _require(value in allowed, key, value, "allowed: " + ", ".join(allowed))
 
@@ -68,7 +72,7 @@ class LeNetConf:
 
 def _check_reference(reference: Any) -> None:
     ok = reference is None or (isinstance(reference, dict) and all(
-        isinstance(metrics, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in metrics.values())
+        isinstance(metrics, dict) and all(_is_number(v) for v in metrics.values())
         for metrics in reference.values()))
     _require(ok, "tasks.reference", reference, "null or {task: {metric: number}}, e.g. {t0: {mse: 0.5}}")
 
@@ -129,7 +133,7 @@ def _check_weights(weights: Any) -> None:
     _require(weights is None or isinstance(weights, dict), "balancer.weights", weights,
              "null or a mapping task: weight, e.g. balancer.weights={t0:1.0,t1:0.5}")
     for task, w in (weights or {}).items():
-        _require(isinstance(w, (int, float)) and not isinstance(w, bool), f"balancer.weights.{task}", w, "a number")
+        _require(_is_number(w), f"balancer.weights.{task}", w, "a number")
         _non_negative(f"balancer.weights.{task}", w)
 
 
@@ -355,11 +359,10 @@ def _check_loss_scale(value: Any) -> None:
         if unknown:
             raise ConfigError(f"precision.loss_scale.{unknown[0]}: no such key; allowed: {', '.join(GRAD_SCALER_KEYS)}")
         for key, number in value.items():
-            _require(isinstance(number, (int, float)) and not isinstance(number, bool) and number > 0,
+            _require(_is_number(number) and number > 0,
                      f"precision.loss_scale.{key}", number, "a number > 0")
         return
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    _require(value == "dynamic" or (is_number and value > 0), "precision.loss_scale", value, allowed)
+    _require(value == "dynamic" or (_is_number(value) and value > 0), "precision.loss_scale", value, allowed)
 
 
 @dataclass

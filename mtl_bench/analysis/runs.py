@@ -60,12 +60,7 @@ def scan_runs(root: Path) -> list[Run]:
 
 def find_runs(root: Path) -> list[Run]:
     """Every completed run under `root` (a run directory or a sweep directory), sorted by path."""
-    runs = []
-    for path in sorted(root.rglob(METRICS_FILE)):
-        metrics = json.loads(path.read_text())
-        if metrics.get("status") == "completed":
-            runs.append(Run(path.parent, metrics))
-    return runs
+    return [run for run in scan_runs(root) if run_status(run) == "completed"]
 
 
 def spearman(x: list[float], y: list[float]) -> float:

@@ -25,6 +25,7 @@ from mtl_bench.engine.skip_step import nonfinite_flag, step_unless
 from mtl_bench.engine.step import BackwardScale, StepRunner, optimizer_steps_per_epoch
 from mtl_bench.errors import ConfigError, NonFiniteLossError
 from mtl_bench.models import MultiTaskModel
+from mtl_bench.optim.cyclic import group_momentum
 from mtl_bench.run_logger import RunLogger
 from mtl_bench.tasks import TaskSet
 
@@ -88,7 +89,6 @@ class Trainer:
         self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
         self.initial_test: Metrics = {}
         self.layout_written = False
-        self.anomalies_checked = False
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.skipped_steps = torch.zeros(())  # steps skipped for non-finite losses or gradients (on the device)
         self.skipped_reported = 0.0
@@ -144,7 +144,7 @@ class Trainer:
             self.initial_test = evaluate(self.model, tasks, self.taskset.test)
         self.skipped_steps = self.skipped_steps.to(device)
         self.nonfinite_at = self.nonfinite_at.to(device)
-        if conf.detect_anomalous_params and not self.anomalies_checked:
+        if conf.detect_anomalous_params and self.is_main:  # the runner calls it once, on the first losses
             self.runner.on_first_losses = self._report_parameters_outside_graph
 
         progress = Progress(total, self.step, self.bar)
@@ -257,15 +257,11 @@ class Trainer:
             self.scheduler.step_epoch()  # Eden decays with epochs as well as batches
 
     def _report_parameters_outside_graph(self, losses: Iterable[torch.Tensor]) -> None:
-        if not self.is_main:
-            self.anomalies_checked = True
-            return
         unused = parameters_outside_graph(losses, self.model.named_parameters())
         if unused:
             log.warning("trainable parameters that do not reach the loss: %s", ", ".join(unused))
         else:
             log.info("detect_anomalous_params: every trainable parameter reaches the loss")
-        self.anomalies_checked = True
 
     def _log_train(self, mean_losses: torch.Tensor, measured: dict[str, torch.Tensor], rate: float,
                    progress: Progress) -> None:
@@ -284,8 +280,9 @@ class Trainer:
         for i, group in enumerate(self.optimizer.param_groups):
             name = group.get("name", i)
             scalars[f"lr/{name}"] = group["lr"]
-            if "betas" in group or "momentum" in group:  # Adam-type optimizers: beta1 is the momentum
-                scalars[f"momentum/{name}"] = group["betas"][0] if "betas" in group else group["momentum"]
+            momentum = group_momentum(group)
+            if momentum is not None:
+                scalars[f"momentum/{name}"] = momentum
         scalars["perf/steps_per_s"] = rate
         if scalars["steps/skipped"] > self.skipped_reported:
             log.warning("step %d: %d steps skipped so far (non-finite loss or gradients)", self.step,

@@ -39,8 +39,8 @@ class CyclicSchedule:
         self.iteration = 0
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
-            if momentum_target_ratio is not None and _momentum(group) is not None:
-                group.setdefault("initial_momentum", _momentum(group))
+            if momentum_target_ratio is not None and group_momentum(group) is not None:
+                group.setdefault("initial_momentum", group_momentum(group))
         self._apply()
 
     def ratio(self, iteration: int, targets: tuple[float, float]) -> float:
@@ -75,7 +75,8 @@ class CyclicSchedule:
         self._apply()
 
 
-def _momentum(group: dict[str, Any]) -> Optional[float]:
+def group_momentum(group: dict[str, Any]) -> Optional[float]:
+    """A param group's momentum: Adam-type betas[0], else SGD-type momentum; None when it has neither."""
     if "betas" in group:
         return group["betas"][0]
     return group.get("momentum")
