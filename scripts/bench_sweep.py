@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 
+from bench_cli import timed  # scripts/ is on sys.path when a script runs
 from mtl_bench.analysis.machine import machine_description
 
 
 def sweep(extra: list[str], steps: int, cwd: str) -> float:
-    cmd = [sys.executable, "-m", "mtl_bench", "train", "-m", "seed=0,1,2,3", f"trainer.max_steps={steps}",
-           "trainer.progress=log", *extra]
-    start = time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    return timed([sys.executable, "-m", "mtl_bench", "train", "-m", "seed=0,1,2,3", f"trainer.max_steps={steps}",
+                  "trainer.progress=log", *extra], cwd)
 
 
 def main() -> None:

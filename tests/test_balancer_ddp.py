@@ -3,13 +3,11 @@ same weights, and the averaged norms are the (batch-size weighted) means of the 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -17,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mtl_bench.balancers import GradNorm, RescaledNormBalancer
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.models.base import MultiTaskModel
+from processes import spawn_and_wait
 
 TASKS = ("a", "b", "c")
 STEPS = 3
@@ -92,13 +91,8 @@ def by_name(result: dict, balancer: str, buffer: str) -> dict[str, float]:
 
 
 def test_two_gloo_ranks_hold_identical_weights(tmp_path: Path):
-    context = mp.spawn(worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False)
-    deadline = time.monotonic() + 90
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("DDP workers did not finish (a collective mismatch hangs)")
+    spawn_and_wait(worker, (2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, timeout_s=90,
+                   what="DDP workers did not finish (a collective mismatch hangs)")
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
 
     for p0, p1 in zip(r0["params"], r1["params"]):

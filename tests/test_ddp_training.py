@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
+
+from processes import free_port, join_torchrun_env, spawn_and_wait
 
 SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]",
          "optim=sgd"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    join_torchrun_env(rank, world, port)
     torch.set_num_threads(1)
     from mtl_bench.engine import run
 
@@ -44,8 +36,7 @@ def worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir: str) -
 
 def raising_worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir: str) -> None:
     """Rank 1 alone meets NaN targets: with on_nonfinite=raise both ranks must stop (none may hang)."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    join_torchrun_env(rank, world, port)
     torch.set_num_threads(1)
     from mtl_bench.engine import run
     from mtl_bench.errors import NonFiniteLossError
@@ -66,13 +57,8 @@ def raising_worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir
 
 
 def run_two_ranks(conf, run_dir: Path, out_dir: Path, target=worker) -> None:
-    context = mp.spawn(target, args=(2, free_port(), conf, str(run_dir), str(out_dir)), nprocs=2, join=False)
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("DDP workers did not finish")
+    spawn_and_wait(target, (2, free_port(), conf, str(run_dir), str(out_dir)), nprocs=2, timeout_s=120,
+                   what="DDP workers did not finish")
 
 
 @pytest.mark.parametrize("mode", ["joint", "per_task"])
