@@ -21,6 +21,11 @@ TASKS = ("a", "b", "c")
 STEPS = 3
 
 
+def rescaled(weights, **options):
+    """A RescaledNormBalancer over the tasks of `weights`."""
+    return RescaledNormBalancer(list(weights), weights=weights, **options)
+
+
 def make_model() -> MultiTaskModel:
     torch.manual_seed(0)  # the same initial model on every rank
     trunk = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 5), nn.Tanh())
@@ -55,7 +60,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         names = list(TASKS) if rank == 0 else ["c", "a", "b"]  # a different order on each rank
         balancers = {
             "gn": GradNorm(names, shared_layer=model.last_shared_layer, lr=0.1),
-            "rn": RescaledNormBalancer({t: {"a": 1.0, "b": 2.0, "c": 0.5}[t] for t in names}, ema_decay=0.9),
+            "rn": rescaled({t: {"a": 1.0, "b": 2.0, "c": 0.5}[t] for t in names}, ema_decay=0.9),
         }
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         first: dict[str, dict[str, torch.Tensor]] = {}

@@ -11,11 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtl_bench.balancers import RescaledNormBalancer
+from mtl_bench.balancers import BackwardContext, RescaledNormBalancer
 from mtl_bench.models.base import MultiTaskModel
 
 A = torch.tensor([[3.0, 4.0], [0.0, 1.0]])  # per-item norms 5, 1 (mean 3); global norm √26
 B = torch.tensor([[0.0, 2.0], [0.0, 0.0]])  # per-item norms 2, 0 (mean 1); global norm 2
+
+
+def rescaled(weights, **options):
+    """A RescaledNormBalancer over the tasks of `weights`."""
+    return RescaledNormBalancer(list(weights), weights=weights, **options)
 
 
 def linear_losses(shared: torch.Tensor, ca: torch.Tensor = A, cb: torch.Tensor = B) -> dict[str, torch.Tensor]:
@@ -59,18 +64,18 @@ def test_seed_upstream_test_through_public_api():
     x = torch.zeros(1, requires_grad=True)
     one = torch.ones_like(x)
     losses = {"1": F.l1_loss(x, one), "2": 100 * F.l1_loss(x, -one)}
-    RescaledNormBalancer({"1": 1, "2": 1}, rescale_grads=False).backward(losses, x)
+    rescaled({"1": 1, "2": 1}, rescale_grads=False).backward(losses, x)
     assert torch.allclose(x.grad, torch.tensor(99.0)), x.grad
     x.grad = None
     losses = {"1": F.l1_loss(x, one), "2": 100 * F.l1_loss(x, -one)}
-    RescaledNormBalancer({"1": 1, "2": 1}, rescale_grads=True).backward(losses, x)
+    rescaled({"1": 1, "2": 1}, rescale_grads=True).backward(losses, x)
     assert torch.allclose(x.grad, torch.tensor(0.0)), x.grad
 
 
 @pytest.mark.parametrize("per_batch_item, na, nb", [(True, 3.0, 1.0), (False, 26**0.5, 2.0)])
 def test_scales_follow_the_formula(per_batch_item: bool, na: float, nb: float):
     shared = torch.zeros(2, 2, requires_grad=True)
-    bal = RescaledNormBalancer({"a": 1.0, "b": 3.0}, total_norm=2.0, per_batch_item=per_batch_item, monitor=True)
+    bal = rescaled({"a": 1.0, "b": 3.0}, total_norm=2.0, per_batch_item=per_batch_item, monitor=True)
     metrics = bal.backward(linear_losses(shared), shared)
     scale_a, scale_b = 0.25 * 2.0 / na, 0.75 * 2.0 / nb  # (w_k/Σw)·total_norm/(ε + avg_k), avg = n at step 1
     assert metrics["weight/a"].item() == pytest.approx(scale_a)
@@ -83,7 +88,7 @@ def test_scales_follow_the_formula(per_batch_item: bool, na: float, nb: float):
 
 @pytest.mark.parametrize("decay, expected_avg_a", [(0.5, (0.5 * 3 + 6) / 1.5), (1.0, 4.5)])
 def test_ema_is_bias_corrected(decay: float, expected_avg_a: float):
-    bal = RescaledNormBalancer({"a": 1.0, "b": 3.0}, total_norm=2.0, ema_decay=decay, monitor=True)
+    bal = rescaled({"a": 1.0, "b": 3.0}, total_norm=2.0, ema_decay=decay, monitor=True)
     for ca in (A, 2 * A):  # norms of task a: 3 then 6; task b: 1 and 1
         shared = torch.zeros(2, 2, requires_grad=True)
         metrics = bal.backward(linear_losses(shared, ca), shared)
@@ -95,7 +100,7 @@ def test_ema_is_bias_corrected(decay: float, expected_avg_a: float):
 def test_one_dim_output_is_a_batch_of_scalars():
     shared = torch.zeros(3, requires_grad=True)
     losses = {"a": (torch.tensor([3.0, -4.0, 0.0]) * shared).sum(), "b": (torch.tensor([1.0, 1.0, 1.0]) * shared).sum()}
-    metrics = RescaledNormBalancer({"a": 1.0, "b": 1.0}).backward(losses, shared)
+    metrics = rescaled({"a": 1.0, "b": 1.0}).backward(losses, shared)
     assert metrics["grad_norm/a"].item() == pytest.approx(7 / 3)  # mean of |3|, |-4|, |0|, not the global 5
     assert metrics["grad_norm/b"].item() == pytest.approx(1.0)
 
@@ -104,7 +109,7 @@ def test_heads_receive_their_own_scales():
     model = make_model()
     x, y = batch()
     out, losses = model_losses(model, x, y)
-    metrics = RescaledNormBalancer({"a": 1.0, "b": 1.0}).backward(losses, out.shared)
+    metrics = rescaled({"a": 1.0, "b": 1.0}).backward(losses, out.shared)
     got = grads(model)
     scales = {k: metrics[f"weight/{k}"] for k in ("a", "b")}
     assert scales["a"].item() != pytest.approx(scales["b"].item())
@@ -121,26 +126,26 @@ def test_plain_weighted_sum_computes_no_per_loss_gradient(monkeypatch: pytest.Mo
     real = torch.autograd.grad
     monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: calls.append(1) or real(*a, **k))
     shared = torch.zeros(2, 2, requires_grad=True)
-    metrics = RescaledNormBalancer({"a": 2.0, "b": 0.5}, rescale_grads=False).backward(linear_losses(shared), shared)
+    metrics = rescaled({"a": 2.0, "b": 0.5}, rescale_grads=False, monitor=False).backward(linear_losses(shared), shared)
     assert calls == []
     torch.testing.assert_close(shared.grad, 2.0 * A + 0.5 * B)
     assert sorted(metrics) == ["weight/a", "weight/b"] and metrics["weight/a"].item() == 2.0
 
 
 def test_bad_keys_and_options_are_rejected():
-    bal = RescaledNormBalancer({"a": 1.0, "b": 1.0})
+    bal = rescaled({"a": 1.0, "b": 1.0})
     shared = torch.zeros(2, 2, requires_grad=True)
     for losses in ({"a": shared.sum()}, {"a": shared.sum(), "b": shared.sum(), "c": shared.sum()}, {}):
         with pytest.raises(KeyError, match="do not match"):
             bal.backward(losses, shared)
-    with pytest.raises(ValueError, match="'b'"):
-        RescaledNormBalancer({"a": 1.0, "b": -1.0})
+    with pytest.raises(ValueError, match="weights.b: must be"):
+        rescaled({"a": 1.0, "b": -1.0})
     with pytest.raises(ValueError, match="sum to 0"):
-        RescaledNormBalancer({"a": 0.0})
+        rescaled({"a": 0.0})
     with pytest.raises(ValueError, match="ema_decay"):
-        RescaledNormBalancer({"a": 1.0}, ema_decay=0.0)
+        rescaled({"a": 1.0}, ema_decay=0.0)
     with pytest.raises(ValueError, match="at least one task"):
-        RescaledNormBalancer({})
+        rescaled({})
 
 
 def train(model: MultiTaskModel, bal: RescaledNormBalancer, steps: range, scaler=None) -> dict[str, torch.Tensor]:
@@ -161,13 +166,13 @@ def train(model: MultiTaskModel, bal: RescaledNormBalancer, steps: range, scaler
 
 
 def test_state_dict_round_trip_continues_identically():
-    model, bal = make_model(), RescaledNormBalancer({"a": 1.0, "b": 2.0}, ema_decay=0.9)
+    model, bal = make_model(), rescaled({"a": 1.0, "b": 2.0}, ema_decay=0.9)
     train(model, bal, range(2))
     saved_model, saved_bal = copy.deepcopy(model.state_dict()), copy.deepcopy(bal.state_dict())
     assert {"ema_sum", "ema_count", "weights"} <= set(saved_bal)
     straight = train(model, bal, range(2, 4))
 
-    resumed_model, resumed = make_model(seed=5), RescaledNormBalancer({"a": 1.0, "b": 2.0}, ema_decay=0.9)
+    resumed_model, resumed = make_model(seed=5), rescaled({"a": 1.0, "b": 2.0}, ema_decay=0.9)
     resumed_model.load_state_dict(saved_model)
     resumed.load_state_dict(saved_bal)
     again = train(resumed_model, resumed, range(2, 4))
@@ -178,8 +183,8 @@ def test_state_dict_round_trip_continues_identically():
 
 
 def test_grad_scaler_norms_are_unscaled_and_skipped_steps_change_nothing():
-    reference = train(make_model(), RescaledNormBalancer({"a": 1.0, "b": 2.0}), range(3))
-    model, bal = make_model(), RescaledNormBalancer({"a": 1.0, "b": 2.0})
+    reference = train(make_model(), rescaled({"a": 1.0, "b": 2.0}), range(3))
+    model, bal = make_model(), rescaled({"a": 1.0, "b": 2.0})
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     scaled = train(model, bal, range(3), scaler)
     for key in reference:
@@ -204,8 +209,8 @@ def test_grad_scaler_norms_are_unscaled_and_skipped_steps_change_nothing():
 
 
 def test_fp16_autocast_with_scaler_matches_fp32():
-    reference = train(make_model(), RescaledNormBalancer({"a": 1.0, "b": 2.0}), range(1))
-    model, bal = make_model(), RescaledNormBalancer({"a": 1.0, "b": 2.0})
+    reference = train(make_model(), rescaled({"a": 1.0, "b": 2.0}), range(1))
+    model, bal = make_model(), rescaled({"a": 1.0, "b": 2.0})
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)  # no fp16 overflow at this scale
     x, y = batch(seed=0)
     with torch.autocast("cpu", dtype=torch.float16):
@@ -217,20 +222,19 @@ def test_fp16_autocast_with_scaler_matches_fp32():
         torch.testing.assert_close(metrics[key], reference[key], rtol=2e-2, atol=0)
 
 
-def test_defer_updates_and_explicit_skip():
-    bal = RescaledNormBalancer({"a": 1.0, "b": 1.0})
-    bal.defer_updates = True
+def test_with_a_context_updates_wait_for_step_and_a_skip_drops_them():
+    bal = rescaled({"a": 1.0, "b": 1.0})
     for skipped, changed in ((True, False), (torch.tensor(True), False), (torch.tensor(False), True), (None, True)):
         before = bal.ema_sum.clone()
         shared = torch.zeros(2, 2, requires_grad=True)
-        bal.backward(linear_losses(shared), shared)
+        bal.backward(linear_losses(shared), shared, BackwardContext())
         assert torch.equal(bal.ema_sum, before)
         bal.step(skipped)
         assert (not torch.equal(bal.ema_sum, before)) == changed, skipped
 
 
 def test_non_finite_norms_never_enter_the_state():
-    bal = RescaledNormBalancer({"a": 1.0, "b": 1.0})
+    bal = rescaled({"a": 1.0, "b": 1.0})
     shared = torch.zeros(2, 2, requires_grad=True)
     bal.backward(linear_losses(shared, A * float("nan")), shared)
     assert torch.equal(bal.ema_count, torch.zeros(2))
@@ -238,11 +242,11 @@ def test_non_finite_norms_never_enter_the_state():
 
 def test_per_task_mode_gives_the_joint_gradients_and_state():
     x, y = batch()
-    joint_model, joint = make_model(), RescaledNormBalancer({"a": 1.0, "b": 3.0}, monitor=True)
+    joint_model, joint = make_model(), rescaled({"a": 1.0, "b": 3.0}, monitor=True)
     out, losses = model_losses(joint_model, x, y)
     expected = joint.backward(losses, out.shared)
 
-    model, bal = make_model(), RescaledNormBalancer({"a": 1.0, "b": 3.0}, monitor=True)
+    model, bal = make_model(), rescaled({"a": 1.0, "b": 3.0}, monitor=True)
     metrics: dict[str, torch.Tensor] = {}
     for task in ("b", "a"):  # separate forwards, one task each, gradients accumulate
         out, losses = model_losses(model, x, y)
@@ -265,7 +269,7 @@ def test_per_task_mode_gives_the_joint_gradients_and_state():
 
 
 def test_hot_path_has_no_host_sync(monkeypatch: pytest.MonkeyPatch):
-    model, bal = make_model(), RescaledNormBalancer({"a": 1.0, "b": 2.0}, monitor=True)
+    model, bal = make_model(), rescaled({"a": 1.0, "b": 2.0}, monitor=True)
     scaler = torch.amp.GradScaler("cpu")
     x, y = batch()
     out, losses = model_losses(model, x, y)

@@ -1,8 +1,8 @@
 """Loss balancers: each turns {task: loss} into gradients (see `Balancer`)."""
 
-from mtl_bench.balancers.base import Balancer
+from mtl_bench.balancers.base import BackwardContext, Balancer
 from mtl_bench.balancers.fixed import FixedWeights
 from mtl_bench.balancers.gradnorm import GradNorm
 from mtl_bench.balancers.rescaled_norm import RescaledNormBalancer
 
-__all__ = ["Balancer", "FixedWeights", "GradNorm", "RescaledNormBalancer"]
+__all__ = ["BackwardContext", "Balancer", "FixedWeights", "GradNorm", "RescaledNormBalancer"]

@@ -2,78 +2,87 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
 
+# What the engine hands a balancer's constructor, by name, when the signature asks for it; everything
+# else in the signature is an option set from config (`balancer.<name>=...`).
+BUILD_ARGUMENTS = {
+    "task_names": "the task set's task names (list[str])",
+    "shared_params": "the model's shared parameters (list[nn.Parameter])",
+    "shared_layer": "the model's last shared layer (nn.Module)",
+    "world_size": "the number of DDP processes (int)",
+    "initial_losses_known": "each task's theoretical initial loss or None (dict[str, float | None])",
+}
 
-class GradScalerLike(Protocol):
-    def scale(self, outputs: Tensor) -> Tensor: ...
+
+@dataclass
+class BackwardContext:
+    """What the training loop hands each backward besides the losses.
+
+    `scaler`: fp16's GradScaler (None otherwise); `factor`: what every backward is multiplied by (1/k under
+    gradient accumulation, so the accumulated gradient is the mean; NaN for a micro-batch whose loss is not
+    finite, so that every gradient is and the step is skipped on the device); `accumulation_steps`: k, the
+    number of `backward` calls (per task in per-task mode) before the step's `step()`.
+    """
+
+    scaler: Optional[torch.amp.GradScaler] = None
+    factor: Union[Tensor, float] = 1.0
+    accumulation_steps: int = 1
+
+    def scale(self, outputs: Tensor) -> Tensor:
+        """What a backward runs on: `outputs` times the factor, times the loss scale."""
+        outputs = outputs * self.factor
+        return self.scaler.scale(outputs) if self.scaler is not None else outputs
+
+    @staticmethod
+    def of(ctx: "BackwardContext | torch.amp.GradScaler | None") -> "BackwardContext | None":
+        """A GradScaler passed by a library user is a context with that scaler."""
+        if ctx is None or isinstance(ctx, BackwardContext):
+            return ctx
+        return BackwardContext(scaler=ctx)
+
+
+Context = Union[BackwardContext, torch.amp.GradScaler, None]
 
 
 class Balancer(nn.Module):
     """Runs the backward of a multi-task step.
 
-    `backward(losses, shared)` decides the per-task weights (possibly from gradient norms measured
-    at `shared`, the shared representation), runs the backward pass (through `scaler` when given,
-    for fp16), updates the balancer's own state, and returns its measurements as 0-d tensors keyed by
-    TensorBoard tag (`weight/<task>`, `ratio/<task>`, `grad_norm/<task>`, ...). It never calls `.item()`:
-    the trainer reads the values only every `log_every` steps.
+    Built with what it needs (see BUILD_ARGUMENTS: task names, the model's shared parameters or last shared
+    layer, the world size) plus its options. Each step, `backward(losses, shared, ctx)` decides the per-task
+    weights (possibly from gradients measured at `shared`, the shared representation, or at the shared
+    parameters), runs the backward (through `ctx.scale`), stages its state update and returns its
+    measurements as 0-d tensors keyed by TensorBoard tag (`weight/<task>`, `grad_norm/<task>`, ...; see
+    mtl_bench.tags). It never calls `.item()`: the loop reads the values only every `log_every` steps.
 
-    Being an `nn.Module`, any learnable state (GradNorm's weights) or running statistics (EMA buffers)
-    is part of `state_dict()`, so checkpoints restore it.
+    Being an `nn.Module`, learnable state (GradNorm's weights) and running statistics (EMA buffers) are part
+    of `state_dict()`, so checkpoints restore them.
 
-    The step protocol (what a training loop calls; `FixedWeights` has no state, so `step` is a no-op):
+    The step protocol::
 
-    joint mode (one batch carries every task)::
+        metrics = balancer.backward(losses, out.shared, ctx)   # joint mode: every task at once
+        # per-task mode instead: balancer.backward_task(task, loss, out.shared, ctx) for each task
+        scaler.step(optimizer); scaler.update()                # or optimizer.step()
+        metrics |= balancer.step(skipped)                      # commit the staged update unless skipped
 
-        metrics = balancer.backward(losses, out.shared, scaler)  # all tasks at once
-        scaler.step(optimizer); scaler.update()                  # or optimizer.step()
-        metrics |= balancer.step()                               # commit the state update
-
-    per-task mode (one batch per task, gradients accumulate, one optimizer step)::
-
-        for task, batch in batches:
-            out = model(batch.inputs)
-            metrics |= balancer.backward_task(task, loss_of(task, out), out.shared, scaler)
-        scaler.step(optimizer); scaler.update()
-        metrics |= balancer.step()                               # update the weights once, from all tasks
-
-    Each `backward_task` uses the weights/scales the balancer holds at the start of the step and records
-    that task's statistics; `step()` computes the state update from all of them (every task must have had
-    its `backward_task`) and returns the metrics that need all tasks (ratios, GradNorm targets). Under
-    DDP every rank must run the tasks in the same order (statistics may be reduced task by task).
-
-    State updates (EMA of norms, GradNorm's weights, L_i(0), optimizer moments) are staged during the
-    backward and committed by `step()`, so a step that is not taken leaves the state unchanged:
-    - with a grad scaler, `step()` called after `scaler.update()` sees a skipped step by itself (the scale
-      went down: GradScaler lowers it, by backoff_factor < 1, exactly when it skipped), on the device,
-      without a host sync; gradient norms are always measured on unscaled gradients;
-    - `step(skipped=True)` (or a 0-d bool tensor) when the loop skips the step for its own reasons;
-    - statistics that are not finite (NaN/inf norms or losses) never enter the state.
-    When to call `step()`: always in per-task mode; in joint mode whenever a scaler was passed or
-    `defer_updates = True` (set it when the loop may skip steps). In joint mode without a scaler and with
-    `defer_updates = False` (the default) `backward` commits at once, so a library user may call `backward`
-    alone; `step()` is then a no-op. A joint `backward` while an update is still pending raises (the loop
-    forgot `step()`).
-
-    Gradient accumulation: set `accumulates = True` and call `backward` (or every task's `backward_task`)
-    once per micro-batch, with a scaler-like object that also multiplies by 1/k if the gradient should be
-    the mean. Each micro-batch's statistics enter the step's running mean; the staged update is rebuilt
-    from the committed state and that mean, so `step()` commits one update from the mean of all
-    micro-batches (GradNorm's weights stay those of the step's start until then).
+    With a context (the loop always passes one) state updates are staged and `step()` commits them, so a
+    step the loop skips leaves the state unchanged; `step(None)` asks the context's grad scaler whether it
+    skipped. Without a context (`backward(losses, shared)` from a plain loop) a joint backward commits at
+    once and `step()` may be omitted. Under accumulation (`ctx.accumulation_steps = k`) the k backwards'
+    statistics are averaged and `step()` commits one update from that mean. Statistics that are not finite
+    never enter the state. Under DDP every rank must run the tasks in the same order.
     """
-
-    defer_updates: bool = False
-    accumulates: bool = False
 
     task_names: list[str]
 
     def __init__(self, task_names: list[str]) -> None:
         super().__init__()
         if not task_names:
-            raise ValueError("a balancer needs at least one task")
+            raise ValueError("task_names: a balancer needs at least one task")
         self.task_names = list(task_names)
 
     def check_losses(self, losses: dict[str, Tensor]) -> None:
@@ -83,21 +92,10 @@ class Balancer(nn.Module):
                 f"losses for tasks {sorted(losses)} do not match the balancer's tasks {sorted(self.task_names)}"
             )
 
-    def backward(
-        self,
-        losses: dict[str, Tensor],
-        shared: Tensor,
-        scaler: GradScalerLike | None = None,
-    ) -> dict[str, Tensor]:
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         raise NotImplementedError
 
-    def backward_task(
-        self,
-        task: str,
-        loss: Tensor,
-        shared: Tensor,
-        scaler: GradScalerLike | None = None,
-    ) -> dict[str, Tensor]:
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         """Per-task mode: the backward of one task's loss on its own batch (see the class docstring)."""
         raise NotImplementedError(f"{type(self).__name__} has no per-task mode")
 
@@ -106,8 +104,9 @@ class Balancer(nn.Module):
         return {}
 
     @staticmethod
-    def run_backward(total: Tensor, scaler: GradScalerLike | None) -> None:
-        (scaler.scale(total) if scaler is not None else total).backward()
+    def run_backward(total: Tensor, ctx: Context) -> None:
+        ctx = BackwardContext.of(ctx)
+        (ctx.scale(total) if ctx is not None else total).backward()
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}"
@@ -115,3 +114,19 @@ class Balancer(nn.Module):
 
 def stack_weights(weights: dict[str, float], task_names: list[str]) -> torch.Tensor:
     return torch.tensor([float(weights[name]) for name in task_names], dtype=torch.float32)
+
+
+def task_weights(weights: dict[str, float] | None, task_names: list[str]) -> dict[str, float]:
+    """Weights for exactly `task_names`: None means 1.0 each; any mismatch or negative weight is a ValueError."""
+    if weights is None:
+        return {name: 1.0 for name in task_names}
+    unknown = sorted(set(weights) - set(task_names))
+    missing = sorted(set(task_names) - set(weights))
+    if unknown or missing:
+        problems = ([f"weights for unknown tasks {unknown}"] if unknown else []) + (
+            [f"no weight for tasks {missing}"] if missing else [])
+        raise ValueError(f"weights: {'; '.join(problems)}; the task set has tasks {list(task_names)}")
+    for name, w in weights.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:  # also rejects NaN
+            raise ValueError(f"weights.{name}: must be a number >= 0, got {w!r}")
+    return {name: float(weights[name]) for name in task_names}

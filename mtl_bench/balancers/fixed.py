@@ -2,34 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.base import Balancer, GradScalerLike, stack_weights
+from mtl_bench.balancers.base import Balancer, Context, stack_weights, task_weights
 
 
 class FixedWeights(Balancer):
-    """`FixedWeights({"a": 1.0, "b": 4.0})`: one backward of `1.0 * L_a + 4.0 * L_b`."""
+    """`FixedWeights(["a", "b"], weights={"a": 1.0, "b": 4.0})`: one backward of `1.0 * L_a + 4.0 * L_b`."""
 
-    def __init__(self, weights: Mapping[str, float]) -> None:
-        super().__init__(list(weights))
-        for name, w in weights.items():
-            if not w >= 0:  # also rejects NaN
-                raise ValueError(f"weight for task {name!r} is {w}; weights must be >= 0")
-        self.register_buffer("weights", stack_weights(dict(weights), self.task_names))
+    def __init__(self, task_names: Sequence[str], weights: Optional[Mapping[str, float]] = None) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        weights: one weight >= 0 per task; None gives every task 1.0.
+        """
+        super().__init__(list(task_names))
+        self.register_buffer("weights", stack_weights(task_weights(weights, self.task_names), self.task_names))
 
     def backward(
         self,
         losses: dict[str, Tensor],
         shared: Tensor,
-        scaler: GradScalerLike | None = None,
+        ctx: Context = None,
     ) -> dict[str, Tensor]:
         self.check_losses(losses)
         stacked = torch.stack([losses[name] for name in self.task_names])
         total = (self.weights.to(stacked.dtype) * stacked).sum()
-        self.run_backward(total, scaler)
+        self.run_backward(total, ctx)
         return {f"weight/{name}": self.weights[i] for i, name in enumerate(self.task_names)}
 
     def backward_task(
@@ -37,11 +38,11 @@ class FixedWeights(Balancer):
         task: str,
         loss: Tensor,
         shared: Tensor,
-        scaler: GradScalerLike | None = None,
+        ctx: Context = None,
     ) -> dict[str, Tensor]:
         """Per-task mode: w_task * L_task on its own batch; the accumulated gradients equal the joint sum."""
         if task not in self.task_names:
             raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
         weight = self.weights[self.task_names.index(task)]
-        self.run_backward(weight.to(loss.dtype) * loss, scaler)
+        self.run_backward(weight.to(loss.dtype) * loss, ctx)
         return {f"weight/{task}": weight}

@@ -7,12 +7,13 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 import torch
 from torch import Tensor, nn
 
-from mtl_bench.balancers.base import GradScalerLike
+from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 GRAD_SOURCES = ("last_shared", "shared_rep")
 OPTIMIZERS = ("adam", "sgd")
+INITIAL_LOSSES = ("first_step", "theoretical")
 
 
 class GradNormTerms(NamedTuple):
@@ -99,7 +100,7 @@ class GradNorm(StagedBalancer):
     (closed form, see `gradnorm_terms`), is clamped to ≥ `min_weight` (a weight at 0 would stay there and
     can make the renormalisation divide by 0) and renormalised to Σ w = T.
 
-    W is `shared_layer` (the model's last shared module) or `shared_params`. For an `nn.Linear` the norms
+    W is `shared_layer` (the model's last shared module), or `shared_params` when no layer is given. For an `nn.Linear` the norms
     come from its input and output captured by a forward hook: a backward through the heads only gives
     δ_i = ∂L_i/∂output, and `LinearGradNorms` turns it into n_i; no per-task backward through
     the trunk. Any other module (or `shared_params`) takes per-task gradients of its parameters. The
@@ -124,16 +125,34 @@ class GradNorm(StagedBalancer):
         optimizer: str = "adam",
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-        initial_losses: Mapping[str, float] | None = None,
+        initial_losses: str | Mapping[str, float] = "first_step",
+        initial_losses_known: Mapping[str, float | None] | None = None,
         min_weight: float = 1e-6,
     ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_layer: the model's last shared layer, W (given by the engine).
+        shared_params: measure at these parameters instead of `shared_layer`.
+        alpha: the restoring force (>= 0); the paper uses 0.12 on its toy regression, 1.5 on NYUv2.
+        lr: the learning rate of the weights' own optimizer (> 0).
+        grad_source: where n_i is measured: last_shared (the paper's W) or shared_rep (cheaper).
+        optimizer: the weights' optimizer: adam or sgd.
+        betas: Adam's betas for the weights.
+        eps: Adam's eps for the weights.
+        initial_losses: L_i(0): first_step (the paper), theoretical (each task's uninformed loss, e.g. log C
+            for C-class cross-entropy) or a mapping task: loss.
+        initial_losses_known: each task's theoretical initial loss or None (given by the engine).
+        min_weight: the weights are clamped to at least this (> 0) before renormalising.
+        """
         super().__init__(task_names)
         if grad_source not in GRAD_SOURCES:
-            raise ValueError(f"grad_source is {grad_source!r}; allowed: {', '.join(GRAD_SOURCES)}")
+            raise ValueError(f"grad_source: {grad_source!r} is not one of {', '.join(GRAD_SOURCES)}")
         if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer is {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
-        if not alpha >= 0 or not lr > 0 or not min_weight > 0:
-            raise ValueError(f"need alpha >= 0 (got {alpha}), lr > 0 (got {lr}), min_weight > 0 (got {min_weight})")
+            raise ValueError(f"optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        for name, value, bound in (("alpha", alpha, ">= 0"), ("lr", lr, "> 0"), ("min_weight", min_weight, "> 0")):
+            if not (value >= 0 if bound == ">= 0" else value > 0):
+                raise ValueError(f"{name}: must be {bound}, got {value}")
+        initial_losses = self._initial_losses(initial_losses, initial_losses_known)
         self.alpha, self.lr, self.grad_source, self.optimizer = alpha, lr, grad_source, optimizer
         self.betas, self.eps, self.min_weight = (float(betas[0]), float(betas[1])), eps, min_weight
         self._layer_params: list[Tensor] = []
@@ -152,18 +171,33 @@ class GradNorm(StagedBalancer):
         self.register_buffer("initialized", torch.tensor(initial_losses is not None))
         if initial_losses is not None:
             if set(initial_losses) != set(self.task_names):
-                raise KeyError(f"initial_losses for {sorted(initial_losses)} do not match "
-                               f"tasks {sorted(self.task_names)}")
+                raise ValueError(f"initial_losses: tasks {sorted(initial_losses)} do not match "
+                                 f"the tasks {sorted(self.task_names)}")
             values = [float(initial_losses[name]) for name in self.task_names]
             if not all(v > 0 for v in values):
-                raise ValueError(f"initial_losses must be > 0, got {dict(initial_losses)}")
+                raise ValueError(f"initial_losses: must be > 0, got {dict(initial_losses)}")
             self.initial_losses.copy_(torch.tensor(values))
 
+    def _initial_losses(self, given: str | Mapping[str, float],
+                        known: Mapping[str, float | None] | None) -> Mapping[str, float] | None:
+        """None for first_step; the tasks' theoretical losses; or the mapping given."""
+        if isinstance(given, str):
+            if given not in INITIAL_LOSSES:
+                raise ValueError(f"initial_losses: {given!r} is not one of {', '.join(INITIAL_LOSSES)} or a mapping")
+            if given == "first_step":
+                return None
+            missing = [name for name in self.task_names if (known or {}).get(name) is None]
+            if missing:
+                raise ValueError(f"initial_losses: tasks {missing} declare no theoretical initial loss "
+                                 "(allowed here: first_step)")
+            return {name: float(known[name]) for name in self.task_names}  # type: ignore[index,arg-type]
+        return given
+
     def _setup_layer(self, layer: nn.Module | None, params: Iterable[Tensor] | None) -> None:
-        if (layer is None) == (params is None):
-            raise ValueError("grad_source='last_shared' needs exactly one of shared_layer= or shared_params=")
-        if params is not None:
-            self._layer_params = [p for p in params if p.requires_grad]
+        if layer is None and params is None:
+            raise ValueError("shared_layer: grad_source='last_shared' needs shared_layer= (or shared_params=)")
+        if layer is None:
+            self._layer_params = [p for p in params or [] if p.requires_grad]
         elif isinstance(layer, nn.Linear):
             self._linear = layer
             self._hook = layer.register_forward_hook(self._capture)
@@ -259,16 +293,16 @@ class GradNorm(StagedBalancer):
         self,
         losses: dict[str, Tensor],
         shared: Tensor,
-        scaler: GradScalerLike | None = None,
+        ctx: Context = None,
     ) -> dict[str, Tensor]:
         self.check_losses(losses)
-        scale = self._begin(JOINT, scaler, shared)
+        scale = self._begin(JOINT, ctx, shared)
         ordered = [losses[name] for name in self.task_names]
         norms, losses = self._reduce(self._norms(ordered, shared, scale),
                                      torch.stack([loss.detach().float() for loss in ordered]))
         metrics = self._update(self._mean("norms", norms), self._mean("losses", losses))
         weights = self.weights.clone()  # the weights this step trains with (the update is only staged)
-        self.run_backward((weights * torch.stack(ordered)).sum(), scaler)
+        self.run_backward((weights * torch.stack(ordered)).sum(), ctx)
         self._end_joint()
         return {**{f"weight/{name}": weights[i] for i, name in enumerate(self.task_names)}, **metrics}
 
@@ -277,12 +311,12 @@ class GradNorm(StagedBalancer):
         task: str,
         loss: Tensor,
         shared: Tensor,
-        scaler: GradScalerLike | None = None,
+        ctx: Context = None,
     ) -> dict[str, Tensor]:
-        scale = self._begin(PER_TASK, scaler, shared)
+        scale = self._begin(PER_TASK, ctx, shared)
         self._collect(task, norm=self._norms([loss], shared, scale)[0], loss=loss.detach().float())
         weight = self.weights[self._index[task]].clone()
-        self.run_backward(weight * loss, scaler)
+        self.run_backward(weight * loss, ctx)
         return {f"weight/{task}": weight}
 
     def _finish(self) -> dict[str, Tensor]:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.base import GradScalerLike, stack_weights
+from mtl_bench.balancers.base import Context, stack_weights, task_weights
 from mtl_bench.balancers.distributed import average_by_name
-from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, check_weights
+from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 
 def gradient_norm(grad: Tensor, per_batch_item: bool) -> Tensor:
@@ -47,26 +47,39 @@ class RescaledNormBalancer(StagedBalancer):
 
     def __init__(
         self,
-        weights: Mapping[str, float],
+        task_names: Sequence[str],
+        weights: Optional[Mapping[str, float]] = None,
         rescale_grads: bool = True,
         total_norm: float = 1.0,
         ema_decay: float = 0.999,
         per_batch_item: bool = True,
         epsilon: float = 1e-12,
-        monitor: bool = False,
+        monitor: bool = True,
     ) -> None:
-        super().__init__(list(weights))
-        check_weights(dict(weights))
+        """
+        task_names: the tasks (given by the engine).
+        weights: each task's share w_k of the gradient norm (>= 0); None gives every task 1.0.
+        rescale_grads: rescale each loss's gradient; false trains on the plain weighted sum.
+        total_norm: the norm the rescaled gradients add up to (> 0).
+        ema_decay: decay of the bias-corrected EMA of each loss's gradient norm, in (0, 1]; 1 is a plain mean.
+        per_batch_item: the norm per batch item, then averaged; false: the whole tensor's norm.
+        epsilon: added to the averaged norm before dividing (>= 0).
+        monitor: log ratio/<task> (free when rescaling: the norms are measured anyway).
+        """
+        super().__init__(task_names)
+        weights = task_weights(weights, self.task_names)
         if rescale_grads and not sum(weights.values()) > 0:
-            raise ValueError(f"weights {dict(weights)} sum to 0; rescaling needs a positive total weight")
+            raise ValueError(f"weights: sum to 0 ({weights}); rescaling needs a positive total weight")
         if not 0.0 < ema_decay <= 1.0:
-            raise ValueError(f"ema_decay is {ema_decay}; it must be in (0, 1] (1 means a plain mean)")
-        if not total_norm > 0 or not epsilon >= 0:
-            raise ValueError(f"total_norm ({total_norm}) must be > 0 and epsilon ({epsilon}) >= 0")
+            raise ValueError(f"ema_decay: must be in (0, 1] (1 means a plain mean), got {ema_decay}")
+        if not total_norm > 0:
+            raise ValueError(f"total_norm: must be > 0, got {total_norm}")
+        if not epsilon >= 0:
+            raise ValueError(f"epsilon: must be >= 0, got {epsilon}")
         self.rescale_grads, self.total_norm, self.ema_decay = rescale_grads, total_norm, ema_decay
         self.per_batch_item, self.epsilon, self.monitor = per_batch_item, epsilon, monitor
         n = len(self.task_names)
-        self.register_buffer("weights", stack_weights(dict(weights), self.task_names))
+        self.register_buffer("weights", stack_weights(weights, self.task_names))
         # The bias-corrected EMA as a ratio: avg = ema_sum / ema_count, both decayed by β each step.
         self.register_buffer("ema_sum", torch.zeros(n))
         self.register_buffer("ema_count", torch.zeros(n))
@@ -106,14 +119,14 @@ class RescaledNormBalancer(StagedBalancer):
         self,
         losses: dict[str, Tensor],
         shared: Tensor,
-        scaler: GradScalerLike | None = None,
+        ctx: Context = None,
     ) -> dict[str, Tensor]:
         self.check_losses(losses)
         stacked = torch.stack([losses[name] for name in self.task_names])
         metrics: dict[str, Tensor] = {}
         factors = self.weights
         if self.measures_norms:
-            scale = self._begin(JOINT, scaler, shared)
+            scale = self._begin(JOINT, ctx, shared)
             local = {name: self._measure(losses[name], shared, scale) for name in self.task_names}
             reduced = average_by_name(local, self._count(shared))
             norms = self._mean("norms", torch.stack([reduced[name] for name in self.task_names]))
@@ -126,7 +139,7 @@ class RescaledNormBalancer(StagedBalancer):
                 ratios = avg / avg.sum()
                 metrics.update({f"ratio/{name}": ratios[i] for i, name in enumerate(self.task_names)})
         total = (factors * stacked).sum()  # float32 even for fp16 losses
-        self.run_backward(total, scaler)
+        self.run_backward(total, ctx)
         if self.measures_norms:
             self._end_joint()
         return {**{f"weight/{name}": factors[i] for i, name in enumerate(self.task_names)}, **metrics}
@@ -138,10 +151,10 @@ class RescaledNormBalancer(StagedBalancer):
         task: str,
         loss: Tensor,
         shared: Tensor,
-        scaler: GradScalerLike | None = None,
+        ctx: Context = None,
     ) -> dict[str, Tensor]:
         """One task's backward: its scale depends only on its own EMA and the weights, as in joint mode."""
-        scale = self._begin(PER_TASK, scaler, shared)
+        scale = self._begin(PER_TASK, ctx, shared)
         self._collect(task)
         i = self._index[task]
         factor = self.weights[i]
@@ -154,7 +167,7 @@ class RescaledNormBalancer(StagedBalancer):
             if self.rescale_grads:
                 factor = self._scales(avg, self.weights[i])
             metrics[f"grad_norm/{task}"] = norm
-        self.run_backward(factor * loss, scaler)
+        self.run_backward(factor * loss, ctx)
         return {f"weight/{task}": factor, **metrics}
 
     def _finish(self) -> dict[str, Tensor]:

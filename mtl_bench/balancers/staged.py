@@ -7,24 +7,18 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.base import Balancer, GradScalerLike
+from mtl_bench.balancers.base import Balancer, BackwardContext, Context
 
 JOINT, PER_TASK = "joint", "per_task"
 
 
-def current_scale(scaler: GradScalerLike, like: Tensor) -> Tensor:
-    """The scaler's loss scale as a 0-d float32 tensor on `like`'s device, without a host sync.
+def current_scale(scaler: BackwardContext | torch.amp.GradScaler, like: Tensor) -> Tensor:
+    """The scale a backward is multiplied by, as a 0-d float32 tensor on `like`'s device, without a host sync.
 
     `GradScaler.get_scale()` calls `.item()`; `scale(1)` is public and stays on the device (a disabled
     scaler returns the 1 unchanged).
     """
     return scaler.scale(torch.ones((), dtype=torch.float32, device=like.device))
-
-
-def check_weights(weights: dict[str, float]) -> None:
-    for name, w in weights.items():
-        if not w >= 0:  # also rejects NaN
-            raise ValueError(f"weight for task {name!r} is {w}; weights must be >= 0")
 
 
 class StagedBalancer(Balancer):
@@ -50,28 +44,38 @@ class StagedBalancer(Balancer):
         self._sums: dict[str, tuple[Tensor, int]] = {}
         self._pending: dict[str, Tensor] = {}
         self._finite: Tensor | None = None
-        self._scaler: GradScalerLike | None = None
-        self._scale: Tensor | None = None  # the loss scale used by this step's backward
+        self._ctx: BackwardContext | None = None
+        self._scale: Tensor | None = None  # what this micro-batch's backward is multiplied by
+        self._loss_scale: Tensor | None = None  # the grad scaler's scale at the step's start
         self._collected: dict[str, dict[str, Tensor]] = {}
 
     # ------------------------------------------------------------------ used by subclasses
 
-    def _begin(self, mode: str, scaler: GradScalerLike | None, like: Tensor) -> Tensor | None:
-        """Open (or continue, per task) a step; returns the loss scale, or None without a scaler."""
-        repeat_ok = self.accumulates and mode == self._mode
+    @property
+    def accumulates(self) -> bool:
+        return self._ctx is not None and self._ctx.accumulation_steps > 1
+
+    def _begin(self, mode: str, ctx: Context, like: Tensor) -> Tensor | None:
+        """Open (or continue, per task) a step; returns the backward's scale, or None without a context."""
+        ctx = BackwardContext.of(ctx)
+        repeat_ok = ctx is not None and ctx.accumulation_steps > 1 and mode == self._mode
         if self._mode is not None and (mode == JOINT or self._mode == JOINT) and not repeat_ok:
             raise RuntimeError(
                 f"{type(self).__name__}: the previous step's update is still pending; call balancer.step() "
                 "after each optimizer step (after scaler.update() when there is a grad scaler)"
             )
         if self._mode is None:
-            self._mode, self._scaler = mode, scaler
-            self._scale = current_scale(scaler, like) if scaler is not None else None
+            self._mode = mode
+            if ctx is not None and ctx.scaler is not None:
+                self._loss_scale = current_scale(ctx.scaler, like)
+        self._ctx = ctx
+        # Each micro-batch's own scale: its factor may differ (NaN for a non-finite one).
+        self._scale = current_scale(ctx, like) if ctx is not None else None
         return self._scale
 
     def _end_joint(self) -> None:
-        """Joint backward done: commit now unless a scaler, the loop or more micro-batches may still change it."""
-        if self._scaler is None and not self.defer_updates and not self.accumulates:
+        """Joint backward done: without a context (a plain loop) commit now; with one, `step()` commits."""
+        if self._ctx is None:
             self._commit(False)
 
     def _mean(self, key: str, value: Tensor) -> Tensor:
@@ -139,8 +143,9 @@ class StagedBalancer(Balancer):
             metrics = self._finish()
         if skipped is None:
             skipped = False
-            if self._scaler is not None and self._scale is not None:
+            scaler = self._ctx.scaler if self._ctx is not None else None
+            if scaler is not None and self._loss_scale is not None:
                 # update() multiplies the scale by backoff_factor < 1 exactly when it skipped the step.
-                skipped = current_scale(self._scaler, self._scale) < self._scale
+                skipped = current_scale(scaler, self._loss_scale) < self._loss_scale
         self._commit(skipped)
         return metrics
