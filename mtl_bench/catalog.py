@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-GROUPS = ("model", "tasks", "balancer", "optim", "precision", "trainer", "experiment")
+GROUPS = ("model", "tasks", "balancer", "optim", "optim/schedule", "precision", "trainer", "experiment")
 
 
 def conf_root() -> Path:
@@ -18,6 +18,11 @@ def conf_root() -> Path:
 def config_options() -> dict[str, list[str]]:
     root = conf_root()
     return {group: sorted(p.stem for p in (root / group).glob("*.yaml")) for group in GROUPS}
+
+
+def group_keys() -> dict[str, str]:
+    """Config key of each group: optim/schedule is optim.schedule."""
+    return {group: group.replace("/", ".") for group in GROUPS}
 
 
 def format_config_options() -> str:

@@ -7,6 +7,8 @@ import re
 
 from hydra.errors import MissingConfigException, OverrideParseException
 
+from mtl_bench.catalog import config_options, group_keys
+
 # Launchers and sweepers beyond Hydra's basic ones come from plugins, installed by our extras.
 PLUGIN_GROUPS = {
     "hydra/launcher": "joblib and submitit_* come with: pip install 'mtl-bench[sweep]'",
@@ -50,6 +52,13 @@ def describe(err: BaseException) -> str:
     reason = _first_lines(str(cause))
     if type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
         allowed = _allowed_keys(object_type)
-        section = full_key.rsplit(".", 1)[0]
-        return f"{full_key}: no such key" + (f"; keys of {section}: {allowed}" if allowed else "")
+        section, _, last = full_key.rpartition(".")
+        message = f"{full_key}: no such key" + (f"; keys of {section}: {allowed}" if allowed else "")
+        groups = {key: group for group, key in group_keys().items()}
+        if last == "name" and section in groups:
+            options = ", ".join(config_options()[groups[section]])
+            message += f"; choose an option with {groups[section]}=<option> ({options})"
+        elif section in groups:
+            message += f" (a new key needs a plus: +{full_key}=...; see the keys with mtl-bench train --cfg job)"
+        return message
     return f"{full_key}: {reason}"

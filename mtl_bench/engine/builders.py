@@ -1,98 +1,180 @@
-"""From typed config objects (mtl_bench.config) to the objects the loop uses; the loop never reads config."""
+"""From config nodes to objects: every part is its `_target_` class, built by `hydra.utils.instantiate`.
+
+The class's constructor signature is the one declaration of its options. Before anything is built,
+`check_part` compares a node's keys and values with that signature (unknown key, wrong type, missing
+argument: one line naming the key). The engine then supplies what it knows at build time (task names, the
+model, parameter groups, ...) by name, to whichever of those arguments the signature has. Any error the
+constructor raises becomes one ConfigError line naming the config key: a ValueError whose message starts
+with an argument's name ("alpha: must be >= 0, got -1") is reported as `balancer.alpha: must be >= 0, got -1`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
+import collections.abc
+import inspect
+import types
+import typing
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
+from hydra._internal.utils import _locate  # what hydra.utils.get_object uses, without its ERROR log line
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
-from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
 from mtl_bench.errors import ConfigError
-from mtl_bench.models import MODELS, MultiTaskModel
-from mtl_bench.tasks import TASK_SETS, Task, TaskSet
+
+HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
 
-def _options(conf: Any) -> dict[str, Any]:
-    """The dataclass fields minus the `name` that selected it."""
-    fields = asdict(conf)
-    fields.pop("name")
-    return fields
+def node_dict(node: Any) -> dict[str, Any]:
+    """A config node as a plain dict (resolved)."""
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    return dict(node)
 
 
-def build_taskset(conf: Any) -> TaskSet:
-    options = _options(conf)
-    reference = options.pop("reference", None)  # read by the report, not by the data
-    taskset = TASK_SETS[conf.name](**options)
-    check_reference(reference, taskset)
-    return taskset
+def target_of(key: str, node: Mapping[str, Any]) -> Callable[..., Any]:
+    path = node.get("_target_")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{key}._target_: missing; set the class to build, e.g. {key}._target_=my_pkg.module.Class")
+    try:
+        return _locate(path)  # type: ignore[no-any-return]
+    except Exception as err:  # ImportError, AttributeError, ...: Hydra wraps them
+        reason = str(err.__cause__ or err).strip().splitlines()[0]
+        raise ConfigError(f"{key}._target_: cannot import {path!r} ({reason})") from None
 
 
-def check_reference(reference: dict[str, dict[str, float]] | None, taskset: TaskSet) -> None:
-    """tasks.reference may name only this task set's tasks and their metrics."""
-    metrics = {task.name: ["loss", *task.higher_is_better] for task in taskset.tasks}
-    for task, values in (reference or {}).items():
-        if task not in metrics:
-            raise ConfigError(f"tasks.reference.{task}: no such task; tasks: {', '.join(metrics)}")
-        for name in values:
-            if name not in metrics[task]:
-                raise ConfigError(f"tasks.reference.{task}.{name}: no such metric; metrics: {', '.join(metrics[task])}")
+def parameters(target: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    """The constructor's parameters with evaluated annotations where they can be evaluated."""
+    try:
+        signature = inspect.signature(target, eval_str=True)
+    except Exception:  # an annotation naming something not importable at run time: check names only
+        signature = inspect.signature(target)
+    return dict(signature.parameters)
 
 
-def build_model(conf: Any, taskset: TaskSet) -> MultiTaskModel:
-    heads = {task.name: task.out_dim for task in taskset.tasks}
-    return MODELS[conf.name](taskset.input_shape, heads, **_options(conf))
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
+    return text or str(annotation).replace("typing.", "").replace("NoneType", "null")
 
 
-def task_weights(weights: dict[str, float] | None, task_names: list[str]) -> dict[str, float]:
-    """Weights for exactly the task set's tasks: null means 1.0 each; any mismatch is a ConfigError."""
-    if weights is None:
-        return {name: 1.0 for name in task_names}
-    unknown = sorted(set(weights) - set(task_names))
-    missing = sorted(set(task_names) - set(weights))
-    if unknown or missing:
-        problems = []
-        if unknown:
-            problems.append(f"weights for unknown tasks {unknown}")
-        if missing:
-            problems.append(f"no weight for tasks {missing}")
-        raise ConfigError(
-            f"balancer.weights: {'; '.join(problems)}; weights given for {sorted(weights)}, "
-            f"the task set has tasks {task_names}"
-        )
-    return {name: float(weights[name]) for name in task_names}
+PLAIN = (bool, int, float, str, list, tuple, dict, type(None))
+CONTAINERS = (list, tuple, dict, collections.abc.Sequence, collections.abc.Iterable, collections.abc.MutableSequence,
+              collections.abc.Mapping, collections.abc.MutableMapping, typing.Literal)
 
 
-def theoretical_initial_losses(tasks: list[Task]) -> dict[str, float]:
-    """Each task's known uninformed loss (GradNorm's L_i(0) option); every task must declare one."""
-    unknown = [task.name for task in tasks if task.initial_loss is None]
-    if unknown:
-        raise ConfigError(
-            f"balancer.initial_losses=theoretical: tasks {unknown} declare no theoretical initial loss "
-            "(allowed here: first_step)"
-        )
-    return {task.name: float(task.initial_loss) for task in tasks}
+def _checkable(annotation: Any) -> bool:
+    """Whether a config value can be checked against this annotation (plain types, containers, Literal)."""
+    return annotation in PLAIN or typing.get_origin(annotation) in CONTAINERS
 
 
-def build_balancer(conf: Any, tasks: list[Task], model: MultiTaskModel) -> Balancer:
-    """Build before the training forwards: GradNorm hooks the model's last shared layer."""
-    names = [task.name for task in tasks]
-    if conf.name == "fixed":
-        return FixedWeights(task_weights(conf.weights, names))
-    if conf.name == "rescaled_norm":
-        options = _options(conf)
-        options.pop("weights")
-        return RescaledNormBalancer(task_weights(conf.weights, names), **options)
-    if conf.name == "gradnorm":
-        options = _options(conf)
-        initial = options.pop("initial_losses")
-        return GradNorm(
-            names,
-            shared_layer=model.last_shared_layer,
-            initial_losses=theoretical_initial_losses(tasks) if initial == "theoretical" else None,
-            **options,
-        )
-    raise ConfigError(f"balancer={conf.name!r} has no builder")
+def matches(value: Any, annotation: Any) -> bool:
+    """Whether a config value (plain Python: numbers, strings, lists, dicts, None) fits the annotation.
+
+    Annotations a config value cannot be checked against (tensors, paths, unknown classes) accept anything,
+    unless they are one member of a union that has checkable members: `lr: float | Tensor` wants a number.
+    """
+    if annotation in (inspect.Parameter.empty, Any) or isinstance(annotation, str):
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        checkable = [arg for arg in args if _checkable(arg) or typing.get_origin(arg) in (typing.Union, types.UnionType)]
+        return any(matches(value, arg) for arg in checkable) if checkable else True
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if origin is typing.Literal:
+        return value in args
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(matches(v, args[0]) for v in value)
+        return not args or (len(value) == len(args) and all(matches(v, a) for v, a in zip(value, args)))
+    if origin in (list, collections.abc.Sequence, collections.abc.Iterable, collections.abc.MutableSequence):
+        if not isinstance(value, (list, tuple)):
+            return False
+        return not args or all(matches(v, args[0]) for v in value)
+    if annotation in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin in (dict, collections.abc.Mapping, collections.abc.MutableMapping) or annotation is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def check_part(key: str, node: Mapping[str, Any], supplied: Iterable[str] = (), ignore: Iterable[str] = ()
+               ) -> Callable[..., Any]:
+    """Check a node against its `_target_`'s signature; returns the target. `supplied`: arguments the engine
+    gives at build time (not config keys); `ignore`: keys the engine reads itself (optim.schedule, ...)."""
+    target = target_of(key, node)
+    if not callable(target):
+        raise ConfigError(f"{key}._target_: {node['_target_']!r} is not a class or function")
+    params = parameters(target)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    supplied, ignore = set(supplied), set(ignore)
+    options = [name for name, p in params.items() if name not in supplied
+               and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    for name, value in node.items():
+        if name in HYDRA_KEYS or name in ignore:
+            continue
+        if name in supplied:
+            raise ConfigError(f"{key}.{name}: given by the engine at build time, not a config option")
+        if name not in params:
+            if takes_any:
+                continue
+            hint = f"; choose the option with {key.replace('.', '/')}=<option>" if name == "name" else ""
+            raise ConfigError(f"{key}.{name}: not an option of {node['_target_']}; options: "
+                              f"{', '.join(options) or '(none)'}{hint}")
+        annotation = params[name].annotation
+        if not matches(value, annotation):
+            raise ConfigError(f"{key}.{name}: expected {_type_name(annotation)}, got {value!r}")
+    for name, p in params.items():
+        required = p.default is inspect.Parameter.empty and p.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        if required and name not in node and name not in supplied:
+            raise ConfigError(f"{key}.{name}: {node['_target_']} needs it; add +{key}.{name}=<value>")
+    return target
+
+
+def build(key: str, node: Any, kind: type | None = None, ignore: Iterable[str] = (), **supplied: Any) -> Any:
+    """Check `node`, then instantiate its `_target_` with the config's options and the engine's `supplied`
+    arguments that the signature takes; any error is one ConfigError line naming `key`."""
+    config = {k: v for k, v in node_dict(node).items() if k not in set(ignore)}
+    target = check_part(key, config, supplied, ignore)
+    params = parameters(target)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    given = {name: value for name, value in supplied.items() if name in params or takes_any}
+    try:
+        factory = instantiate(config, _partial_=True, _convert_="all")
+        part = factory(**given)
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(describe_build_error(key, err, params)) from None
+    if kind is not None and not isinstance(part, kind):
+        raise ConfigError(f"{key}._target_: {config['_target_']} built a {type(part).__name__}, not a "
+                          f"{kind.__module__}.{kind.__name__}")
+    return part
+
+
+def describe_build_error(key: str, err: BaseException, params: Mapping[str, Any]) -> str:
+    """`balancer.alpha: must be >= 0, got -1` when the message starts with an argument's name."""
+    while type(err).__name__ == "InstantiationException" and err.__cause__ is not None:
+        err = err.__cause__
+    message = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if isinstance(err, KeyError):
+        message = message.strip("'\"")
+    head = message.split(":", 1)[0].split(".", 1)[0]
+    if head in params and ":" in message:
+        return f"{key}.{message}"
+    return f"{key}: {message}"
 
 
 def pick_device(name: str) -> torch.device:

@@ -1,4 +1,4 @@
-"""Batches from an in-memory split, in an order that is a pure function of (seed, step).
+"""Batches of a split, in an order that is a pure function of (seed, step).
 
 Because the order depends on nothing but the step, a resumed run sees exactly the batches the
 uninterrupted run would have seen, with no sampler state to checkpoint.
@@ -6,10 +6,14 @@ uninterrupted run would have seen, with no sampler state to checkpoint.
 
 from __future__ import annotations
 
+from typing import Any, Iterator
+
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
 
 from mtl_bench.errors import ConfigError
+from mtl_bench.tasks.base import Split
 
 
 class StepSampler:
@@ -36,3 +40,63 @@ class StepSampler:
             self._epoch = epoch
         start = position * self.batch_size
         return self._perm[start : start + self.batch_size]
+
+
+class BatchSource:
+    """This rank's batches of one sample stream: step → the sampler's global batch → this rank's slice.
+
+    A `Split` (tensor-resident) is indexed directly on the device. Any other dataset is served by a
+    DataLoader (workers, pinned memory on CUDA) over a batch sampler that replays the same indices from the
+    requested step on, so a resumed run reads exactly the batches the uninterrupted one would have.
+    """
+
+    def __init__(self, split: Dataset, sampler: StepSampler, rank: int, per_rank: int, device: torch.device,
+                 num_workers: int = 0) -> None:
+        self.split, self.sampler, self.device, self.num_workers = split, sampler, device, num_workers
+        self.rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        self._batches: Iterator[Any] | None = None
+        self._next_step = -1
+
+    def indices(self, loader_step: int) -> Tensor:
+        return self.sampler.indices(loader_step)[self.rows]
+
+    def batch(self, loader_step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        if isinstance(self.split, Split):
+            return self.split.batch(self.indices(loader_step).to(self.split.inputs.device, non_blocking=True))
+        if self._batches is None or loader_step != self._next_step:
+            self._batches = iter(DataLoader(self.split, batch_sampler=_Replay(self, loader_step),
+                                            num_workers=self.num_workers, pin_memory=self.device.type == "cuda"))
+        self._next_step = loader_step + 1
+        inputs, targets = next(self._batches)
+        return to_device(inputs, targets, self.device)
+
+
+class _Replay:
+    """An endless batch sampler: the source's index lists from step `start` on."""
+
+    def __init__(self, source: BatchSource, start: int) -> None:
+        self.source, self.start = source, start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.start
+        while True:
+            yield self.source.indices(step).tolist()
+            step += 1
+
+
+def to_device(inputs: Tensor, targets: dict[str, Tensor], device: torch.device) -> tuple[Tensor, dict[str, Tensor]]:
+    return (inputs.to(device, non_blocking=True),
+            {name: t.to(device, non_blocking=True) for name, t in targets.items()})
+
+
+def eval_batches(split: Dataset, batch_size: int, device: torch.device, num_workers: int = 0
+                 ) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
+    """A split in order, in batches of `batch_size`: indexed on the device for a Split, else a DataLoader."""
+    if isinstance(split, Split):
+        n = len(split)
+        for start in range(0, n, batch_size):
+            yield split.batch(torch.arange(start, min(start + batch_size, n), device=split.inputs.device))
+        return
+    for inputs, targets in DataLoader(split, batch_size=batch_size, num_workers=num_workers,
+                                      pin_memory=device.type == "cuda"):
+        yield to_device(inputs, targets, device)

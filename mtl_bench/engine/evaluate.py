@@ -4,26 +4,28 @@ from __future__ import annotations
 
 import torch
 
+from torch.utils.data import Dataset
+
+from mtl_bench.engine.data import eval_batches
 from mtl_bench.models.base import MultiTaskModel
-from mtl_bench.tasks.base import Split, Task
+from mtl_bench.tasks.base import Task
 
 EVAL_BATCH = 1024
 
 
 @torch.no_grad()
-def evaluate(model: MultiTaskModel, tasks: list[Task], split: Split) -> dict[str, dict[str, float]]:
+def evaluate(model: MultiTaskModel, tasks: list[Task], split: Dataset, device: torch.device,
+             num_workers: int = 0) -> dict[str, dict[str, float]]:
     """{task: {"loss": ..., <metric>: ...}}: sums stay on the device until one transfer at the end."""
     was_training = model.training
     model.eval()
     sums: dict[str, dict[str, torch.Tensor]] = {t.name: {} for t in tasks}
-    n = len(split)
-    for start in range(0, n, EVAL_BATCH):
-        index = torch.arange(start, min(start + EVAL_BATCH, n), device=split.inputs.device)
-        inputs, targets = split.batch(index)
+    n = len(split)  # type: ignore[arg-type]
+    for inputs, targets in eval_batches(split, EVAL_BATCH, device, num_workers):
         preds = model(inputs).preds
         for task in tasks:
             pred, target = preds[task.name], targets[task.name]
-            batch_values = {"loss": task.loss(pred, target) * len(index), **task.metrics(pred, target)}
+            batch_values = {"loss": task.loss(pred, target) * len(inputs), **task.metrics(pred, target)}
             for name, value in batch_values.items():
                 sums[task.name][name] = sums[task.name].get(name, 0.0) + value.detach().float()
     model.train(was_training)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from torch import nn
 
@@ -12,22 +12,36 @@ from mtl_bench.models.base import MultiTaskModel
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 
 
-def build_mlp(input_shape: tuple[int, ...], heads: dict[str, int], widths: Sequence[int] = (100, 100, 100, 100),
-              activation: str = "relu") -> MultiTaskModel:
+class MLP(MultiTaskModel):
     """Trunk: Flatten, then Linear + activation per width; heads: Linear(widths[-1], out_dim) per task.
 
     `last_shared_layer` is the trunk's last Linear (the shared representation is its activated output).
     """
+
+    def __init__(self, input_shape: Sequence[int], heads: Mapping[str, int],
+                 widths: Sequence[int] = (100, 100, 100, 100), activation: str = "relu") -> None:
+        """
+        input_shape: one sample's shape (given by the engine from the task set).
+        heads: each task's output width (given by the engine from the task set).
+        widths: the trunk's layer widths, at least one, each > 0.
+        activation: relu, tanh or gelu.
+        """
+        trunk, last = _trunk(input_shape, widths, activation)
+        size = int(widths[-1])
+        super().__init__(trunk, {name: nn.Linear(size, out_dim) for name, out_dim in heads.items()}, last)
+
+
+def _trunk(input_shape: Sequence[int], widths: Sequence[int], activation: str) -> tuple[nn.Sequential, nn.Linear]:
     if activation not in ACTIVATIONS:
-        raise ValueError(f"activation={activation!r} is not allowed: one of {', '.join(ACTIVATIONS)}")
-    if len(widths) == 0:
-        raise ValueError("widths=[] is not allowed: an MLP trunk needs at least one layer width")
+        raise ValueError(f"activation: {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    if len(widths) == 0 or not all(int(w) > 0 for w in widths):
+        raise ValueError(f"widths: need at least one layer width, each > 0, got {list(widths)}")
     layers: list[nn.Module] = [nn.Flatten()]
     size = math.prod(input_shape)
-    linear = None
+    linear: nn.Linear | None = None
     for width in widths:
         linear = nn.Linear(size, int(width))
         layers += [linear, ACTIVATIONS[activation]()]
         size = int(width)
-    heads_ = {name: nn.Linear(size, out_dim) for name, out_dim in heads.items()}
-    return MultiTaskModel(nn.Sequential(*layers), heads_, last_shared_layer=linear)
+    assert linear is not None
+    return nn.Sequential(*layers), linear

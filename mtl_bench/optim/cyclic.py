@@ -29,6 +29,29 @@ class CyclicSchedule:
     def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, target_ratio: tuple[float, float] = (10, 1e-4),
                  cyclic_times: int = 1, step_ratio_up: float = 0.4, anneal_strategy: str = "cos",
                  momentum_target_ratio: Optional[tuple[float, float]] = (0.85 / 0.95, 1.0)) -> None:
+        """
+        optimizer: the optimizer (given by the engine).
+        total_steps: the run's optimizer steps (given by the engine).
+        target_ratio: [up, end]: the lr rises to lr×up, then falls to lr×end (both > 0).
+        cyclic_times: cycles over the run (> 0).
+        step_ratio_up: the rising part of each cycle, 0 < x < 1.
+        anneal_strategy: cos or linear.
+        momentum_target_ratio: momentum (SGD momentum, Adam beta1) moves the other way between these two
+            ratios; null keeps it fixed.
+        """
+        if len(target_ratio) != 2 or not all(r > 0 for r in target_ratio):
+            raise ValueError(f"target_ratio: need two positive ratios [up, end], got {list(target_ratio)}")
+        if not cyclic_times > 0:
+            raise ValueError(f"cyclic_times: must be > 0, got {cyclic_times}")
+        if not 0 < step_ratio_up < 1:
+            raise ValueError(f"step_ratio_up: must be in (0, 1), got {step_ratio_up}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"anneal_strategy: {anneal_strategy!r} is not one of cos, linear")
+        if momentum_target_ratio is not None and len(momentum_target_ratio) != 2:
+            raise ValueError(f"momentum_target_ratio: need null or two ratios, got {momentum_target_ratio}")
+        target_ratio = (float(target_ratio[0]), float(target_ratio[1]))
+        if momentum_target_ratio is not None:
+            momentum_target_ratio = (float(momentum_target_ratio[0]), float(momentum_target_ratio[1]))
         self.optimizer = optimizer
         self.period = max(1, total_steps // cyclic_times)
         self.steps_up = int(step_ratio_up * self.period)

@@ -21,7 +21,7 @@ class _BatchEpochSchedule:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
         if not 0.0 <= warmup_start <= 1.0:
-            raise ValueError(f"warmup_start must be in [0, 1], got {warmup_start}")
+            raise ValueError(f"warmup_start: must be in [0, 1], got {warmup_start}")
         self.optimizer = optimizer
         self.warmup_batches = warmup_batches
         self.warmup_start = warmup_start
@@ -81,10 +81,18 @@ class Eden(_BatchEpochSchedule):
     """lr = initial_lr * ((b^2 + B^2)/B^2)^-0.25 * ((e^2 + E^2)/E^2)^-0.25 * warmup(b), with b batches and e
     epochs done, B = `lr_batches` (icefall suggests 5000), E = `lr_epochs` (about 6 for a 20-40 epoch run)."""
 
-    def __init__(self, optimizer: Optimizer, lr_batches: float, lr_epochs: float, warmup_batches: float = 500.0,
-                 warmup_start: float = 0.5) -> None:
-        if lr_batches <= 0 or lr_epochs <= 0:
-            raise ValueError(f"lr_batches and lr_epochs must be > 0, got {lr_batches}, {lr_epochs}")
+    def __init__(self, optimizer: Optimizer, lr_batches: float = 7500.0, lr_epochs: float = 3.5,
+                 warmup_batches: float = 500.0, warmup_start: float = 0.5) -> None:
+        """
+        optimizer: the optimizer (given by the engine).
+        lr_batches: B, the batch count where the decay sets in (> 0; icefall zipformer: 7500).
+        lr_epochs: E, the same in epochs (> 0; zipformer: 3.5).
+        warmup_batches: linear warmup from warmup_start × lr over this many batches.
+        warmup_start: the warmup's first lr as a fraction of lr, 0..1.
+        """
+        for name, value in (("lr_batches", lr_batches), ("lr_epochs", lr_epochs)):
+            if not value > 0:
+                raise ValueError(f"{name}: must be > 0, got {value}")
         self.lr_batches = lr_batches
         self.lr_epochs = lr_epochs
         super().__init__(optimizer, warmup_batches, warmup_start)
@@ -98,10 +106,16 @@ class Eden(_BatchEpochSchedule):
 class Eden2(_BatchEpochSchedule):
     """lr = initial_lr * ((b^2 + B^2)/B^2)^-0.5 * warmup(b): Eden without epochs, decaying like 1/b late."""
 
-    def __init__(self, optimizer: Optimizer, lr_batches: float, warmup_batches: float = 500.0,
+    def __init__(self, optimizer: Optimizer, lr_batches: float = 7500.0, warmup_batches: float = 500.0,
                  warmup_start: float = 0.5) -> None:
-        if lr_batches <= 0:
-            raise ValueError(f"lr_batches must be > 0, got {lr_batches}")
+        """
+        optimizer: the optimizer (given by the engine).
+        lr_batches: B, the batch count where the decay sets in (> 0).
+        warmup_batches: linear warmup from warmup_start × lr over this many batches.
+        warmup_start: the warmup's first lr as a fraction of lr, 0..1.
+        """
+        if not lr_batches > 0:
+            raise ValueError(f"lr_batches: must be > 0, got {lr_batches}")
         self.lr_batches = lr_batches
         super().__init__(optimizer, warmup_batches, warmup_start)
 

@@ -1,11 +1,7 @@
-"""Task sets: data made or shipped locally, with each task's loss and metrics."""
-
-from typing import Callable
+"""Task sets: data made, shipped or read locally, with each task's loss and metrics (see `TaskSet`)."""
 
 from mtl_bench.tasks.base import Split, Task, TaskSet
-from mtl_bench.tasks.digits import make_digits
-from mtl_bench.tasks.toy import make_toy
+from mtl_bench.tasks.digits import Digits
+from mtl_bench.tasks.toy import ToyRegression
 
-TASK_SETS: dict[str, Callable[..., TaskSet]] = {"toy": make_toy, "digits": make_digits}
-
-__all__ = ["Split", "Task", "TaskSet", "TASK_SETS", "make_digits", "make_toy"]
+__all__ = ["Digits", "Split", "Task", "TaskSet", "ToyRegression"]

@@ -1,12 +1,13 @@
-"""What a task set is: named tasks (loss + metrics) and in-memory train/val/test tensors."""
+"""What a task set is: named tasks (loss + metrics) and their train/val/test data."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
+from torch.utils.data import Dataset
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 MetricsFn = Callable[[Tensor, Tensor], "dict[str, Tensor]"]
@@ -33,7 +34,7 @@ class Task:
 
 
 @dataclass
-class Split:
+class Split(Dataset):
     """One split held in memory: inputs and one target tensor per task (same first dimension)."""
 
     inputs: Tensor
@@ -45,24 +46,54 @@ class Split:
     def batch(self, index: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         return self.inputs[index], {name: t[index] for name, t in self.targets.items()}
 
+    def __getitem__(self, i: int) -> tuple[Tensor, dict[str, Tensor]]:
+        return self.inputs[i], {name: t[i] for name, t in self.targets.items()}
 
-@dataclass
+
 class TaskSet:
-    """Tasks plus their data. `input_shape` excludes the batch dimension."""
+    """Tasks plus their data: the base of every task set (`tasks=<option>` builds a subclass by `_target_`).
 
-    name: str
-    tasks: list[Task]
-    input_shape: tuple[int, ...]
-    train: Split
-    val: Split
-    test: Split
+    `train`, `val`, `test`: a `Split` held in memory (the fast path: the loop indexes it on the device) or
+    any map-style `torch.utils.data.Dataset` whose items are `(input, {task: target})`, served by a
+    DataLoader (workers, pinned memory, per-rank slices under DDP). `input_shape` excludes the batch
+    dimension. `reference`: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
+    """
+
+    def __init__(self, tasks: list[Task], input_shape: Sequence[int], train: Dataset, val: Dataset,
+                 test: Dataset, reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+        self.tasks, self.input_shape = list(tasks), tuple(int(n) for n in input_shape)
+        self.train, self.val, self.test = train, val, test
+        self.reference = check_reference(reference, self.tasks)
 
     @property
     def task_names(self) -> list[str]:
         return [t.name for t in self.tasks]
 
     def to(self, device: torch.device) -> "TaskSet":
+        """Move the in-memory splits to `device` (datasets stay where their loader reads them)."""
         for split in (self.train, self.val, self.test):
-            split.inputs = split.inputs.to(device)
-            split.targets = {k: v.to(device) for k, v in split.targets.items()}
+            if isinstance(split, Split):
+                split.inputs = split.inputs.to(device)
+                split.targets = {k: v.to(device) for k, v in split.targets.items()}
         return self
+
+
+def check_reference(reference: Optional[Mapping[str, Mapping[str, float]]],
+                    tasks: list[Task]) -> Optional[dict[str, dict[str, float]]]:
+    """`reference` may name only these tasks and their metrics (or "loss"), with numbers."""
+    if reference is None:
+        return None
+    metrics = {task.name: ["loss", *task.higher_is_better] for task in tasks}
+    if not isinstance(reference, Mapping):
+        raise ValueError(f"reference: must be null or {{task: {{metric: number}}}}, got {reference!r}")
+    for task, values in reference.items():
+        if task not in metrics:
+            raise ValueError(f"reference.{task}: no such task; tasks: {', '.join(metrics)}")
+        if not isinstance(values, Mapping):
+            raise ValueError(f"reference.{task}: must be {{metric: number}}, got {values!r}")
+        for name, value in values.items():
+            if name not in metrics[task]:
+                raise ValueError(f"reference.{task}.{name}: no such metric; metrics: {', '.join(metrics[task])}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"reference.{task}.{name}: must be a number, got {value!r}")
+    return {task: {name: float(v) for name, v in values.items()} for task, values in reference.items()}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Mapping, Optional
 
 import torch
 from torch import Generator, Tensor
@@ -32,32 +33,46 @@ def source_pools(data_seed: int = 0) -> dict[str, Tensor]:
     return _pools(torch.Generator().manual_seed(data_seed))
 
 
-def make_digits(n_train: int = 10000, n_val: int = 2000, n_test: int = 2000, overlap: int = 4,
-                data_seed: int = 0) -> TaskSet:
-    if not 0 <= overlap <= SIDE:
-        raise ValueError(f"overlap={overlap!r} is not allowed: 0..{SIDE} columns")
-    images, labels = _load()
-    gen = torch.Generator().manual_seed(data_seed)
-    pools = _pools(gen)  # drawn first from the same generator, so source_pools(data_seed) matches
-    splits = {}
-    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
-        pool = pools[split]
-        pick = pool[torch.randint(len(pool), (n, 2), generator=gen)]  # (n, 2) source indices
-        left, right = pick[:, 0], pick[:, 1]
-        targets = {
-            "left": labels[left],
-            "right": labels[right],
-            "sum": (labels[left] + labels[right]).float().unsqueeze(1),  # (N, 1), like the head's output
-        }
-        splits[split] = Split(inputs=_compose(images[left], images[right], overlap), targets=targets)
-    classify = dict(out_dim=10, loss=cross_entropy_loss, metrics=accuracy_metrics,
-                    higher_is_better={"accuracy": True}, initial_loss=math.log(10))
-    tasks = [
-        Task(name="left", **classify),
-        Task(name="right", **classify),
-        Task(name="sum", out_dim=1, loss=mse_loss, metrics=mse_metrics, higher_is_better={"mse": False}),
-    ]
-    return TaskSet(name="digits", tasks=tasks, input_shape=(1, SIDE, 2 * SIDE - overlap), **splits)
+class Digits(TaskSet):
+    """MultiMNIST-style pairs: tasks left, right (10-class) and sum (regression); see the module docstring."""
+
+    def __init__(self, n_train: int = 10000, n_val: int = 2000, n_test: int = 2000, overlap: int = 4,
+                 data_seed: int = 0, reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+        """
+        n_train: training pairs (> 0).
+        n_val: validation pairs (> 0).
+        n_test: test pairs (> 0).
+        overlap: columns the two digits share, 0..8.
+        data_seed: seed of the pools and pairs (the same data in every run).
+        reference: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
+        """
+        if not 0 <= overlap <= SIDE:
+            raise ValueError(f"overlap: must be 0..{SIDE} columns, got {overlap!r}")
+        for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
+            if not value > 0:
+                raise ValueError(f"{key}: must be > 0, got {value}")
+        images, labels = _load()
+        gen = torch.Generator().manual_seed(data_seed)
+        pools = _pools(gen)  # drawn first from the same generator, so source_pools(data_seed) matches
+        splits = {}
+        for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
+            pool = pools[split]
+            pick = pool[torch.randint(len(pool), (n, 2), generator=gen)]  # (n, 2) source indices
+            left, right = pick[:, 0], pick[:, 1]
+            targets = {
+                "left": labels[left],
+                "right": labels[right],
+                "sum": (labels[left] + labels[right]).float().unsqueeze(1),  # (N, 1), like the head's output
+            }
+            splits[split] = Split(inputs=_compose(images[left], images[right], overlap), targets=targets)
+        classify = dict(out_dim=10, loss=cross_entropy_loss, metrics=accuracy_metrics,
+                        higher_is_better={"accuracy": True}, initial_loss=math.log(10))
+        tasks = [
+            Task(name="left", **classify),  # type: ignore[arg-type]
+            Task(name="right", **classify),  # type: ignore[arg-type]
+            Task(name="sum", out_dim=1, loss=mse_loss, metrics=mse_metrics, higher_is_better={"mse": False}),
+        ]
+        super().__init__(tasks, (1, SIDE, 2 * SIDE - overlap), reference=reference, **splits)
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,7 +20,7 @@ generator seeded by `data_seed`, so the data are identical across runs.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import Generator, Tensor
@@ -33,54 +33,73 @@ def toy_params(
     n_tasks: int, in_dim: int = 250, out_dim: int = 100, b_var: float = 10.0, eps_var: float = 3.5,
     data_seed: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """(B, eps): B (out_dim, in_dim) and eps (n_tasks, out_dim, in_dim), exactly as `make_toy` draws them."""
+    """(B, eps): B (out_dim, in_dim) and eps (n_tasks, out_dim, in_dim), exactly as `ToyRegression` draws them."""
     return _draw_params(_generator(data_seed), n_tasks, in_dim, out_dim, b_var, eps_var)
 
 
-def make_toy(
-    sigmas: Sequence[float],
-    n_train: int = 10000,
-    n_val: int = 1000,
-    n_test: int = 1000,
-    in_dim: int = 250,
-    out_dim: int = 100,
-    b_var: float = 10.0,
-    eps_var: float = 3.5,
-    input_std: float | None = None,
-    noise_std: float = 0.0,
-    data_seed: int = 0,
-) -> TaskSet:
-    """Tasks "t0".."t{T-1}", T = len(sigmas); loss MSE, metric "mse" (lower is better).
+class ToyRegression(TaskSet):
+    """Tasks "t0".."t{T-1}", T = len(sigmas); loss MSE, metric "mse" (lower is better)."""
 
-    `noise_std` > 0 adds iid N(0, noise_std^2) observation noise to every target entry (the paper has none).
-    """
-    if len(sigmas) == 0:
-        raise ValueError("sigmas: need one scale per task, got none")
-    if input_std is None:
-        input_std = 1.0 / math.sqrt(in_dim * (b_var + eps_var))
-    gen = _generator(data_seed)
-    b, eps = _draw_params(gen, len(sigmas), in_dim, out_dim, b_var, eps_var)
-    # Effective per-task matrices, transposed once so each target is one matmul.
-    weights_t = (b + eps).transpose(1, 2).contiguous()  # (T, in_dim, out_dim)
-    sizes = {"train": n_train, "val": n_val, "test": n_test}
-    # Draw every x before any noise, so noise_std does not change the inputs.
-    inputs = {split: torch.randn(n, in_dim, generator=gen) * input_std for split, n in sizes.items()}
-    splits = {}
-    for split, x in inputs.items():
-        targets = {}
-        for i, sigma in enumerate(sigmas):
-            y = float(sigma) * torch.tanh(x @ weights_t[i])
-            if noise_std > 0:
-                y = y + noise_std * torch.randn(y.shape, generator=gen)
-            targets[f"t{i}"] = y
-        # The model sees standardised features (unit variance, as one would feed real data): with raw x
-        # of std ~0.017 an MLP at default init barely moves in the first thousand steps.
-        splits[split] = Split(inputs=x / input_std, targets=targets)
-    tasks = [
-        Task(name=f"t{i}", out_dim=out_dim, loss=mse_loss, metrics=mse_metrics, higher_is_better={"mse": False})
-        for i in range(len(sigmas))
-    ]
-    return TaskSet(name="toy", tasks=tasks, input_shape=(in_dim,), **splits)
+    def __init__(
+        self,
+        sigmas: Sequence[float],
+        n_train: int = 10000,
+        n_val: int = 1000,
+        n_test: int = 1000,
+        in_dim: int = 250,
+        out_dim: int = 100,
+        b_var: float = 10.0,
+        eps_var: float = 3.5,
+        input_std: Optional[float] = None,
+        noise_std: float = 0.0,
+        data_seed: int = 0,
+        reference: Optional[Mapping[str, Mapping[str, float]]] = None,
+    ) -> None:
+        """
+        sigmas: each task's scale sigma_i (one task per entry).
+        n_train: training samples (> 0).
+        n_val: validation samples (> 0).
+        n_test: test samples (> 0).
+        in_dim: input width (> 0).
+        out_dim: each task's output width (> 0).
+        b_var: variance of the shared matrix B's entries.
+        eps_var: variance of each task's perturbation eps_i.
+        input_std: std of the raw inputs x; None: 1/sqrt(in_dim (b_var + eps_var)) (unit-variance pre-activations).
+        noise_std: std of iid observation noise added to every target entry (the paper has none).
+        data_seed: seed of the data (the same data in every run).
+        reference: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
+        """
+        if len(sigmas) == 0:
+            raise ValueError("sigmas: need one scale per task, got none")
+        for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test), ("in_dim", in_dim),
+                           ("out_dim", out_dim)):
+            if not value > 0:
+                raise ValueError(f"{key}: must be > 0, got {value}")
+        if input_std is None:
+            input_std = 1.0 / math.sqrt(in_dim * (b_var + eps_var))
+        gen = _generator(data_seed)
+        b, eps = _draw_params(gen, len(sigmas), in_dim, out_dim, b_var, eps_var)
+        # Effective per-task matrices, transposed once so each target is one matmul.
+        weights_t = (b + eps).transpose(1, 2).contiguous()  # (T, in_dim, out_dim)
+        sizes = {"train": n_train, "val": n_val, "test": n_test}
+        # Draw every x before any noise, so noise_std does not change the inputs.
+        inputs = {split: torch.randn(n, in_dim, generator=gen) * input_std for split, n in sizes.items()}
+        splits = {}
+        for split, x in inputs.items():
+            targets = {}
+            for i, sigma in enumerate(sigmas):
+                y = float(sigma) * torch.tanh(x @ weights_t[i])
+                if noise_std > 0:
+                    y = y + noise_std * torch.randn(y.shape, generator=gen)
+                targets[f"t{i}"] = y
+            # The model sees standardised features (unit variance, as one would feed real data): with raw x
+            # of std ~0.017 an MLP at default init barely moves in the first thousand steps.
+            splits[split] = Split(inputs=x / input_std, targets=targets)
+        tasks = [
+            Task(name=f"t{i}", out_dim=out_dim, loss=mse_loss, metrics=mse_metrics, higher_is_better={"mse": False})
+            for i in range(len(sigmas))
+        ]
+        super().__init__(tasks, (in_dim,), reference=reference, **splits)
 
 
 def _generator(data_seed: int) -> Generator:

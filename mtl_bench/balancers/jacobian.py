@@ -1,0 +1,377 @@
+"""Per-task gradients in one batched pass, their Gramian, and the base class of the gradient-combining methods.
+
+The methods of this family (PCGrad, MGDA, IMTL, UPGrad, CAGrad, Aligned-MTL, Nash-MTL, GradVac) all end in
+a shared direction d = Σ_i w_i g_i, a combination of the tasks' gradients g_i at the shared parameters (or
+at the shared representation), with weights w computed from the T×T Gramian G = J Jᵀ of the Jacobian J whose
+rows are the g_i. So one step here is:
+
+1. T gradients at `shared` (the trunk's output) through the heads: one small backward per task that stops
+   at `shared` and also gives each head's own parameter gradient.
+2. `grad_source="shared_params"`: ONE batched vector-Jacobian product through the trunk,
+   `autograd.grad(shared, params, grad_outputs=Z, is_grads_batched=True)`, turns the T gradients at
+   `shared` into J, one (T, *p.shape) block per shared parameter (never T separate trunk backwards).
+   `grad_source="shared_rep"`: J is the T gradients at `shared` themselves, flattened (MGDA-UB).
+3. G = Σ_blocks J_b J_bᵀ (no concatenated copy of J), unscaled (divided by the loss scale squared);
+   under DDP averaged over the ranks, so every rank solves the same problem and gets the same weights.
+4. The method turns G into weights (most on the CPU: T×T problems, see `host_gramian`).
+5. d = Σ_i w_i g_i per block, and everything lands in `.grad` through ONE autograd call on the leaves
+   (`autograd.backward(params, grad_tensors)`): it adds to existing gradients (per-task mode and
+   gradient accumulation add up) and fires DDP's gradient hooks, so DDP all-reduces the direction as it
+   would a plain backward. With `shared_rep` the direction at `shared` goes back through the trunk instead.
+
+The heads' parameters get the gradient of Σ_i c_i L_i with c_i = 1 (the papers; LibMTL and torchjd do the
+same) unless a method says otherwise (Nash-MTL: its weights; IMTL-L: the loss scales).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from mtl_bench import tags
+from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.distributed import world_size
+from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
+
+GRAD_SOURCES = ("shared_params", "shared_rep")
+
+
+# ---------------------------------------------------------------------------------------------- the graph
+
+def head_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> list[Tensor]:
+    """The leaves that `loss` depends on without going through `shared`: the task's head parameters.
+
+    A walk over the autograd graph from the loss that stops at `shared` (as torchjd's `mtl_backward` finds
+    task parameters). A shared parameter reached this way means the head reads the trunk other than through
+    `shared`, which the per-task gradients here would miss: a ValueError.
+    """
+    stop = shared.grad_fn
+    found: list[Tensor] = []
+    seen: set = set()
+    stack = [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node is stop or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf
+        if variable is not None:
+            if variable is shared:
+                continue
+            if id(variable) in shared_ids:
+                raise ValueError("shared_params: a head reads a shared parameter other than through the shared "
+                                 "representation passed to backward; its per-task gradients would be incomplete")
+            found.append(variable)
+            continue
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def grads_at_shared(losses: Sequence[Tensor], shared: Tensor, scale: Optional[Tensor],
+                    shared_ids: set[int]) -> tuple[Tensor, list[list[tuple[Tensor, Tensor]]]]:
+    """Each loss's gradient at `shared` (stacked, (T, *shared.shape)) and at its head's parameters.
+
+    One backward per task, through that task's head only (the trunk graph is kept for the batched product).
+    Gradients are of `scale * loss`, like the real backward (fp16 heads would underflow otherwise).
+    """
+    rows, heads = [], []
+    for loss in losses:
+        params = head_params(loss, shared, shared_ids)
+        scaled = loss * scale if scale is not None else loss
+        grads = torch.autograd.grad(scaled, [shared, *params], retain_graph=True, allow_unused=True)
+        rows.append(grads[0] if grads[0] is not None else torch.zeros_like(shared))
+        heads.append([(p, g) for p, g in zip(params, grads[1:]) if g is not None])
+    return torch.stack(rows), heads
+
+
+def param_jacobian(shared: Tensor, params: Sequence[Tensor], rows: Tensor) -> list[Tensor]:
+    """J as one (T, *p.shape) block per parameter: ONE batched vector-Jacobian product through the trunk.
+
+    Frees the trunk's graph. A parameter the trunk does not use gets a zero block.
+    """
+    blocks = torch.autograd.grad(shared, list(params), grad_outputs=rows, is_grads_batched=True, allow_unused=True)
+    return [b if b is not None else rows.new_zeros((rows.shape[0], *p.shape), dtype=p.dtype)
+            for b, p in zip(blocks, params)]
+
+
+def gramian(blocks: Sequence[Tensor]) -> Tensor:
+    """G = J Jᵀ (float32) summed over the blocks of J, without concatenating them."""
+    total: Optional[Tensor] = None
+    for block in blocks:
+        m = block.reshape(block.shape[0], -1)
+        if m.dtype != torch.float32:
+            m = m.float()
+        g = m @ m.T
+        total = g if total is None else total + g
+    assert total is not None
+    return total
+
+
+def combine(blocks: Sequence[Tensor], weights: Tensor) -> list[Tensor]:
+    """Σ_i w_i J_i per block: `weights` (T,) or one row of weights per block (K, T)."""
+    out = []
+    for k, block in enumerate(blocks):
+        w = weights if weights.dim() == 1 else weights[k]
+        m = block.reshape(block.shape[0], -1)
+        out.append((w.to(m.dtype) @ m).view(block.shape[1:]))
+    return out
+
+
+def rank_mean(value: Tensor) -> Tensor:
+    """The mean over DDP ranks (every rank gets the same bits); unchanged on one process."""
+    n = world_size()
+    if n == 1:
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value)
+    return value / n
+
+
+def host_gramian(gram: Tensor) -> Optional[np.ndarray]:
+    """G as float64 numpy for a CPU solver, or None when it is not finite (a skipped step: NaN weights).
+
+    On a GPU this is the step's one device-to-host copy (a sync): small iterative solvers with
+    data-dependent branches (Frank-Wolfe, active sets, SLSQP, cvxpy) run far faster on the host than as
+    hundreds of tiny kernels.
+    """
+    g = gram.detach().to("cpu", torch.float64).numpy()
+    return g if np.isfinite(g).all() else None
+
+
+def to_device(values: np.ndarray | Sequence[float], like: Tensor) -> Tensor:
+    return torch.as_tensor(np.asarray(values, dtype=np.float32)).to(like.device)
+
+
+def gram_metrics(gram: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
+    """`grad_norm/<task>` and `grad_cos/<a>/<b>` for every pair, from the (unscaled) Gramian."""
+    norms = gram.diagonal().clamp_min(0).sqrt()
+    cos = gram / (norms[:, None] * norms[None, :]).clamp_min(1e-30)
+    metrics = {tags.grad_norm(n): v for n, v in zip(names, norms.unbind())}
+    t = len(names)
+    if t > 1:
+        i, j = torch.triu_indices(t, t, 1).unbind()
+        for a, b, v in zip(i.tolist(), j.tolist(), cos[i, j].unbind()):
+            metrics[tags.grad_cos(names[a], names[b])] = v
+    return metrics
+
+
+def write_leaf_grads(pairs: Sequence[tuple[Tensor, Tensor]]) -> None:
+    """Add each gradient to its leaf's `.grad` in one autograd call (DDP's gradient hooks fire)."""
+    leaves = [p for p, _ in pairs]
+    if leaves:
+        torch.autograd.backward(leaves, [g.to(p.dtype) for p, g in pairs])
+
+
+# ---------------------------------------------------------------------------------------------- base class
+
+@dataclass
+class Solution:
+    """What a method's solve returns: the shared direction's weights (on the device, (T,) or one row per
+    block (K, T)), the heads' weights (None: 1 each) and the method's own measurements."""
+
+    weights: Tensor
+    head_weights: Optional[Tensor] = None
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+class GradientBalancer(StagedBalancer):
+    """Base of the methods that combine per-task gradients; a method implements `_solve(gram, losses)`.
+
+    `grad_source`: "shared_params" (the exact per-task gradients at the model's shared parameters; LibMTL's
+    rep_grad=False, torchjd's mtl_backward) or "shared_rep" (the gradients at the shared representation
+    passed to backward, flattened over the batch: MGDA-UB; cheap: no per-task trunk backward), where the
+    method allows it (`SOURCES`).
+
+    Gradient accumulation (k micro-batches) with shared_params: the micro-batches' Jacobians are summed and
+    the method solves once, at the k-th backward, on the Jacobian of the whole accumulated batch, as if it
+    were one batch. With shared_rep each micro-batch is solved on its own (the trunk graph of a micro-batch
+    is gone by the next one).
+
+    Per-task mode (`backward_task`, each task on its own batch): each task's gradient at the shared
+    parameters is collected (its head's gradient lands at once unless the method weights heads by its
+    solution); when every task has had its backward (k times under accumulation), that last backward
+    solves and writes the combination. It must happen there, not in `step()`, which runs after the
+    optimizer step. shared_rep has no per-task mode (the tasks' representations come from different
+    batches and their trunk graphs are gone).
+
+    Under DDP the Gramian (and the losses) are averaged over the ranks before the solve, so all ranks get the
+    same weights w; each rank's direction w·J_rank goes through DDP's all-reduce, which makes it w·mean(J).
+    The weights are thus solved on the mean of the ranks' Gramians, not on the Gramian of the mean Jacobian
+    (that would need an all-reduce of the whole T×P Jacobian, T times DDP's own gradient traffic).
+    """
+
+    SOURCES: tuple[str, ...] = ("shared_params",)
+    HEADS_FROM_SOLUTION = False  # True: the heads' weights come from the solve (they must wait for it)
+
+    def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]],
+                 grad_source: str) -> None:
+        super().__init__(task_names)
+        if grad_source not in GRAD_SOURCES:
+            raise ValueError(f"grad_source: {grad_source!r} is not one of {', '.join(GRAD_SOURCES)}")
+        if grad_source not in self.SOURCES:
+            raise ValueError(f"grad_source: {grad_source} not supported by {type(self).__name__} "
+                             f"(allowed: {', '.join(self.SOURCES)})")
+        self.grad_source = grad_source
+        params = [p for p in (shared_params or []) if p.requires_grad]
+        if grad_source == "shared_params" and not params:
+            raise ValueError("shared_params: grad_source=shared_params needs the model's shared parameters")
+        self.__dict__["_params"] = params  # the model's: kept out of this module's registry and state_dict
+        self._param_ids = {id(p) for p in params}
+        self._clear_step()
+
+    def _clear_step(self) -> None:
+        self._blocks: Optional[list[Tensor]] = None  # the step's summed Jacobian blocks
+        self._losses_sum: Optional[Tensor] = None
+        self._seen: dict[str, int] = {}  # backwards per task (per-task mode) or "joint"
+        self._task_blocks: dict[str, list[Tensor]] = {}
+        self._held: list[tuple[int, Tensor, Tensor]] = []  # (task index, head param, grad) awaiting weights
+
+    def _reset(self) -> None:
+        super()._reset()
+        if hasattr(self, "_seen"):
+            self._clear_step()
+
+    def extra_repr(self) -> str:
+        return f"tasks={self.task_names}, grad_source={self.grad_source}"
+
+    # ------------------------------------------------------------------ what a method implements
+
+    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+        """Weights from the unscaled, rank-averaged Gramian (T, T) and the step's mean losses (T,)."""
+        raise NotImplementedError
+
+    def _transform_losses(self, losses: list[Tensor]) -> list[Tensor]:
+        """The losses the gradients are taken of (IMTL-L scales them); the identity by default."""
+        return losses
+
+    # ------------------------------------------------------------------ the step
+
+    def _steps(self) -> int:
+        return self._ctx.accumulation_steps if self._ctx is not None else 1
+
+    def _heads(self, heads: list[list[tuple[Tensor, Tensor]]], indices: Sequence[int],
+               weights: Optional[Tensor]) -> list[tuple[Tensor, Tensor]]:
+        """Head gradients to write now: weighted by `weights` (None: 1), or held for the solve."""
+        pairs = []
+        for i, task_heads in zip(indices, heads):
+            for p, g in task_heads:
+                if self.HEADS_FROM_SOLUTION and weights is None:
+                    self._held.append((i, p, g))
+                else:
+                    pairs.append((p, g if weights is None else g * weights[i].to(g.dtype)))
+        return pairs
+
+    def _finish_solve(self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor,
+                      shared: Optional[Tensor]) -> dict[str, Tensor]:
+        """Solve on the summed Jacobian, write d (and any held heads); return the step's measurements."""
+        gram = gramian(blocks)
+        if scale is not None:
+            gram = gram / (scale * scale)  # the statistics of the unscaled gradients
+        gram, losses = rank_mean(gram), rank_mean(losses)
+        self._require_finite(gram, losses)
+        solution = self._solve(gram, losses)
+        pairs = [(p, g * solution.head_weights[i].to(g.dtype) if solution.head_weights is not None else g)
+                 for i, p, g in self._held]
+        self._held = []
+        directions = combine(blocks, solution.weights)
+        if shared is not None:  # shared_rep: the direction at the representation goes back through the trunk
+            torch.autograd.backward([shared, *(p for p, _ in pairs)],
+                                    [directions[0].to(shared.dtype), *(g.to(p.dtype) for p, g in pairs)])
+        else:
+            write_leaf_grads(list(zip(self._params, directions)) + pairs)
+        weights = solution.weights if solution.weights.dim() == 1 else solution.weights.mean(0)
+        metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
+        metrics.update(gram_metrics(gram, self.task_names))
+        metrics.update(solution.metrics)
+        return metrics
+
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        scale = self._begin(JOINT, ctx, shared)
+        ordered = self._transform_losses([losses[name] for name in self.task_names])
+        loss_values = torch.stack([loss.detach().float() for loss in ordered])
+        rows, heads = grads_at_shared(ordered, shared, scale, self._param_ids)
+        head_w = self._known_head_weights()
+        pairs = self._heads(heads, range(len(ordered)), head_w)
+        if self.grad_source == "shared_rep":
+            write_leaf_grads(pairs) if pairs else None
+            metrics = self._finish_solve([rows], scale, self._mean("losses", loss_values), shared)
+            self._end_joint()
+            return metrics
+        blocks = param_jacobian(shared, self._params, rows)
+        del rows
+        write_leaf_grads(pairs)
+        self._add_blocks(blocks)
+        self._losses_sum = loss_values if self._losses_sum is None else self._losses_sum + loss_values
+        self._seen["joint"] = self._seen.get("joint", 0) + 1
+        if self._seen["joint"] < self._steps():
+            return {}
+        metrics = self._finish_solve(self._blocks, scale, self._losses_sum / self._seen["joint"], None)
+        self._blocks = None
+        self._end_joint()
+        return metrics
+
+    def _add_blocks(self, blocks: list[Tensor]) -> None:
+        if self._blocks is None:
+            self._blocks = blocks
+        else:
+            torch._foreach_add_(self._blocks, blocks)
+
+    def _known_head_weights(self) -> Optional[Tensor]:
+        """The heads' weights before the solve (IMTL-L's scales); None: 1 each, or wait for the solve."""
+        return None
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        if self.grad_source == "shared_rep":
+            raise RuntimeError(f"{type(self).__name__}: grad_source=shared_rep has no per-task mode (each task's "
+                               "representation comes from its own batch); use grad_source=shared_params")
+        if task not in self._index:
+            raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
+        scale = self._begin(PER_TASK, ctx, shared)
+        i = self._index[task]
+        if self._seen.get(task, 0) >= self._steps():
+            raise RuntimeError(f"task {task!r} already had its backward in this step; call balancer.step() "
+                               "once per optimizer step")
+        (loss,) = self._transform_losses_one(i, loss)
+        params = head_params(loss, shared, self._param_ids)
+        scaled = loss * scale if scale is not None else loss
+        grads = torch.autograd.grad(scaled, [*self._params, *params], allow_unused=True)
+        shared_grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self._params)]
+        head = [(p, g) for p, g in zip(params, grads[len(self._params):]) if g is not None]
+        write_leaf_grads(self._heads([head], [i], self._known_head_weights()))
+        if task in self._task_blocks:
+            torch._foreach_add_(self._task_blocks[task], shared_grads)
+        else:
+            self._task_blocks[task] = shared_grads
+        self._collect(task, loss=loss.detach().float())
+        self._seen[task] = self._seen.get(task, 0) + 1
+        if any(self._seen.get(name, 0) < self._steps() for name in self.task_names):
+            return {}
+        blocks = [torch.stack(ts) for ts in zip(*(self._task_blocks[name] for name in self.task_names))]
+        self._task_blocks = {}
+        losses = torch.stack([self._collected[name]["loss"] for name in self.task_names])
+        return self._finish_solve(blocks, scale, losses, None)
+
+    def _transform_losses_one(self, index: int, loss: Tensor) -> list[Tensor]:
+        return [loss]
+
+    def step(self, skipped: bool | Tensor | None = None) -> dict[str, Tensor]:
+        pending_joint = self._mode == JOINT and self._seen.get("joint", 0) not in (0, self._steps())
+        if pending_joint:
+            self._reset()
+            raise RuntimeError(f"{type(self).__name__}: step() after {self._seen.get('joint')} of "
+                               f"{self._steps()} accumulated backwards; the update was dropped")
+        return super().step(skipped)
+
+    def _finish(self) -> dict[str, Tensor]:
+        return {}  # per-task mode solved in the last backward_task
+
+
+def nan_weights(t: int, like: Tensor) -> Tensor:
+    return torch.full((t,), math.nan, device=like.device)

@@ -1,0 +1,89 @@
+"""Yu et al., NeurIPS 2020, "Gradient Surgery for Multi-Task Learning" (PCGrad)."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
+
+
+def pcgrad_weights(gram: np.ndarray, orders: Sequence[Sequence[int]]) -> tuple[np.ndarray, int]:
+    """PCGrad in weight space: Σ_i g_i^PC = Σ_j w_j g_j, and the number of projections made.
+
+    g_i^PC = Σ_k c_ik g_k starts at g_i; for each other task j in `orders[i]`, if g_i^PC·g_j = (c_i G)_j < 0
+    it loses its component along g_j: c_ij −= (c_i G)_j / G_jj. Only T×T arithmetic (torchjd's
+    PCGradWeighting does the same).
+    """
+    t = gram.shape[0]
+    total = np.zeros(t)
+    projections = 0
+    for i in range(t):
+        c = np.zeros(t)
+        c[i] = 1.0
+        for j in orders[i]:
+            if j == i:
+                continue
+            inner = gram[j] @ c
+            if inner < 0.0:
+                c[j] -= inner / gram[j, j]
+                projections += 1
+        total += c
+    return total, projections
+
+
+class PCGrad(GradientBalancer):
+    """Projects each task's gradient off the gradients it conflicts with, then sums (Algorithm 1).
+
+    For each task i, in a random order over the other tasks j: if g_i^PC·g_j < 0, g_i^PC −= (g_i^PC·g_j /
+    ‖g_j‖²) g_j. The shared parameters get Σ_i g_i^PC; the heads their own gradients (weight 1).
+    Computed on the T×T Gramian (see `pcgrad_weights`), so the loops cost nothing next to the backward.
+
+    References: LibMTL 1.1.5 `PCGrad` (which also visits j = i, a no-op, and draws orders with Python's
+    `random`) and torchjd 0.18 `PCGrad` (the same orders from `torch.randperm`, which this class draws from
+    its own generator: seeded with `seed`, or from the global torch RNG when built, so ranks and resumed
+    runs agree; its state is in `state_dict`). The generator advances even on a skipped step.
+
+    Metrics: `weight/<task>` (w with Σ_i g_i^PC = Σ_j w_j g_j), `grad_norm/<task>`, `grad_cos/<a>/<b>`,
+    `pcgrad/projections` (pairs projected this step).
+    """
+
+    SOURCES = ("shared_params",)
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: str = "shared_params",
+        seed: Optional[int] = None,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients); PCGrad has no shared_rep mode (as in LibMTL).
+        seed: seed of the generator that orders the projections; None draws one from torch's global RNG.
+        """
+        super().__init__(task_names, shared_params, grad_source)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed: must be an integer or null, got {seed!r}")
+        self.seed = seed
+        self.generator = torch.Generator()
+        self.generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
+
+    def get_extra_state(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+        t = len(self.task_names)
+        orders = [torch.randperm(t, generator=self.generator).tolist() for _ in range(t)]
+        g = host_gramian(gram)
+        if g is None:
+            return Solution(nan_weights(t, gram), metrics={"pcgrad/projections": torch.full((), float("nan"))})
+        weights, projections = pcgrad_weights(g, orders)
+        return Solution(to_device(weights, gram), metrics={"pcgrad/projections": torch.tensor(float(projections))})

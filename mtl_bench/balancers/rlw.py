@@ -1,0 +1,106 @@
+"""Lin et al., TMLR 2022, "Reasonable Effectiveness of Random Weighting: A Litmus Test for Multi-Task Learning"."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from mtl_bench import tags
+from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
+
+DISTRIBUTIONS = ("normal", "uniform", "dirichlet", "bernoulli")
+
+
+class RandomLossWeighting(StagedBalancer):
+    """Each optimizer step trains on Σ_i w_i L_i with fresh random weights: w = softmax(λ), λ_i ~ N(0, 1).
+
+    `distribution` picks λ as LibMTL 1.1.5's `dist` does: normal (the paper's default, LibMTL main's only
+    one), uniform on [0, 1), dirichlet (concentration 1), each through the softmax; bernoulli (p = 1/2,
+    redrawn while all are 0) is used as drawn, without the softmax.
+
+    The draws come from a CPU `torch.Generator` seeded with `seed`, kept in `state_dict` (its state is
+    the module's extra state), so a resumed run draws what the uninterrupted one would, every DDP rank
+    draws the same weights without communicating, and CPU and GPU runs agree. The generator is torch's
+    CPU generator, so with `seed` s the weights equal LibMTL's after `torch.manual_seed(s)` when nothing
+    else draws from the global generator in between.
+
+    The weights of a step are drawn one step ahead (on the host, while the device works) and held in the
+    `weights` buffer; a step commits the next draw. A skipped step keeps `weights`, so the retried step
+    uses the same weights; its draw is dropped (the generator still advances: rewinding it would need a
+    host read of the device-side skip flag). Per-task mode and accumulation use one draw per optimizer step,
+    as LibMTL draws once per batch.
+
+    Reference: LibMTL 1.1.5 `LibMTL.weighting.RLW` (main: normal only). Metrics: `weight/<task>`.
+    """
+
+    def __init__(self, task_names: Sequence[str], seed: int = 0, distribution: str = "normal") -> None:
+        """
+        task_names: the tasks (given by the engine).
+        seed: the seed of the balancer's own random generator (the run's seed by default in the config).
+        distribution: what λ is drawn from: normal, uniform, dirichlet (then w = softmax(λ)) or bernoulli (w = λ).
+        """
+        super().__init__(task_names)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed: must be an integer, got {seed!r}")
+        if distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution: {distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
+        self.seed, self.distribution = seed, distribution
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(seed)
+        self.register_buffer("weights", self._draw())
+
+    def extra_repr(self) -> str:
+        return f"tasks={self.task_names}, seed={self.seed}, distribution={self.distribution}"
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"].cpu())
+
+    def _draw(self) -> Tensor:
+        """The next weights, drawn on the CPU (as LibMTL draws them), float32."""
+        n, g = len(self.task_names), self.generator
+        if self.distribution == "bernoulli":
+            while True:  # LibMTL redraws an all-zero sample; a CPU tensor, so no device sync
+                sample = torch.bernoulli(torch.full((n,), 0.5), generator=g)
+                if sample.sum() != 0:
+                    return sample
+        if self.distribution == "normal":
+            sample = torch.randn(n, generator=g)
+        elif self.distribution == "uniform":
+            sample = torch.rand(n, generator=g)
+        else:
+            sample = torch._sample_dirichlet(torch.ones(n), generator=g)
+        return torch.softmax(sample, dim=-1)
+
+    def _next(self) -> None:
+        """Stage the next step's weights, once per optimizer step."""
+        if "weights" in self._pending:
+            return
+        draw = self._draw()
+        device = self.weights.device
+        if device.type == "cuda":  # pinned, so the copy does not wait for the device
+            draw = draw.pin_memory()
+        self._stage(weights=draw.to(device, non_blocking=True))
+
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        self._begin(JOINT, ctx, shared)
+        weights = self.weights.clone()
+        self._next()
+        self.run_backward((weights * torch.stack([losses[name] for name in self.task_names])).sum(), ctx)
+        self._end_joint()
+        return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        """Per-task mode: w_task·L_task on the task's own batch, with the step's one draw."""
+        self._begin(PER_TASK, ctx, shared)
+        self._collect(task)
+        weight = self.weights[self._index[task]].clone()
+        self._next()
+        self.run_backward(weight * loss, ctx)
+        return {tags.weight(task): weight}

@@ -1,0 +1,137 @@
+"""Kendall, Gal & Cipolla, CVPR 2018, "Multi-Task Learning Using Uncertainty to Weigh Losses for Scene Geometry and Semantics"."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from mtl_bench import tags
+from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.distributed import average_by_name
+from mtl_bench.balancers.gradnorm import adam_update
+from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
+
+OPTIMIZERS = ("adam", "sgd")
+
+
+class UncertaintyWeighting(StagedBalancer):
+    """Learnable log-variances s_i = log σ_i²: the network trains on Σ_i L_i / (2 e^{s_i}).
+
+    The objective is LibMTL's, Σ_i L_i / (2 e^{s_i}) + s_i / 2: the paper's regression form
+    1/(2σ²)·L + log σ, used for every task. The paper's classification form 1/σ²·L + log σ is not used
+    (LibMTL neither), and the form e^{-s}L + s found in many repositories is twice this one (the same
+    optimum for s, twice its gradient and the network's). The network's gradient is Σ_i w_i ∇L_i with
+    w_i = 1/(2 e^{s_i}); the s_i take one step of their own optimizer on ∂/∂s_i = 1/2 − L_i/(2 e^{s_i}),
+    in closed form from the detached float32 losses (so it never sees a loss scale and no second
+    backward is needed).
+
+    Reference: LibMTL 1.1.5 `LibMTL.weighting.UW` (unchanged on main), s_i starting at −0.5. Difference:
+    in LibMTL the s_i are parameters of the model, stepped by the model's optimizer (with its learning
+    rate schedule); here the engine's optimizer holds only the model, so the s_i have their own (Adam or
+    SGD, constant `lr`, L2 `weight_decay` like torch's). Both agree when these options equal the model
+    optimizer's.
+
+    Metrics: `weight/<task>` (w_i used this step), `uw/log_var/<task>` (s_i used this step). Under
+    accumulation the update uses the step's mean loss; under DDP the losses are averaged across ranks (by
+    name) first, so every rank holds the same s. s and the optimizer's moments are buffers.
+    """
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        init_log_var: float = -0.5,
+        lr: float = 1e-3,
+        optimizer: str = "adam",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        init_log_var: the initial s_i = log σ_i² of every task (LibMTL: -0.5).
+        lr: the learning rate of the log-variances' own optimizer (> 0).
+        optimizer: the log-variances' optimizer: adam or sgd.
+        betas: Adam's betas for the log-variances, each in [0, 1).
+        eps: Adam's eps for the log-variances (> 0).
+        weight_decay: L2 penalty on the log-variances, added to their gradient as torch's optimizers do (>= 0).
+        """
+        super().__init__(task_names)
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if not lr > 0:
+            raise ValueError(f"lr: must be > 0, got {lr}")
+        if not eps > 0:
+            raise ValueError(f"eps: must be > 0, got {eps}")
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay: must be >= 0, got {weight_decay}")
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"betas: must be two numbers in [0, 1), got {betas}")
+        if not math.isfinite(init_log_var):
+            raise ValueError(f"init_log_var: must be finite, got {init_log_var}")
+        self.lr, self.optimizer, self.eps, self.weight_decay = lr, optimizer, eps, weight_decay
+        self.betas = (float(betas[0]), float(betas[1]))
+        n = len(self.task_names)
+        self.register_buffer("log_vars", torch.full((n,), float(init_log_var)))
+        self.register_buffer("exp_avg", torch.zeros(n))
+        self.register_buffer("exp_avg_sq", torch.zeros(n))
+        self.register_buffer("opt_step", torch.zeros(()))
+
+    def extra_repr(self) -> str:
+        return f"tasks={self.task_names}, lr={self.lr}, optimizer={self.optimizer}"
+
+    def weights(self) -> Tensor:
+        """w_i = 1 / (2 e^{s_i}) from the committed log-variances."""
+        return 0.5 * torch.exp(-self.log_vars)
+
+    def _update(self, losses: Tensor) -> None:
+        """Stage one optimizer step of s on the step's (rank-averaged, micro-batch-averaged) losses."""
+        self._require_finite(losses)
+        s = self.log_vars
+        grad = 0.5 - 0.5 * losses * torch.exp(-s)
+        if self.weight_decay:
+            grad = grad + self.weight_decay * s
+        if self.optimizer == "adam":
+            new, exp_avg, exp_avg_sq, step = adam_update(s, grad, self.exp_avg, self.exp_avg_sq, self.opt_step,
+                                                         self.lr, self.betas, self.eps)
+            self._stage(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
+        else:
+            new = s - self.lr * grad
+        self._stage(log_vars=new)
+
+    def _reduce(self, losses: Tensor) -> Tensor:
+        mean = average_by_name({f"loss/{name}": losses[i] for i, name in enumerate(self.task_names)})
+        return torch.stack([mean[f"loss/{name}"] for name in self.task_names])
+
+    def _metrics(self, weights: Tensor, log_vars: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
+        metrics: dict[str, Tensor] = {}
+        for name in names:
+            i = self._index[name]
+            metrics[tags.weight(name)] = weights[i]
+            metrics[f"uw/log_var/{name}"] = log_vars[i]
+        return metrics
+
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        self._begin(JOINT, ctx, shared)
+        ordered = torch.stack([losses[name] for name in self.task_names])
+        self._update(self._mean("losses", self._reduce(ordered.detach().float())))
+        weights, log_vars = self.weights(), self.log_vars.clone()  # this step's (the update is only staged)
+        self.run_backward((weights * ordered).sum(), ctx)
+        self._end_joint()
+        return self._metrics(weights, log_vars, self.task_names)
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        """Per-task mode: w_task·L_task on its own batch; s is updated in `step()` from every task's loss."""
+        self._begin(PER_TASK, ctx, shared)
+        self._collect(task, loss=loss.detach().float())
+        i = self._index[task]
+        weights, log_vars = self.weights(), self.log_vars.clone()
+        self.run_backward(weights[i] * loss, ctx)
+        return self._metrics(weights, log_vars, [task])
+
+    def _finish(self) -> dict[str, Tensor]:
+        self._update(self._reduce(torch.stack([self._collected[name]["loss"] for name in self.task_names])))
+        return {}

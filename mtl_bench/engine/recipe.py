@@ -1,0 +1,370 @@
+"""One training run as one object: `setup()` builds the parts from config, `train()` runs the loop,
+`cleanup()` closes what setup opened. `train(cfg, run_dir)` below does all three and writes metrics.json."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mtl_bench import tags
+from mtl_bench.balancers import Balancer
+from mtl_bench.balancers.base import BUILD_ARGUMENTS
+from mtl_bench.config import TrainerConf
+from mtl_bench.engine.anomalous import parameters_outside_graph
+from mtl_bench.engine.builders import build, node_dict, pick_device
+from mtl_bench.engine.checkpoint import CHECKPOINT_NAME, find_checkpoint, load_checkpoint, rng_state, \
+    save_checkpoint, set_rng_state
+from mtl_bench.engine.distributed import DistInfo, broadcast_text, init_distributed, rank_device, \
+    shutdown_distributed, wrap_ddp
+from mtl_bench.engine.evaluate import evaluate
+from mtl_bench.engine.files import write_json
+from mtl_bench.engine.gradients import clip_gradients
+from mtl_bench.engine.nonfinite import NonFinitePolicy, nonfinite_flag, step_unless
+from mtl_bench.engine.precision import Precision
+from mtl_bench.engine.profile import maybe_profile
+from mtl_bench.engine.progress import Progress
+from mtl_bench.engine.step import StepResult, StepRunner, optimizer_steps_per_epoch
+from mtl_bench.errors import ConfigError
+from mtl_bench.models import MultiTaskModel
+from mtl_bench.optim import build_param_groups
+from mtl_bench.optim.cyclic import group_momentum
+from mtl_bench.run_logger import RunLogger, flatten_hparams
+from mtl_bench.tasks import TaskSet
+
+log = logging.getLogger("mtl_bench")
+
+METRICS_FILE = "metrics.json"
+Metrics = dict[str, dict[str, float]]
+
+
+@dataclass
+class TrainResult:
+    step: int
+    val: Metrics
+    test: Metrics
+    summary: dict[str, float]
+    wall_time_s: float
+    initial_test: Metrics = field(default_factory=dict)
+
+
+def loss_ratio_sum(test: Metrics, initial: Metrics) -> float:
+    """The GradNorm paper's summary: sum_i L_i / L_i(0), test losses against those of the untrained model."""
+    return sum(test[task]["loss"] / initial[task]["loss"] for task in test)
+
+
+def count_steps(conf: TrainerConf, n_train: int, world_size: int = 1) -> int:
+    """Optimizer steps of the whole run: trainer.epochs full passes, else trainer.max_steps."""
+    return conf.epochs * optimizer_steps_per_epoch(conf, n_train, world_size) if conf.epochs else conf.max_steps
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Recipe:
+    """`cfg` is the composed config (model, tasks, balancer, optim, precision: `_target_` nodes; trainer,
+    seed, tag). Rank 0 alone writes to `run_dir` under torchrun; the others train their slice of each batch."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, *, overrides: Optional[list[str]] = None,
+                 choices: Optional[dict[str, str]] = None, bar: bool = False) -> None:
+        self.cfg, self.run_dir, self.bar = cfg, Path(run_dir), bar
+        self.overrides, self.choices = overrides or [], choices or {}
+        self.conf: TrainerConf = OmegaConf.to_object(cfg.trainer)  # type: ignore[assignment]  # value checks
+        self.seed = int(cfg.seed)
+        self.step = 0
+        self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
+        self.initial_test: Metrics = {}
+        self.logger: RunLogger | None = None
+        self.dist: DistInfo | None = None
+        self.layout_written = False
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        """Build everything; on rank 0 open the run's TensorBoard writer."""
+        conf, cfg = self.conf, self.cfg
+        if conf.num_threads:
+            torch.set_num_threads(conf.num_threads)
+        device = pick_device(conf.device)
+        self.dist = init_distributed(device)
+        self.device = device = rank_device(device, self.dist)
+        self.run_dir = Path(broadcast_text(str(self.run_dir)))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint = find_checkpoint(conf.resume, self.run_dir)
+
+        seed_everything(self.seed)
+        self.taskset: TaskSet = build("tasks", cfg.tasks, TaskSet).to(device)
+        tasks = self.taskset.tasks
+        self.model: MultiTaskModel = build("model", cfg.model, MultiTaskModel, input_shape=self.taskset.input_shape,
+                                           heads={t.name: t.out_dim for t in tasks}).to(device)
+        supplied = {"task_names": self.taskset.task_names, "shared_params": list(self.model.shared_parameters()),
+                    "shared_layer": self.model.last_shared_layer, "world_size": self.dist.world_size,
+                    "initial_losses_known": {t.name: t.initial_loss for t in tasks}}
+        assert set(supplied) == set(BUILD_ARGUMENTS)
+        # Built before the training forwards: a balancer may hook the model's last shared layer.
+        self.balancer: Balancer = build("balancer", cfg.balancer, Balancer, **supplied).to(device)
+        optim = node_dict(cfg.optim)
+        groups = build_param_groups(self.model, optim.get("lr", 1e-3), optim.get("weight_decay"),
+                                    optim.get("paramwise"))
+        self.optimizer: torch.optim.Optimizer = build("optim", optim, torch.optim.Optimizer,
+                                                      ignore=("schedule", "paramwise"), params=groups)
+        self.total_steps = count_steps(conf, len(self.taskset.train), self.dist.world_size)
+        self.scheduler = build("optim.schedule", optim["schedule"], None, optimizer=self.optimizer,
+                               total_steps=self.total_steps)
+        self.precision: Precision = build("precision", cfg.precision, Precision, device=device)
+        forward_model = wrap_ddp(self.model, device, self.dist, per_task=conf.step_mode == "per_task")
+        self.runner = StepRunner(forward_model, self.taskset, self.balancer, self.precision, conf, self.seed,
+                                 device, self.dist.rank, self.dist.world_size)
+        self.nonfinite = NonFinitePolicy(self.taskset.task_names, conf.on_nonfinite, device)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if checkpoint is not None:
+            self.restore(load_checkpoint(checkpoint, device), checkpoint)
+        if self.dist.is_main:
+            self.logger = RunLogger(self.run_dir, purge_step=self.step or None)
+            if self.step == 0:
+                self._write_hparams()
+        ranks = f" x {self.dist.world_size} ranks" if self.dist.world_size > 1 else ""
+        log.info("run dir %s | %d steps on %s%s (%d threads), %s, %s mode | tasks %s", self.run_dir,
+                 self.total_steps, device, ranks, torch.get_num_threads(), self.precision.name, conf.step_mode,
+                 self.taskset.task_names)
+
+    def _write_hparams(self) -> None:
+        assert self.logger is not None
+        config = OmegaConf.to_container(self.cfg, resolve=True)
+        # `overrides` first: the HParams table then shows what each run of a sweep changed
+        values = {"overrides": " ".join(self.overrides) or "(none)",
+                  **{f"choice.{g}": o for g, o in self.choices.items()}, **flatten_hparams(config)}  # type: ignore[arg-type]
+        final = [tags.metric("test", t, m) for t, names in self.metric_names.items() for m in names]
+        self.logger.write_hparams(values, final + [tags.TEST_LOSS_RATIO_SUM])
+
+    @property
+    def metric_names(self) -> dict[str, list[str]]:
+        return {t.name: ["loss", *t.higher_is_better] for t in self.taskset.tasks}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoints" / CHECKPOINT_NAME
+
+    def save(self, elapsed: float) -> None:
+        if self.dist is not None and not self.dist.is_main:
+            return
+        save_checkpoint(self.checkpoint_path, {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "balancer": self.balancer.state_dict(),
+            "grad_scaler": self.precision.scaler.state_dict() if self.precision.scaler is not None else None,
+            **self.nonfinite.state_dict(),
+            "rng": rng_state(),
+            "initial_test": self.initial_test,
+            "elapsed_s": elapsed,
+        })
+
+    def restore(self, state: dict[str, Any], source: Path) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.balancer.load_state_dict(state["balancer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            first_line = str(err).strip().splitlines()[0]
+            raise ConfigError(f"trainer.resume: checkpoint {source} does not fit this config ({first_line})") from None
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.precision.scaler is not None and state.get("grad_scaler"):
+            self.precision.scaler.load_state_dict(state["grad_scaler"])
+        self.nonfinite.load_state_dict(state)
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.initial_test = state["initial_test"]
+        self.elapsed_before = state["elapsed_s"]
+        log.info("resumed from %s at step %d", source, self.step)
+
+    # ------------------------------------------------------------------ the loop
+
+    def evaluate(self, split: str) -> Metrics:
+        return evaluate(self.model, self.taskset.tasks, getattr(self.taskset, split), self.device,
+                        self.conf.num_workers)
+
+    def train(self) -> TrainResult:
+        total, conf, n = self.total_steps, self.conf, len(self.taskset.tasks)
+        if not self.initial_test:  # L_i(0) for the loss-ratio summary, measured before any update
+            self.initial_test = self.evaluate("test")
+        if conf.detect_anomalous_params and self.logger is not None:  # called once, on the first losses
+            self.runner.on_first_losses = self._report_parameters_outside_graph
+        progress = Progress(total, self.step, self.bar)
+        started = time.perf_counter()
+        window_losses, window_steps, window_start = torch.zeros(n, device=self.device), 0, time.perf_counter()
+        self.model.train()
+        try:
+            with maybe_profile(conf.profile and self.logger is not None, self.run_dir) as profiler:
+                while self.step < total:
+                    logging_now = (self.step + 1) % conf.log_every == 0 or self.step + 1 == total
+                    result = self._optimizer_step(logging_now)
+                    self.step += 1
+                    # a skipped step adds nothing to the window
+                    window_losses += torch.where(torch.isfinite(result.losses), result.losses, 0.0)
+                    window_steps += 1
+                    profiler.step()
+                    if logging_now:
+                        rate = window_steps / (time.perf_counter() - window_start)
+                        self._log_train(window_losses / window_steps, result.measurements, rate, progress)
+                        window_losses.zero_()
+                        window_start, window_steps = time.perf_counter(), 0
+                    else:
+                        progress.update(self.step)
+                    if self.step % conf.eval_every == 0 and self.step < total:
+                        self._log_eval("val", self.evaluate("val"))
+                    if conf.checkpoint_every and self.step % conf.checkpoint_every == 0 and self.step < total:
+                        self.nonfinite.check()
+                        self.save(self.elapsed_before + time.perf_counter() - started)
+        finally:
+            progress.close()
+        val, test = self.evaluate("val"), self.evaluate("test")
+        summary = {"test_loss_ratio_sum": loss_ratio_sum(test, self.initial_test)}
+        self._log_eval("val", val)
+        self._log_eval("test", test, extra={tags.TEST_LOSS_RATIO_SUM: summary["test_loss_ratio_sum"]})
+        wall = self.elapsed_before + time.perf_counter() - started
+        self.save(wall)
+        return TrainResult(self.step, val, test, summary, wall, self.initial_test)
+
+    def _optimizer_step(self, logging_now: bool) -> StepResult:
+        """Forwards and backwards of one step, clipping, then the optimizer step unless it is not finite.
+
+        fp16 steps through its GradScaler, which skips steps with non-finite gradients; fp32 and bf16 check
+        the gradients' norm (engine/nonfinite.py). A non-finite loss makes every gradient NaN (the step's
+        backward factor), so both catch it. A skipped step leaves model, optimizer and balancer untouched
+        and is decided on the device (no host sync in the loop with fused optimizers).
+        """
+        conf, scaler = self.conf, self.precision.scaler
+        self.optimizer.zero_grad(set_to_none=True)
+        result = self.runner.run(self.step)
+        measured = result.measurements
+        clipping = conf.grad_clip.max_norm is not None or conf.grad_clip.clip_value is not None
+        if scaler is not None and (clipping or logging_now):
+            scaler.unscale_(self.optimizer)  # clip and measure the true gradients
+        grad_norm = clip_gradients(self.trainable, conf.grad_clip, measure=logging_now)
+        if grad_norm is not None:
+            measured[tags.GRAD_NORM_TOTAL] = grad_norm
+        if scaler is not None:
+            measured[tags.LOSS_SCALE] = self.precision.loss_scale(result.losses)
+            scaler.step(self.optimizer)
+            found_inf = self.precision.found_inf(self.optimizer)
+            self.precision.update()
+        else:
+            found_inf = nonfinite_flag([p.grad for p in self.trainable if p.grad is not None], grad_norm)
+            step_unless(self.optimizer, found_inf)
+        skipped = found_inf > 0
+        measured |= self.balancer.step(skipped)  # commits the staged balancer state unless skipped
+        self.scheduler.step()
+        if hasattr(self.scheduler, "step_epoch") and (self.step + 1) % self.runner.steps_per_epoch == 0:
+            self.scheduler.step_epoch()  # Eden decays with epochs as well as batches
+        self.nonfinite.record(self.step, result.losses, skipped)
+        return result
+
+    def _report_parameters_outside_graph(self, losses: Iterable[torch.Tensor]) -> None:
+        unused = parameters_outside_graph(losses, self.model.named_parameters())
+        if unused:
+            log.warning("trainable parameters that do not reach the loss: %s", ", ".join(unused))
+        else:
+            log.info("detect_anomalous_params: every trainable parameter reaches the loss")
+
+    def _log_train(self, mean_losses: torch.Tensor, measured: dict[str, torch.Tensor], rate: float,
+                   progress: Progress) -> None:
+        names, n = self.taskset.task_names, len(self.taskset.tasks)
+        # One host read per log interval: losses, the non-finite record and the balancer's measurements.
+        values = torch.cat([mean_losses.float(), self.nonfinite.device_values(),
+                            torch.stack(list(measured.values())).float().to(mean_losses.device)
+                            if measured else mean_losses.new_zeros(0)]).tolist()
+        skipped = self.nonfinite.check(values[n:2 * n + 1])
+        losses = dict(zip(names, values[:n]))
+        scalars = {tags.loss(name): v for name, v in losses.items()}
+        scalars.update(zip(measured.keys(), values[2 * n + 1:]))
+        scalars[tags.STEPS_SKIPPED] = skipped
+        for i, group in enumerate(self.optimizer.param_groups):
+            name = group.get("name", i)
+            scalars[tags.lr(name)] = group["lr"]
+            momentum = group_momentum(group)
+            if momentum is not None:
+                scalars[tags.momentum(name)] = momentum
+        scalars[tags.STEPS_PER_S] = rate
+        if skipped > self.nonfinite.reported:
+            log.warning("step %d: %d steps skipped so far (non-finite loss or gradients)", self.step, skipped)
+            self.nonfinite.reported = skipped
+        if self.logger is not None:
+            if not self.layout_written:  # the tags are known only now (they depend on the balancer)
+                self.logger.write_dashboard(self.metric_names, list(scalars))
+                self.layout_written = True
+            self.logger.scalars(scalars, self.step)
+        progress.update(self.step, losses, rate)
+
+    def _log_eval(self, split: str, metrics: Metrics, extra: dict[str, float] | None = None) -> None:
+        text = "; ".join(f"{task}: " + " ".join(f"{k} {v:.4g}" for k, v in values.items())
+                         for task, values in metrics.items())
+        log.info("step %d %s | %s", self.step, split, text)
+        if self.logger is not None:
+            scalars = {tags.metric(split, t, name): v for t, values in metrics.items() for name, v in values.items()}
+            self.logger.scalars({**scalars, **(extra or {})}, self.step)
+            self.logger.flush()
+
+    # ------------------------------------------------------------------ cleanup
+
+    def cleanup(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
+            self.logger = None
+        if self.dist is not None:
+            shutdown_distributed(self.dist)
+
+    def metrics_record(self, result: TrainResult) -> dict[str, Any]:
+        """What metrics.json holds for a completed run."""
+        return {
+            "status": "completed",
+            "step": result.step,
+            "wall_time_s": round(result.wall_time_s, 3),
+            "overrides": self.overrides,
+            "choices": self.choices,
+            "seed": self.seed,
+            "val": result.val,
+            "test": result.test,
+            "summary": result.summary,
+            "initial_test": result.initial_test,
+            "higher_is_better": {t.name: {"loss": False, **t.higher_is_better} for t in self.taskset.tasks},
+            "model_selection": "final step",
+            "reference": self.taskset.reference,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+
+
+def train(cfg: DictConfig, run_dir: Path, *, overrides: Optional[list[str]] = None,
+          choices: Optional[dict[str, str]] = None, bar: bool = False) -> TrainResult:
+    """Set up, train and clean up one run with outputs in `run_dir`; usable without Hydra (tests, notebooks).
+    Writes metrics.json (rank 0): the results, or `"status": "failed"` with the error."""
+    from mtl_bench.engine.run import record_failure
+
+    recipe = Recipe(cfg, run_dir, overrides=overrides, choices=choices, bar=bar)
+    try:
+        recipe.setup()
+        result = recipe.train()
+    except BaseException as err:
+        if recipe.dist is None or recipe.dist.is_main:
+            record_failure(recipe.run_dir, err, recipe.step, recipe.overrides, recipe.choices)
+        raise
+    finally:
+        recipe.cleanup()
+    if recipe.dist is not None and recipe.dist.is_main:
+        write_json(recipe.run_dir / METRICS_FILE, recipe.metrics_record(result))
+        log.info("done: %d steps in %.1f s; final metrics in %s", result.step, result.wall_time_s,
+                 recipe.run_dir / METRICS_FILE)
+    return result
