@@ -25,6 +25,7 @@ same) unless a method says otherwise (Nash-MTL: its weights; IMTL-L: the loss sc
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
@@ -155,8 +156,8 @@ def gram_metrics(gram: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
     metrics = {tags.grad_norm(n): v for n, v in zip(names, norms.unbind())}
     t = len(names)
     if t > 1:
-        i, j = torch.triu_indices(t, t, 1).unbind()
-        for a, b, v in zip(i.tolist(), j.tolist(), cos[i, j].unbind()):
+        i, j = torch.triu_indices(t, t, 1, device=gram.device).unbind()  # row-major, as combinations()
+        for (a, b), v in zip(itertools.combinations(range(t), 2), cos[i, j].unbind()):
             metrics[tags.grad_cos(names[a], names[b])] = v
     return metrics
 

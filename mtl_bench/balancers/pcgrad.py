@@ -81,9 +81,9 @@ class PCGrad(GradientBalancer):
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
         t = len(self.task_names)
-        orders = [torch.randperm(t, generator=self.generator).tolist() for _ in range(t)]
+        orders = [torch.randperm(t, generator=self.generator).numpy() for _ in range(t)]
         g = host_gramian(gram)
         if g is None:
-            return Solution(nan_weights(t, gram), metrics={"pcgrad/projections": torch.full((), float("nan"))})
+            return Solution(nan_weights(t, gram), metrics={"pcgrad/projections": torch.full((), float("nan"), device=gram.device)})
         weights, projections = pcgrad_weights(g, orders)
-        return Solution(to_device(weights, gram), metrics={"pcgrad/projections": torch.tensor(float(projections))})
+        return Solution(to_device(weights, gram), metrics={"pcgrad/projections": torch.tensor(float(projections), device=gram.device)})
