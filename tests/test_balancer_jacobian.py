@@ -61,13 +61,19 @@ def train_ours(model: MultiTaskModel, balancer, steps: int, tasks: Sequence[str]
 
 # ---------------------------------------------------------------------------------------------- references
 
-def load_libmtl(name: str):
-    """A LibMTL 1.1.5 weighting class, from its installed file; LibMTL's package __init__ imports a
-    torchvision module that no longer exists, so the package and subpackage are stand-ins."""
+def _libmtl_root() -> Path:
+    if "LibMTL" in sys.modules:
+        return Path(sys.modules["LibMTL"].__path__[0])
     spec = importlib.util.find_spec("LibMTL")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("LibMTL (the peers extra) is not installed")
-    root = Path(list(spec.submodule_search_locations)[0])
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def load_libmtl(name: str):
+    """A LibMTL 1.1.5 weighting class, from its installed file; LibMTL's package __init__ imports a
+    torchvision module that no longer exists, so the package and subpackage are stand-ins."""
+    root = _libmtl_root()
     for package, path in (("LibMTL", root), ("LibMTL.weighting", root / "weighting")):
         if package not in sys.modules or not hasattr(sys.modules[package], "__path__"):
             module = types.ModuleType(package)
