@@ -1,9 +1,7 @@
 """Loss balancers: each turns {task: loss} into gradients (see `Balancer`)."""
 
 from mtl_bench.balancers.base import BackwardContext, Balancer
-from mtl_bench.balancers.db_mtl import DualBalancing
 from mtl_bench.balancers.dwa import DynamicWeightAverage
-from mtl_bench.balancers.famo import FAMO
 from mtl_bench.balancers.fixed import FixedWeights
 from mtl_bench.balancers.gradnorm import GradNorm
 from mtl_bench.balancers.mgda import MGDA
@@ -12,4 +10,4 @@ from mtl_bench.balancers.rescaled_norm import RescaledNormBalancer
 from mtl_bench.balancers.rlw import RandomLossWeighting
 from mtl_bench.balancers.uw import UncertaintyWeighting
 
-__all__ = ["BackwardContext", "Balancer", "DualBalancing", "DynamicWeightAverage", "FAMO", "FixedWeights", "GradNorm", "MGDA", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UncertaintyWeighting"]
+__all__ = ["BackwardContext", "Balancer", "DynamicWeightAverage", "FixedWeights", "GradNorm", "MGDA", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UncertaintyWeighting"]
