@@ -8,6 +8,7 @@ from mtl_bench.balancers.mgda import MGDA
 from mtl_bench.balancers.pcgrad import PCGrad
 from mtl_bench.balancers.rescaled_norm import RescaledNormBalancer
 from mtl_bench.balancers.rlw import RandomLossWeighting
+from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
 
-__all__ = ["BackwardContext", "Balancer", "DynamicWeightAverage", "FixedWeights", "GradNorm", "MGDA", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UncertaintyWeighting"]
+__all__ = ["BackwardContext", "Balancer", "DynamicWeightAverage", "FixedWeights", "GradNorm", "MGDA", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]
