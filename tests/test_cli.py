@@ -43,28 +43,37 @@ def test_train_help_is_hydras_with_our_groups():
     result = cli("train", "--help")
     assert result.returncode == 0
     assert "mtl-bench train" in result.stdout
-    assert "balancer: fixed, gradnorm, rescaled_norm" in result.stdout
-    assert "optim: adam, custom, scaled_adam, sgd" in result.stdout
+    assert "optim: adam, adamw, custom, scaled_adam, sgd" in result.stdout
+    assert "optim/schedule: cosine, cyclic, eden, eden2, multistep, none, step" in result.stdout
+    balancers = next(line for line in result.stdout.splitlines() if line.startswith("balancer: "))
+    assert {"fixed", "gradnorm", "rescaled_norm"} <= set(balancers.split(": ")[1].split(", "))
     assert "schema/" not in result.stdout
 
 
 def test_cfg_job_prints_the_composed_config():
-    result = cli("train", "--cfg", "job", "optim=sgd", "optim.lr=0.05")
+    result = cli("train", "--cfg", "job", "optim=sgd", "optim.lr=0.05", "optim/schedule=cosine")
     assert result.returncode == 0
-    assert "name: sgd" in result.stdout and "lr: 0.05" in result.stdout
+    assert "_target_: torch.optim.SGD" in result.stdout and "lr: 0.05" in result.stdout
+    assert "_target_: mtl_bench.optim.Cosine" in result.stdout
 
 
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["optim=nope"], "mtl-bench: error: optim=nope: no such option; allowed: adam, custom, scaled_adam, sgd"),
-        (["optim.lr=abc"], "mtl-bench: error: optim.lr: Value 'abc' of type 'str' could not be converted to Float"),
-        (["optim.lrr=1"], "mtl-bench: error: optim.lrr: no such key; keys of optim: lr, betas, eps"),
+        (["optim=nope"], "mtl-bench: error: optim=nope: no such option; allowed: adam, adamw, custom, scaled_adam, sgd"),
+        (["optim.lr=abc"], "mtl-bench: error: optim.lr: expected float | torch.Tensor, got 'abc'"),
+        (["optim.lrr=1"], "mtl-bench: error: optim.lrr: no such key (a new key needs a plus: +optim.lrr=..."),
         (["optim"], "mtl-bench: error: cannot parse the override"),
-        (["optim.lr=-1"], "mtl-bench: error: optim.lr=-1.0 is not allowed: must be > 0"),
+        (["optim.lr=-1"], "mtl-bench: error: optim: Invalid learning rate: -1"),
         (["balancer.weights={t0:1.0,t7:2.0}"], "mtl-bench: error: balancer.weights: weights for unknown tasks"),
-        (["precision.loss_scale=512"], "mtl-bench: error: precision.loss_scale: no such key"),
-        (["precision=fp16", "precision.loss_scale=auto"], "mtl-bench: error: precision.loss_scale='auto' is not allowed"),
+        (["balancer.name=gradnorm"], "mtl-bench: error: balancer.name: no such key; choose an option with balancer=<option>"),
+        (["model.name=lenet"], "mtl-bench: error: model.name: no such key; choose an option with model=<option> (lenet, mlp)"),
+        (["model._target_=no.such.Class"], "mtl-bench: error: model._target_: cannot import 'no.such.Class' (No module named 'no')"),
+        (["model._target_=mtl_bench.tasks.Digits"], "mtl-bench: error: model._target_: mtl_bench.tasks.Digits built a Digits, not a mtl_bench.models.base.MultiTaskModel"),
+        (["model._target_=torch.nn.Linear"], "mtl-bench: error: model.in_features: torch.nn.Linear needs it"),
+        (["+balancer.nonsense=1"], "mtl-bench: error: balancer.nonsense: not an option of mtl_bench.balancers.FixedWeights; options: weights"),
+        (["balancer=gradnorm", "balancer.alpha=-1"], "mtl-bench: error: balancer.alpha: must be >= 0, got -1"),
+        (["precision=fp16", "precision.loss_scale=auto"], "mtl-bench: error: precision.loss_scale: must be dynamic, a number > 0"),
         (["trainer.step_mode=tasks"], "mtl-bench: error: trainer.step_mode='tasks' is not allowed: allowed: joint, per_task"),
     ],
 )

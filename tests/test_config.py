@@ -1,93 +1,116 @@
-"""Every config option composes and validates; bad values fail with one clear ConfigError line."""
+"""Every YAML under conf/ names a class whose signature takes its keys; bad values are one line naming the key."""
 
 from __future__ import annotations
 
-import pytest
-from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
+from pathlib import Path
 
-from mtl_bench.catalog import config_options
-from mtl_bench.config import GROUP_SCHEMAS, RunConf
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+from mtl_bench.balancers.base import BUILD_ARGUMENTS
+from mtl_bench.catalog import conf_root, config_options
+from mtl_bench.engine.builders import build, check_part, node_dict, parameters, target_of
+from mtl_bench.engine.run import check_config
 from mtl_bench.errors import ConfigError
 
 OPTIONS = [(group, option) for group, options in config_options().items() for option in options]
+PARTS = {"model": ("input_shape", "heads"), "tasks": (), "balancer": tuple(BUILD_ARGUMENTS), "optim": ("params",),
+         "optim.schedule": ("optimizer", "total_steps"), "precision": ("device",)}
+
+
+def test_every_yaml_under_conf_is_an_option_the_test_below_composes():
+    root = conf_root()
+    on_disk = {str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml")
+               if p.parent != root and not p.relative_to(root).parts[0] == "hydra"}
+    listed = {f"{group}/{option}" for group, option in OPTIONS}
+    assert on_disk == listed
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
-def test_every_option_composes_into_typed_objects(compose_cfg, group, option):
-    conf = OmegaConf.to_object(compose_cfg(f"{group}={option}"))
-    assert isinstance(conf, RunConf)
-    if group in GROUP_SCHEMAS:
-        # the YAML extends the schema its `name` selects, so the node is that dataclass
-        node = getattr(conf, group)
-        assert isinstance(node, GROUP_SCHEMAS[group][node.name])
+def test_every_option_keys_match_the_signature_of_its_class(compose_cfg, group, option):
+    """Each part's keys are parameters of its `_target_` with values of their types, and every option of the
+    signature (what the engine does not supply) is in the YAML, so `--cfg job` shows it and overrides need no +."""
+    cfg = compose_cfg(f"{group}={option}")
+    for key, supplied in PARTS.items():
+        node = node_dict(OmegaConf.select(cfg, key))
+        ignore = ("schedule", "paramwise") if key == "optim" else ()
+        target = check_part(key, node, supplied, ignore)
+        if not node["_target_"].startswith("mtl_bench."):
+            continue  # torch's classes: the YAML lists the options it sets, not all of them
+        options = {name for name, p in parameters(target).items() if name not in supplied
+                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        assert options <= set(node), (key, sorted(options - set(node)))
+    check_config(cfg, [])
 
 
-def test_every_schema_has_a_yaml():
-    options = config_options()
-    for group, schemas in GROUP_SCHEMAS.items():
-        assert set(schemas) <= set(options[group]), group
-
-
-def test_wrong_type_fails_at_compose_time(compose_cfg):
-    with pytest.raises(ConfigCompositionException, match="optim.lr"):
-        compose_cfg("optim.lr=abc")
-
-
-def test_unknown_key_fails_at_compose_time(compose_cfg):
-    with pytest.raises(ConfigCompositionException, match="lrr"):
-        compose_cfg("optim.lrr=0.1")
+def test_own_classes_document_each_argument():
+    """The constructor is the one declaration of an option: each argument has its line in the docstring."""
+    root = conf_root()
+    for path in root.rglob("*.yaml"):
+        node = OmegaConf.load(path)
+        if not isinstance(node, DictConfig) or not str(node.get("_target_", "")).startswith("mtl_bench."):
+            continue
+        target = target_of(str(path), node_dict(node))
+        doc = (getattr(target, "__init__").__doc__ or "") + (target.__doc__ or "")
+        for name in parameters(target):
+            assert name == "params" or f"{name}:" in doc, (path.name, name)  # params: torch.optim's convention
 
 
 @pytest.mark.parametrize(
-    ("override", "message"),
+    ("overrides", "message"),
     [
-        ("optim.lr=-0.1", "optim.lr=-0.1 is not allowed: must be > 0"),
-        ("optim.schedule.name=exp", "optim.schedule.name='exp' is not allowed: allowed: none, step, multistep, cosine, eden, eden2, cyclic"),
-        ("trainer.batch_size=0", "trainer.batch_size=0 is not allowed: must be > 0"),
-        ("trainer.device=tpu", "trainer.device='tpu' is not allowed: auto, cpu, cuda or cuda:N"),
-        ("model.activation=swish", "model.activation='swish' is not allowed: allowed: relu, tanh, gelu"),
-        ("balancer.weights={t0:-1.0,t1:1.0}", "balancer.weights.t0=-1.0 is not allowed: must be >= 0"),
-        ("balancer.weights={t0:abc}", "balancer.weights.t0='abc' is not allowed: a number"),
+        (["optim.lr=abc"], "optim.lr: expected float | torch.Tensor, got 'abc'"),
+        (["+balancer.nonsense=1"], "balancer.nonsense: not an option of mtl_bench.balancers.FixedWeights; options: weights"),
+        (["model._target_=no.such.Class"], "model._target_: cannot import 'no.such.Class' (No module named 'no')"),
+        (["model.widths=abc"], "model.widths: expected Sequence[int], got 'abc'"),
+        (["optim/schedule=cosine", "+optim.schedule.total_steps=5"],
+         "optim.schedule.total_steps: given by the engine at build time, not a config option"),
+        (["model._target_=torch.nn.Linear"], "model.in_features: torch.nn.Linear needs it; add +model.in_features=<value>"),
     ],
 )
-def test_bad_values_raise_one_line_config_error(compose_cfg, override, message):
+def test_bad_keys_and_types_fail_before_anything_is_built(compose_cfg, overrides, message):
     with pytest.raises(ConfigError) as info:
-        OmegaConf.to_object(compose_cfg(override))
+        check_config(compose_cfg(*overrides), overrides)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("key", "override", "message"),
+    [
+        ("balancer", "balancer.alpha=-1", "balancer.alpha: must be >= 0, got -1"),
+        ("balancer", "balancer.grad_source=trunk", "balancer.grad_source: 'trunk' is not one of last_shared, shared_rep"),
+        ("model", "model.activation=swish", "model.activation: 'swish' is not one of relu, tanh, gelu"),
+        ("precision", "precision.loss_scale=auto", "precision.loss_scale: must be dynamic, a number > 0"),
+        ("optim.schedule", "optim.schedule.min_lr_ratio=2", "optim.schedule.min_lr_ratio: must be in 0..1, got 2"),
+    ],
+)
+def test_value_checks_live_in_the_classes_and_name_the_key(compose_cfg, key, override, message):
+    group = {"balancer": "balancer=gradnorm", "precision": "precision=fp16", "optim.schedule": "optim/schedule=cosine",
+             "model": "model=mlp"}[key]
+    cfg = compose_cfg(group, override)
+    supplied = {"model": {"input_shape": (3,), "heads": {"a": 1}}, "precision": {"device": "cpu"},
+                "balancer": {"task_names": ["a"], "shared_layer": __import__("torch").nn.Linear(2, 2)},
+                "optim.schedule": {"optimizer": __import__("torch").optim.SGD([__import__("torch").zeros(1, requires_grad=True)], lr=1.0),
+                                   "total_steps": 10}}[key]
+    with pytest.raises(ConfigError) as info:
+        build(key, OmegaConf.select(cfg, key), None, **supplied)
+    assert str(info.value).startswith(message)
     assert "\n" not in str(info.value)
 
 
-def test_gradnorm_theoretical_initial_losses_need_every_task_to_declare_one(compose_cfg):
-    from mtl_bench.engine.builders import build_balancer, build_model, build_taskset
-
-    conf = OmegaConf.to_object(compose_cfg("tasks=digits", "model=lenet", "tasks.n_train=16", "tasks.n_val=8",
-                                           "tasks.n_test=8", "balancer=gradnorm",
-                                           "balancer.initial_losses=theoretical"))
-    taskset = build_taskset(conf.tasks)
-    with pytest.raises(ConfigError, match=r"tasks \['sum'\] declare no theoretical initial loss"):
-        build_balancer(conf.balancer, taskset.tasks, build_model(conf.model, taskset))
+def test_a_replaced_target_drops_the_options_own_keys_but_not_the_command_lines(compose_cfg):
+    overrides = ["model._target_=mtl_bench.models.LeNet", "+model.hidden=7"]
+    cfg = compose_cfg(*overrides)
+    check_config(cfg, overrides)
+    assert set(cfg.model) == {"_target_", "_partial_", "hidden"}
 
 
-def test_custom_optimizer_kwargs_and_paramwise_take_a_mapping_override(compose_cfg):
-    conf = OmegaConf.to_object(compose_cfg("optim=custom", "optim.kwargs={alpha:0.9}",
-                                           "optim.paramwise={custom_keys:{heads:{lr_mult:10.0}}}"))
-    assert conf.optim.kwargs == {"alpha": 0.9}
-    assert conf.optim.paramwise == {"custom_keys": {"heads": {"lr_mult": 10.0}}}
+def test_trainer_values_are_checked(compose_cfg):
+    with pytest.raises(ConfigError, match=r"trainer.batch_size=0 is not allowed: must be > 0"):
+        OmegaConf.to_object(compose_cfg("trainer.batch_size=0").trainer)
 
 
 def test_task_set_reference_values_are_checked(compose_cfg):
-    from mtl_bench.engine.builders import build_taskset
-
-    conf = OmegaConf.to_object(compose_cfg("tasks.n_train=64", "tasks.n_val=8", "tasks.n_test=8",
-                                           "tasks.reference={t0: {mse: 0.3}, t1: {mse: 2500}}"))
-    assert conf.tasks.reference == {"t0": {"mse": 0.3}, "t1": {"mse": 2500}}
-    build_taskset(conf.tasks)  # names the toy's tasks and metrics: accepted
-    with pytest.raises(ConfigError, match="tasks.reference=.* is not allowed: null or {task: {metric: number}}"):
-        OmegaConf.to_object(compose_cfg("tasks.reference={t0: 0.3}"))
-    for reference, message in (("{t7: {mse: 1.0}}", "tasks.reference.t7: no such task; tasks: t0, t1"),
-                               ("{t0: {acc: 1.0}}", "tasks.reference.t0.acc: no such metric; metrics: loss, mse")):
-        conf = OmegaConf.to_object(compose_cfg("tasks.n_train=64", "tasks.n_val=8", "tasks.n_test=8",
-                                               f"tasks.reference={reference}"))
-        with pytest.raises(ConfigError, match=message):
-            build_taskset(conf.tasks)
+    cfg = compose_cfg("tasks.n_train=16", "tasks.n_val=8", "tasks.n_test=8", "+tasks.reference={t9:{mse:1.0}}")
+    with pytest.raises(ConfigError, match=r"tasks.reference.t9: no such task; tasks: t0, t1"):
+        build("tasks", cfg.tasks)

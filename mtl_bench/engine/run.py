@@ -58,7 +58,7 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
                 for k in dropped:
                     node.pop(k)
             if dropped:
-                log.info("%s._target_ set: the option's keys %s do not apply to it and were dropped", key, dropped)
+                log.debug("%s._target_ set: the option's keys %s do not apply to it and were dropped", key, dropped)
         ignore = ("schedule", "paramwise") if key == "optim" else ()
         check_part(key, node_dict(node), supplied.get(key, ()), ignore)
 
