@@ -4,6 +4,7 @@ from mtl_bench.balancers.base import BackwardContext, Balancer
 from mtl_bench.balancers.dwa import DynamicWeightAverage
 from mtl_bench.balancers.fixed import FixedWeights
 from mtl_bench.balancers.gradnorm import GradNorm
+from mtl_bench.balancers.imtl import IMTL
 from mtl_bench.balancers.mgda import MGDA
 from mtl_bench.balancers.pcgrad import PCGrad
 from mtl_bench.balancers.rescaled_norm import RescaledNormBalancer
@@ -11,4 +12,4 @@ from mtl_bench.balancers.rlw import RandomLossWeighting
 from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
 
-__all__ = ["BackwardContext", "Balancer", "DynamicWeightAverage", "FixedWeights", "GradNorm", "MGDA", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]
+__all__ = ["BackwardContext", "Balancer", "DynamicWeightAverage", "FixedWeights", "GradNorm", "IMTL", "MGDA", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]
