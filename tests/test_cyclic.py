@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtl_bench.config import ScheduleConf
-from mtl_bench.optim import CyclicSchedule, build_scheduler
+from mtl_bench.engine.builders import build
+from mtl_bench.optim import CyclicSchedule
 
 
 def sgd(lr: float = 0.1, momentum: float = 0.95) -> torch.optim.SGD:
@@ -65,8 +65,9 @@ def test_state_dict_resumes_the_position():
     assert second.get_last_lr() == pytest.approx([1.0]) and opt.param_groups[0]["momentum"] == pytest.approx(0.85)
 
 
-def test_built_from_config():
+def test_built_from_config(compose_cfg):
     opt = sgd()
-    sched = build_scheduler(ScheduleConf(name="cyclic", target_ratio=[10.0, 1e-4]), opt, total_steps=10)
+    node = compose_cfg("optim=sgd", "optim/schedule=cyclic", "optim.schedule.target_ratio=[10.0,1e-4]").optim.schedule
+    sched = build("optim.schedule", node, None, optimizer=opt, total_steps=10)
     assert isinstance(sched, CyclicSchedule)
     assert [lr for lr, _ in trace(sched, 5)][4] == pytest.approx(1.0)

@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mtl_bench.config import Fp16PrecisionConf
-from mtl_bench.engine.precision import build_precision
-from mtl_bench.engine.run import train
+from mtl_bench.engine.builders import build
+from mtl_bench.engine.precision import Precision
+from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 
 SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
+CPU = torch.device("cpu")
 
 
 @pytest.fixture
 def small_conf(compose_cfg):
-    return lambda *overrides: OmegaConf.to_object(compose_cfg(*SMALL, *overrides))
+    return lambda *overrides: compose_cfg(*SMALL, *overrides)
+
+
+@pytest.fixture
+def fp16(compose_cfg):
+    """precision=fp16 with `loss_scale` in any of its forms, built from config as the engine builds it."""
+    def make(loss_scale):
+        node = compose_cfg("precision=fp16").precision
+        node.loss_scale = loss_scale
+        return build("precision", node, Precision, device=CPU)
+
+    return make
 
 
 def scalars(run_dir, tag):
@@ -32,26 +43,28 @@ def scalars(run_dir, tag):
     (128.5, 128.5, 128.5),
     ({"init_scale": 1024, "growth_interval": 100}, 1024.0, None),
 ])
-def test_loss_scale_forms(loss_scale, scale, static):
-    precision = build_precision(Fp16PrecisionConf(loss_scale=loss_scale), torch.device("cpu"))
+def test_loss_scale_forms(fp16, loss_scale, scale, static):
+    precision = fp16(loss_scale)
+    assert precision.name == "fp16"
     assert precision.scaler.get_scale() == scale and precision.static_scale == static
     if isinstance(loss_scale, dict):
         assert precision.scaler.get_growth_interval() == 100
 
 
 @pytest.mark.parametrize("loss_scale, message", [
-    ("auto", "precision.loss_scale='auto' is not allowed: dynamic, a number > 0"),
-    (-1, "precision.loss_scale=-1 is not allowed"),
-    ({"init": 2.0}, "precision.loss_scale.init: no such key; allowed: init_scale"),
-    ({"init_scale": 0}, "precision.loss_scale.init_scale=0 is not allowed: a number > 0"),
+    ("auto", r"^precision\.loss_scale: must be dynamic, a number > 0 .*, got 'auto'$"),
+    (-1, r"^precision\.loss_scale: must be dynamic, a number > 0 .*, got -1$"),
+    ({"init": 2.0}, r"^precision\.loss_scale\.init: no such key; allowed: init_scale"),
+    ({"init_scale": 0}, r"^precision\.loss_scale\.init_scale: must be a number > 0, got 0$"),
 ])
-def test_bad_loss_scale_is_one_line(loss_scale, message):
-    with pytest.raises(ConfigError, match=message):
-        Fp16PrecisionConf(loss_scale=loss_scale)
+def test_bad_loss_scale_is_one_line(fp16, loss_scale, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        fp16(loss_scale)
+    assert "\n" not in str(err.value)
 
 
 def test_static_scale_holds_after_a_skipped_step():
-    precision = build_precision(Fp16PrecisionConf(loss_scale=8), torch.device("cpu"))
+    precision = Precision(CPU, dtype="float16", loss_scale=8)
     p = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([p], lr=0.1)
     precision.scaler.scale((p * float("inf")).sum()).backward()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtl_bench.engine.skip_step import nonfinite_flag, step_unless
+from mtl_bench.engine.nonfinite import nonfinite_flag, step_unless
 from mtl_bench.optim import ScaledAdam
 
 

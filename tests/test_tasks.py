@@ -10,7 +10,8 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from mtl_bench.tasks import TASK_SETS, TaskSet, make_digits, make_toy
+from mtl_bench.engine.builders import build, node_dict
+from mtl_bench.tasks import Digits, TaskSet, ToyRegression
 from mtl_bench.tasks.digits import source_pools
 from mtl_bench.tasks.losses import accuracy_metrics, mse_metrics
 from mtl_bench.tasks.toy import toy_params
@@ -35,7 +36,7 @@ def test_toy_param_variances_match_the_paper():
 
 def test_toy_targets_recomputed_from_the_formula():
     sigmas = (1.0, 100.0)
-    ts = make_toy(sigmas, **SMALL, data_seed=3)
+    ts = ToyRegression(sigmas, **SMALL, data_seed=3)
     b, eps = (p.double() for p in toy_params(2, data_seed=3))
     input_std = 1 / math.sqrt(250 * 13.5)
     for split in (ts.train, ts.test):
@@ -46,7 +47,7 @@ def test_toy_targets_recomputed_from_the_formula():
 
 
 def test_toy_shapes_names_and_default_input_scale():
-    ts = make_toy((1.0, 100.0), **SMALL)
+    ts = ToyRegression((1.0, 100.0), **SMALL)
     assert ts.task_names == ["t0", "t1"] and ts.input_shape == (250,)
     assert [len(ts.train), len(ts.val), len(ts.test)] == [200, 50, 50]
     assert ts.train.inputs.dtype == torch.float32 and ts.train.targets["t1"].shape == (200, 100)
@@ -60,27 +61,27 @@ def test_toy_shapes_names_and_default_input_scale():
     # so tanh is not saturated: most |f_0| = |tanh(.)| are well below 1
     assert (ts.train.targets["t0"].abs() < 0.9).float().mean().item() > 0.7
     # with input_std=1 the targets saturate: almost every |f_0| is close to 1
-    assert (make_toy((1.0,), **SMALL, input_std=1.0).train.targets["t0"].abs() > 0.9).float().mean().item() > 0.9
+    assert (ToyRegression((1.0,), **SMALL, input_std=1.0).train.targets["t0"].abs() > 0.9).float().mean().item() > 0.9
 
 
 def test_toy_task_scale_is_proportional_to_sigma():
     # Only sigma differs between the tasks when eps is switched off: t1 / t0 is exactly 100.
-    ts = make_toy((1.0, 100.0), **SMALL, eps_var=0.0)
+    ts = ToyRegression((1.0, 100.0), **SMALL, eps_var=0.0)
     torch.testing.assert_close(ts.train.targets["t1"], 100.0 * ts.train.targets["t0"])
     # With eps on, the target scale still follows sigma (same tanh statistics, up to eps).
-    ts = make_toy((1.0, 100.0), **SMALL)
+    ts = ToyRegression((1.0, 100.0), **SMALL)
     ratio = ts.train.targets["t1"].std() / ts.train.targets["t0"].std()
     assert ratio.item() == pytest.approx(100.0, rel=0.1)
 
 
 def test_toy_splits_are_independent_draws():
-    ts = make_toy((1.0, 100.0), **SMALL)
+    ts = ToyRegression((1.0, 100.0), **SMALL)
     assert not torch.equal(ts.train.inputs[:50], ts.val.inputs)
     assert not torch.equal(ts.val.inputs, ts.test.inputs)
 
 
 def test_toy_is_deterministic_in_data_seed():
-    a, b, c = (make_toy((1.0, 100.0), **SMALL, data_seed=s) for s in (0, 0, 1))
+    a, b, c = (ToyRegression((1.0, 100.0), **SMALL, data_seed=s) for s in (0, 0, 1))
     for split in ("train", "val", "test"):
         assert torch.equal(getattr(a, split).inputs, getattr(b, split).inputs)
         assert torch.equal(getattr(a, split).targets["t1"], getattr(b, split).targets["t1"])
@@ -90,8 +91,8 @@ def test_toy_is_deterministic_in_data_seed():
 
 
 def test_toy_noise_changes_targets_only():
-    clean = make_toy((1.0,), **SMALL)
-    noisy = make_toy((1.0,), **SMALL, noise_std=0.5)
+    clean = ToyRegression((1.0,), **SMALL)
+    noisy = ToyRegression((1.0,), **SMALL, noise_std=0.5)
     assert torch.equal(clean.test.inputs, noisy.test.inputs)
     residual = noisy.train.targets["t0"] - clean.train.targets["t0"]
     assert residual.std().item() == pytest.approx(0.5, rel=0.05)
@@ -99,7 +100,7 @@ def test_toy_noise_changes_targets_only():
 
 def test_toy_ten_task_preset_at_full_size_is_fast():
     start = time.perf_counter()
-    ts = make_toy(PAPER_T10)  # the preset's full size: 10k x 250 inputs, 10 tasks
+    ts = ToyRegression(PAPER_T10)  # the preset's full size: 10k x 250 inputs, 10 tasks
     elapsed = time.perf_counter() - start
     assert ts.task_names == [f"t{i}" for i in range(10)]
     assert ts.train.targets["t9"].shape == (10000, 100) and len(ts.val) == 1000 and len(ts.test) == 1000
@@ -111,7 +112,7 @@ def test_toy_ten_task_preset_at_full_size_is_fast():
 
 
 def test_toy_mse_loss_and_metric_by_hand():
-    task = make_toy((1.0, 100.0), n_train=4, n_val=4, n_test=4, out_dim=2).tasks[0]
+    task = ToyRegression((1.0, 100.0), n_train=4, n_val=4, n_test=4, out_dim=2).tasks[0]
     pred = torch.tensor([[1.0, 3.0], [0.0, 0.0]])
     target = torch.tensor([[0.0, 1.0], [0.0, 2.0]])
     # per-sample MSE: (1 + 4)/2 = 2.5 and (0 + 4)/2 = 2; batch mean 2.25, batch sum 4.5.
@@ -121,8 +122,8 @@ def test_toy_mse_loss_and_metric_by_hand():
 
 
 def test_toy_rejects_no_tasks():
-    with pytest.raises(ValueError, match="sigmas"):
-        make_toy(())
+    with pytest.raises(ValueError, match="^sigmas: "):
+        ToyRegression(())
 
 
 # ----------------------------------------------------------------------------- digits
@@ -136,7 +137,7 @@ def sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def digits() -> TaskSet:
-    return make_digits(**SMALL)
+    return Digits(**SMALL)
 
 
 def _match(region: np.ndarray, images: np.ndarray, cols: slice) -> np.ndarray:
@@ -153,7 +154,7 @@ def test_digits_shapes_and_tasks(digits):
     assert digits.train.targets["left"].dtype == torch.int64
     assert digits.train.targets["sum"].dtype == torch.float32 and digits.train.targets["sum"].shape == (200, 1)
     assert 0.0 <= digits.train.inputs.min() and digits.train.inputs.max() == 1.0  # 0..16 scaled to [0, 1]
-    assert make_digits(**SMALL, overlap=0).input_shape == (1, 8, 16)
+    assert Digits(**SMALL, overlap=0).input_shape == (1, 8, 16)
 
 
 def test_digits_pools_are_disjoint_and_cover_the_source():
@@ -166,7 +167,7 @@ def test_digits_pools_are_disjoint_and_cover_the_source():
 
 def test_digits_without_overlap_are_real_images_from_their_own_pool(sklearn_digits):
     images, labels = sklearn_digits
-    ts = make_digits(**SMALL, overlap=0, data_seed=5)
+    ts = Digits(**SMALL, overlap=0, data_seed=5)
     pools = {k: set(v.tolist()) for k, v in source_pools(5).items()}
     for split in ("train", "val", "test"):
         data = getattr(ts, split)
@@ -201,7 +202,7 @@ def test_digits_with_overlap_are_max_of_two_real_images(sklearn_digits, digits):
 
 
 def test_digits_is_deterministic_in_data_seed(digits):
-    again, other = make_digits(**SMALL), make_digits(**SMALL, data_seed=1)
+    again, other = Digits(**SMALL), Digits(**SMALL, data_seed=1)
     assert torch.equal(digits.test.inputs, again.test.inputs)
     assert torch.equal(digits.test.targets["sum"], again.test.targets["sum"])
     assert not torch.equal(digits.train.inputs, other.train.inputs)
@@ -225,9 +226,17 @@ def test_digits_metrics_and_losses_by_hand(digits):
 
 
 def test_digits_rejects_bad_overlap():
-    with pytest.raises(ValueError, match="overlap"):
-        make_digits(**SMALL, overlap=9)
+    with pytest.raises(ValueError, match=r"^overlap: must be 0\.\.8 columns, got 9$"):
+        Digits(**SMALL, overlap=9)
 
 
-def test_registry():
-    assert TASK_SETS == {"toy": make_toy, "digits": make_digits}
+@pytest.mark.parametrize("option, cls", [("toy", ToyRegression), ("toy10", ToyRegression), ("digits", Digits)])
+def test_config_options_build_their_class(compose_cfg, option, cls):
+    # The TASK_SETS registry is gone: each conf/tasks/<option>.yaml names its class by _target_.
+    node = compose_cfg(f"tasks={option}", *(f"tasks.{k}={v}" for k, v in SMALL.items())).tasks
+    built = build("tasks", node, TaskSet)
+    assert type(built) is cls
+    direct = cls(**{k: v for k, v in node_dict(node).items() if k != "_target_"})
+    assert built.task_names == direct.task_names and built.input_shape == direct.input_shape
+    for split in ("train", "val", "test"):
+        assert torch.equal(getattr(built, split).inputs, getattr(direct, split).inputs)
