@@ -1,6 +1,7 @@
 """Loss balancers: each turns {task: loss} into gradients (see `Balancer`)."""
 
 from mtl_bench.balancers.base import BackwardContext, Balancer
+from mtl_bench.balancers.aligned_mtl import AlignedMTL
 from mtl_bench.balancers.cagrad import CAGrad
 from mtl_bench.balancers.dwa import DynamicWeightAverage
 from mtl_bench.balancers.fixed import FixedWeights
@@ -13,4 +14,4 @@ from mtl_bench.balancers.rlw import RandomLossWeighting
 from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
 
-__all__ = ["BackwardContext", "Balancer", "CAGrad", "DynamicWeightAverage", "FixedWeights", "GradNorm", "IMTL", "MGDA", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]
+__all__ = ["BackwardContext", "Balancer", "AlignedMTL", "CAGrad", "DynamicWeightAverage", "FixedWeights", "GradNorm", "IMTL", "MGDA", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]
