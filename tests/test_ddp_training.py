@@ -20,17 +20,17 @@ SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=6
 def worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir: str) -> None:
     join_torchrun_env(rank, world, port)
     torch.set_num_threads(1)
-    from mtl_bench.engine import run
+    from mtl_bench.engine import recipe
 
     built = {}
-    build_balancer = run.build_balancer
+    build = recipe.build
 
-    def keep(*args, **kwargs):  # hold on to this rank's balancer to compare its state afterwards
-        built["balancer"] = build_balancer(*args, **kwargs)
-        return built["balancer"]
+    def keep(key, *args, **kwargs):  # hold on to this rank's balancer to compare its state afterwards
+        built[key] = build(key, *args, **kwargs)
+        return built[key]
 
-    run.build_balancer = keep
-    run.train(conf, Path(run_dir) if rank == 0 else Path(out_dir) / "ignored")
+    recipe.build = keep
+    recipe.train(conf, Path(run_dir) if rank == 0 else Path(out_dir) / "ignored")
     torch.save(built["balancer"].state_dict(), Path(out_dir) / f"balancer{rank}.pt")
 
 
@@ -38,20 +38,20 @@ def raising_worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir
     """Rank 1 alone meets NaN targets: with on_nonfinite=raise both ranks must stop (none may hang)."""
     join_torchrun_env(rank, world, port)
     torch.set_num_threads(1)
-    from mtl_bench.engine import run
+    from mtl_bench.engine import recipe
     from mtl_bench.errors import NonFiniteLossError
 
-    build_taskset = run.build_taskset
+    build = recipe.build
 
-    def poisoned(tasks_conf):
-        taskset = build_taskset(tasks_conf)
-        if rank == 1:
-            taskset.train.targets["t1"][:] = float("nan")
-        return taskset
+    def poisoned(key, *args, **kwargs):
+        part = build(key, *args, **kwargs)
+        if key == "tasks" and rank == 1:
+            part.train.targets["t1"][:] = float("nan")
+        return part
 
-    run.build_taskset = poisoned
+    recipe.build = poisoned
     try:
-        run.train(conf, Path(run_dir) if rank == 0 else Path(out_dir) / "ignored")
+        recipe.train(conf, Path(run_dir) if rank == 0 else Path(out_dir) / "ignored")
     except NonFiniteLossError as err:
         (Path(out_dir) / f"stopped{rank}.txt").write_text(str(err))
 
@@ -63,10 +63,10 @@ def run_two_ranks(conf, run_dir: Path, out_dir: Path, target=worker) -> None:
 
 @pytest.mark.parametrize("mode", ["joint", "per_task"])
 def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(compose_cfg, tmp_path, mode):
-    from mtl_bench.engine.run import train
+    from mtl_bench.engine.recipe import train
 
-    two = OmegaConf.to_object(compose_cfg(*SMALL, "trainer.batch_size=16", f"trainer.step_mode={mode}"))
-    one = OmegaConf.to_object(compose_cfg(*SMALL, "trainer.batch_size=32", f"trainer.step_mode={mode}"))
+    two = (compose_cfg(*SMALL, "trainer.batch_size=16", f"trainer.step_mode={mode}"))
+    one = (compose_cfg(*SMALL, "trainer.batch_size=32", f"trainer.step_mode={mode}"))
     run_two_ranks(two, tmp_path / "ddp", tmp_path)
     train(one, tmp_path / "single")
     a = torch.load(tmp_path / "ddp" / "checkpoints" / "last.pt", weights_only=True)["model"]
@@ -77,7 +77,7 @@ def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(compose_cfg, tmp
 
 
 def test_gradnorm_weights_are_identical_on_both_ranks(compose_cfg, tmp_path):
-    conf = OmegaConf.to_object(compose_cfg(*SMALL, "trainer.batch_size=16", "balancer=gradnorm"))
+    conf = (compose_cfg(*SMALL, "trainer.batch_size=16", "balancer=gradnorm"))
     run_two_ranks(conf, tmp_path / "ddp", tmp_path)
     r0, r1 = (torch.load(tmp_path / f"balancer{r}.pt", weights_only=True) for r in range(2))
     assert torch.equal(r0["weights"], r1["weights"]) and r0["opt_step"].item() == 20
@@ -85,7 +85,7 @@ def test_gradnorm_weights_are_identical_on_both_ranks(compose_cfg, tmp_path):
 
 
 def test_nonfinite_raise_on_one_rank_stops_both(compose_cfg, tmp_path):
-    conf = OmegaConf.to_object(compose_cfg(*SMALL, "trainer.batch_size=16", "trainer.on_nonfinite=raise"))
+    conf = (compose_cfg(*SMALL, "trainer.batch_size=16", "trainer.on_nonfinite=raise"))
     run_two_ranks(conf, tmp_path / "ddp", tmp_path, target=raising_worker)
     messages = [(tmp_path / f"stopped{rank}.txt").read_text() for rank in range(2)]
     assert all(m.startswith("non-finite loss for task 't1' at step 1 ") for m in messages)

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from mtl_bench.analysis.runs import find_runs, spearman
-from mtl_bench.engine.run import train
+from mtl_bench.engine.recipe import train
 
 SIGMAS = [48.0, 3.0, 54.0, 16.0, 9.0, 30.0, 52.0, 26.0, 47.0, 81.0]
 
@@ -31,7 +31,7 @@ def test_find_runs_keeps_completed_runs_only(tmp_path):
 def test_gradnorm_beats_equal_weights_and_weights_order_inversely_to_sigma(compose_cfg, tmp_path):
     results = {}
     for experiment in ("gradnorm_toy", "gradnorm_toy_equal"):
-        conf = OmegaConf.to_object(compose_cfg(f"experiment={experiment}", "trainer.max_steps=1500",
+        conf = (compose_cfg(f"experiment={experiment}", "trainer.max_steps=1500",
                                                "trainer.eval_every=1500"))
         results[experiment] = train(conf, tmp_path / experiment)
     assert (results["gradnorm_toy"].summary["test_loss_ratio_sum"]

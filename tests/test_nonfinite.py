@@ -9,9 +9,9 @@ import torch
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mtl_bench.engine import builders
+from mtl_bench.engine import recipe
 from mtl_bench.engine.data import StepSampler
-from mtl_bench.engine.run import train
+from mtl_bench.engine.recipe import train
 from mtl_bench.errors import NonFiniteLossError
 
 SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
@@ -20,20 +20,21 @@ BAD_SAMPLE = 7
 
 @pytest.fixture
 def small_conf(compose_cfg):
-    return lambda *overrides: OmegaConf.to_object(compose_cfg(*SMALL, *overrides))
+    return lambda *overrides: (compose_cfg(*SMALL, *overrides))
 
 
 @pytest.fixture
 def nan_target(monkeypatch):
     """Task t1's target of one training sample is NaN: every step whose batch holds it has a NaN loss."""
-    build = builders.build_taskset
+    build = recipe.build
 
-    def poisoned(conf):
-        taskset = build(conf)
-        taskset.train.targets["t1"][BAD_SAMPLE] = float("nan")
-        return taskset
+    def poisoned(key, *args, **kwargs):
+        part = build(key, *args, **kwargs)
+        if key == "tasks":
+            part.train.targets["t1"][BAD_SAMPLE] = float("nan")
+        return part
 
-    monkeypatch.setattr("mtl_bench.engine.run.build_taskset", poisoned)
+    monkeypatch.setattr("mtl_bench.engine.recipe.build", poisoned)
 
 
 def steps_with_bad_sample(n_steps: int, seed: int = 0) -> list[int]:

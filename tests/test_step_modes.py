@@ -9,24 +9,24 @@ import torch
 from omegaconf import OmegaConf
 
 from mtl_bench.balancers import FixedWeights, GradNorm
-from mtl_bench.engine.builders import build_model, build_taskset
+from mtl_bench.engine.builders import build
 from mtl_bench.engine.data import StepSampler
-from mtl_bench.engine.precision import build_precision
-from mtl_bench.engine.run import train
-from mtl_bench.engine.step import BackwardScale, StepRunner
+from mtl_bench.engine.precision import Precision
+from mtl_bench.engine.recipe import train
+from mtl_bench.engine.step import StepRunner
 
 SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
 
 
 @pytest.fixture
 def small_conf(compose_cfg):
-    return lambda *overrides: OmegaConf.to_object(compose_cfg(*SMALL, *overrides))
+    return lambda *overrides: (compose_cfg(*SMALL, *overrides))
 
 
 def setup(conf):
     torch.manual_seed(0)
-    taskset = build_taskset(conf.tasks)
-    model = build_model(conf.model, taskset)
+    taskset = build("tasks", conf.tasks)
+    model = build("model", conf.model, input_shape=taskset.input_shape, heads={t.name: t.out_dim for t in taskset.tasks})
     return taskset, model
 
 
@@ -35,8 +35,9 @@ def grads(model) -> list[torch.Tensor]:
 
 
 def runner_grads(conf, taskset, model, balancer, step=3):
-    precision = build_precision(conf.precision, torch.device("cpu"))
-    runner = StepRunner(model, taskset, balancer, precision, BackwardScale(precision.scaler), conf.trainer, conf.seed)
+    precision = Precision(torch.device("cpu"))
+    trainer = OmegaConf.to_object(conf.trainer)
+    runner = StepRunner(model, taskset, balancer, precision, trainer, conf.seed, torch.device("cpu"))
     model.zero_grad(set_to_none=True)
     out = runner.run(step)
     return grads(model), out
@@ -58,7 +59,7 @@ def manual_grad(model, taskset, task_weights, batches):
 def test_per_task_gradient_is_the_sum_of_the_per_task_batch_gradients(small_conf):
     conf = small_conf("trainer.step_mode=per_task", "balancer.weights={t0:1.0,t1:0.001}")
     taskset, model = setup(conf)
-    got, out = runner_grads(conf, taskset, model, FixedWeights({"t0": 1.0, "t1": 0.001}))
+    got, out = runner_grads(conf, taskset, model, FixedWeights(["t0", "t1"], weights={"t0": 1.0, "t1": 0.001}))
     n, b = len(taskset.train), conf.trainer.batch_size
     # each task has its own stream: stream i+1 of the same seed
     batches = [(t, StepSampler(n, b, conf.seed, stream=i + 1).indices(3), w)
@@ -73,7 +74,7 @@ def test_per_task_gradient_is_the_sum_of_the_per_task_batch_gradients(small_conf
 def test_accumulated_gradient_is_the_mean_over_micro_batches(small_conf, mode):
     conf = small_conf(f"trainer.step_mode={mode}", "trainer.grad_accumulation_steps=3")
     taskset, model = setup(conf)
-    got, out = runner_grads(conf, taskset, model, FixedWeights({"t0": 1.0, "t1": 1.0}), step=2)
+    got, out = runner_grads(conf, taskset, model, FixedWeights(["t0", "t1"]), step=2)
     n, b = len(taskset.train), conf.trainer.batch_size
     streams = {"t0": 1, "t1": 2} if mode == "per_task" else {"t0": 0, "t1": 0}
     batches = [(t, StepSampler(n, b, conf.seed, stream=s).indices(2 * 3 + j), 1.0 / 3)
@@ -118,7 +119,7 @@ def test_every_balancer_trains_in_both_modes_with_accumulation(small_conf, tmp_p
 
 
 def test_per_task_mode_on_digits_with_lenet(compose_cfg, tmp_path):
-    conf = OmegaConf.to_object(compose_cfg("trainer=smoke", "tasks=digits", "model=lenet", "trainer.step_mode=per_task",
+    conf = (compose_cfg("trainer=smoke", "tasks=digits", "model=lenet", "trainer.step_mode=per_task",
                                            "balancer=gradnorm"))
     result = train(conf, tmp_path)
     assert set(result.test) == {"left", "right", "sum"} and result.step == 20

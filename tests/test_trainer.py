@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mtl_bench.engine.run import train
+from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 
 SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
@@ -23,7 +23,7 @@ SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=6
 @pytest.fixture
 def small_conf(compose_cfg):
     def _conf(*overrides: str):
-        return OmegaConf.to_object(compose_cfg(*SMALL, *overrides))
+        return (compose_cfg(*SMALL, *overrides))
 
     return _conf
 
@@ -49,7 +49,7 @@ def test_metrics_json_has_final_metrics_and_loss_ratio_summary(small_conf, tmp_p
 
 
 def test_tensorboard_tags_layout_and_hparams_in_the_runs_own_file(small_conf, tmp_path):
-    train(small_conf(), tmp_path, choices={"balancer": "fixed"}, config={"optim": {"lr": 0.001}})
+    train(small_conf(), tmp_path, choices={"balancer": "fixed"})
     assert not [p for p in tmp_path.iterdir() if p.is_dir() and p.name not in ("checkpoints",)]  # no sub-runs
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
@@ -165,16 +165,17 @@ def test_grad_norm_total_and_momentum_are_logged_and_clipping_applies(small_conf
 def test_unused_parameters_are_named_once(small_conf, tmp_path, caplog, monkeypatch):
     import torch
 
-    from mtl_bench.engine import builders
+    from mtl_bench.engine import recipe
 
-    build = builders.build_model
+    build = recipe.build
 
-    def with_unused_layer(conf, taskset):
-        model = build(conf, taskset)
-        model.spare = torch.nn.Linear(2, 2)  # never called in forward
-        return model
+    def with_unused_layer(key, *args, **kwargs):
+        part = build(key, *args, **kwargs)
+        if key == "model":
+            part.spare = torch.nn.Linear(2, 2)  # never called in forward
+        return part
 
-    monkeypatch.setattr("mtl_bench.engine.run.build_model", with_unused_layer)
+    monkeypatch.setattr("mtl_bench.engine.recipe.build", with_unused_layer)
     with caplog.at_level("WARNING", logger="mtl_bench"):
         train(small_conf("trainer.detect_anomalous_params=true"), tmp_path)
     warnings = [r.getMessage() for r in caplog.records if "do not reach the loss" in r.getMessage()]
