@@ -8,10 +8,11 @@ from mtl_bench.balancers.fixed import FixedWeights
 from mtl_bench.balancers.gradnorm import GradNorm
 from mtl_bench.balancers.imtl import IMTL
 from mtl_bench.balancers.mgda import MGDA
+from mtl_bench.balancers.nash_mtl import NashMTL
 from mtl_bench.balancers.pcgrad import PCGrad
 from mtl_bench.balancers.rescaled_norm import RescaledNormBalancer
 from mtl_bench.balancers.rlw import RandomLossWeighting
 from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
 
-__all__ = ["BackwardContext", "Balancer", "AlignedMTL", "CAGrad", "DynamicWeightAverage", "FixedWeights", "GradNorm", "IMTL", "MGDA", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]
+__all__ = ["BackwardContext", "Balancer", "AlignedMTL", "CAGrad", "DynamicWeightAverage", "FixedWeights", "GradNorm", "IMTL", "MGDA", "NashMTL", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]

@@ -1,0 +1,134 @@
+"""Navon et al., ICML 2022, "Multi-Task Learning as a Bargaining Game" (Nash-MTL)."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
+
+HEAD_WEIGHTS = ("alpha", "ones")
+
+
+class NashSolver:
+    """The paper's sequence of convex problems for the bargaining solution Gα = 1/α (α > 0), on the Gramian
+    normalised by its Frobenius norm n: each step minimises Σ(Gα) + φ̃(α)/n subject to α_i·n·(Gα)_i ≥ 1, with
+    φ̃ the linearisation of φ(α) = Σ log α_i + Σ log (Gα)_i at the previous iterate, until Gα ≈ 1/α or α stops
+    moving (at most `iterations`). Warm-started from the last solution. cvxpy runs it on the host (a sync)."""
+
+    def __init__(self, tasks: int, iterations: int, solver: str) -> None:
+        try:
+            import cvxpy as cp
+        except ImportError as error:  # pragma: no cover - depends on the environment
+            raise ImportError("nash_mtl needs cvxpy (and the ECOS solver): pip install cvxpy ecos") from error
+        self.cp, self.iterations, self.solver = cp, iterations, solver
+        self.alpha = cp.Variable(tasks, nonneg=True)
+        self.previous = cp.Parameter(tasks, value=np.ones(tasks))
+        self.gram = cp.Parameter((tasks, tasks), value=np.eye(tasks))
+        self.norm = cp.Parameter(1, nonneg=True, value=np.ones(1))
+        # φ̃(α)/n = slope·(α − α_prev)/n; the constant −slope·α_prev/n does not move the minimum, and the slope
+        # (computed on the host) is one parameter, so the problem is DPP: cvxpy compiles it once.
+        self.slope = cp.Parameter(tasks, value=np.zeros(tasks))
+        gram_alpha = self.gram @ self.alpha
+        constraints = [-cp.log(self.alpha[i] * self.norm) - cp.log(gram_alpha[i]) <= 0 for i in range(tasks)]
+        self.problem = cp.Problem(cp.Minimize(cp.sum(gram_alpha) + self.slope @ self.alpha), constraints)
+
+    def __call__(self, gram: np.ndarray, norm: float, start: np.ndarray) -> np.ndarray:
+        self.gram.value, self.norm.value = gram, np.array([norm])
+        alpha = start
+        for _ in range(self.iterations):
+            self.alpha.value, self.previous.value = alpha, alpha
+            self.slope.value = (1 / alpha + (1 / (gram @ alpha)) @ gram) / norm
+            try:
+                self.problem.solve(solver=self.solver, warm_start=True, max_iters=100)
+            except Exception:  # the reference keeps the previous point when the solver fails
+                self.alpha.value = self.previous.value
+            if (self.alpha.value is None or np.linalg.norm(gram @ alpha - 1 / (alpha + 1e-10)) < 1e-3
+                    or np.linalg.norm(self.alpha.value - self.previous.value) < 1e-6):
+                break
+            alpha = self.alpha.value
+        return alpha
+
+
+class NashMTL(GradientBalancer):
+    """The Nash bargaining solution: d = Σ_i α_i g_i with (Gα)_i = 1/α_i, so every task's improvement
+    g_i·d = 1/α_i gets a fair share (`NashSolver`); the shared update is clipped to norm `max_norm` and the
+    heads are trained on Σ_i α_i L_i (`head_weights="alpha"`, the authors' code). α is recomputed every
+    `update_weights_every` steps and reused in between; the last α warm-starts the next solve.
+
+    Reference: the authors' code (AvivNavon/nash-mtl, methods/weight_methods.py `NashMTL`), which LibMTL main
+    `Nash_MTL` and torchjd 0.18 `NashMTL` copy (torchjd gives the heads weight 1: `head_weights="ones"`; it
+    clips by scaling α, the same thing). The previous α and the step count are buffers (checkpointed; a
+    skipped step changes neither). Needs cvxpy with ECOS (`solver`); the solve runs on the host, one sync
+    per update step. The Jacobian is computed on every step, also when α is reused.
+
+    Metrics: `weight/<task>` (α after clipping), `grad_norm/<task>`, `grad_cos/<a>/<b>`, `nash_mtl/alpha/<task>`
+    (α before clipping), `nash_mtl/update_norm` (‖d‖ before clipping).
+    """
+
+    SOURCES = ("shared_params",)
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: str = "shared_params",
+        update_weights_every: int = 1,
+        optim_niter: int = 20,
+        max_norm: float = 1.0,
+        head_weights: str = "alpha",
+        solver: str = "ECOS",
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients); Nash-MTL has no shared_rep mode (as its code).
+        update_weights_every: solve for α every this many steps (>= 1), reuse it in between.
+        optim_niter: the most convex problems per solve (>= 1).
+        max_norm: clip the shared update to this norm (0: no clipping).
+        head_weights: the heads' loss weights: alpha (the authors' code) or ones (torchjd).
+        solver: the cvxpy solver of each convex problem (ECOS as the reference; CLARABEL ships with cvxpy).
+        """
+        super().__init__(task_names, shared_params, grad_source)
+        for name, value in (("update_weights_every", update_weights_every), ("optim_niter", optim_niter)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm >= 0:
+            raise ValueError(f"max_norm: must be a number >= 0, got {max_norm!r}")
+        if head_weights not in HEAD_WEIGHTS:
+            raise ValueError(f"head_weights: {head_weights!r} is not one of {', '.join(HEAD_WEIGHTS)}")
+        self.update_weights_every, self.optim_niter, self.max_norm = update_weights_every, optim_niter, float(max_norm)
+        self.head_weights, self.solver = head_weights, solver
+        self.HEADS_FROM_SOLUTION = head_weights == "alpha"
+        self._solver = NashSolver(len(self.task_names), optim_niter, solver)  # checks cvxpy now
+        self.register_buffer("alpha", torch.ones(len(self.task_names)))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state.pop("_solver", None)  # cvxpy problems do not copy; rebuilt on demand
+        return state
+
+    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+        t = len(self.task_names)
+        g = host_gramian(gram)
+        if g is None:
+            return Solution(nan_weights(t, gram), nan_weights(t, gram))
+        steps = int(self.steps)  # a host read of a CPU-side counter (the buffer follows the module's device)
+        alpha = self.alpha.detach().to("cpu", torch.float64).numpy()
+        if steps % self.update_weights_every == 0:
+            norm = float(np.linalg.norm(g))
+            if "_solver" not in self.__dict__:
+                self._solver = NashSolver(t, self.optim_niter, self.solver)
+            alpha = np.asarray(self._solver(g / norm, norm, alpha), dtype=np.float64)
+        self._stage(alpha=to_device(alpha, self.alpha), steps=self.steps + 1)
+        update_norm = float(np.sqrt(max(alpha @ g @ alpha, 0.0)))
+        clip = min(1.0, self.max_norm / (update_norm + 1e-6)) if self.max_norm > 0 else 1.0
+        metrics = {f"nash_mtl/alpha/{name}": v for name, v in zip(self.task_names, to_device(alpha, gram).unbind())}
+        metrics["nash_mtl/update_norm"] = torch.tensor(update_norm, device=gram.device)
+        heads = to_device(alpha, gram) if self.head_weights == "alpha" else None
+        return Solution(to_device(alpha * clip, gram), heads, metrics)
