@@ -209,6 +209,7 @@ class GradientBalancer(StagedBalancer):
 
     SOURCES: tuple[str, ...] = ("shared_params",)
     HEADS_FROM_SOLUTION = False  # True: the heads' weights come from the solve (they must wait for it)
+    BLOCK_GRAMIANS = False  # True: `_solve` also gets one Gramian per block (shared parameter): `self._block_grams`
 
     def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]],
                  grad_source: str) -> None:
@@ -271,10 +272,17 @@ class GradientBalancer(StagedBalancer):
     def _finish_solve(self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor,
                       shared: Optional[Tensor]) -> dict[str, Tensor]:
         """Solve on the summed Jacobian, write d (and any held heads); return the step's measurements."""
-        gram = gramian(blocks)
-        if scale is not None:
-            gram = gram / (scale * scale)  # the statistics of the unscaled gradients
-        gram, losses = rank_mean(gram), rank_mean(losses)
+        if self.BLOCK_GRAMIANS:
+            grams = torch.stack([gramian([block]) for block in blocks])
+            grams = rank_mean(grams / (scale * scale) if scale is not None else grams)
+            self._block_grams = grams
+            gram = grams.sum(0)
+        else:
+            gram = gramian(blocks)
+            if scale is not None:
+                gram = gram / (scale * scale)  # the statistics of the unscaled gradients
+            gram = rank_mean(gram)
+        losses = rank_mean(losses)
         self._require_finite(gram, losses)
         solution = self._solve(gram, losses)
         pairs = [(p, g * solution.head_weights[i].to(g.dtype) if solution.head_weights is not None else g)
