@@ -1,15 +1,18 @@
 """Start-up and end-to-end times of the CLI, measured in one run.
 
-    python scripts/bench_cli.py [--repeats 5] [--skip-train]
+    python scripts/bench_cli.py [--repeats 5] [--skip-train] [--before GIT_REF]
 
 Prints a markdown table: `mtl-bench --help`, `mtl-bench train --help`, `mtl-bench train --cfg job`,
 and the default `mtl-bench train` (start-up included), each as the median of several runs, with the
 ratio to a bare `python -c pass` measured in the same run (the interpreter's own start-up).
+`--before REF` also times the default run of the code at git REF (a temporary worktree on PYTHONPATH),
+alternating with today's runs so that load on the machine hits both alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import subprocess
@@ -20,10 +23,27 @@ import time
 from mtl_bench.analysis.machine import machine_description
 
 
-def timed(cmd: list[str], cwd: str) -> float:
+def timed(cmd: list[str], cwd: str, env: dict[str, str] | None = None) -> float:
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env={**os.environ, **(env or {})})
     return time.perf_counter() - start
+
+
+def before_and_after(ref: str, repeats: int, cwd: str) -> list[tuple[str, float, int]]:
+    """Median wall time of the default train at `ref` and now, runs alternating."""
+    tree = tempfile.mkdtemp(prefix="mtl-bench-before-")
+    subprocess.run(["git", "worktree", "add", "--detach", tree, ref], check=True, capture_output=True)
+    try:
+        cmd = [sys.executable, "-m", "mtl_bench", "train"]
+        before, after = [], []
+        for _ in range(repeats):
+            before.append(timed(cmd, cwd, {"PYTHONPATH": tree}))
+            after.append(timed(cmd, cwd))
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", tree], check=True, capture_output=True)
+    return [(f"mtl-bench train (default) at {ref}", statistics.median(before), repeats),
+            ("mtl-bench train (default) now", statistics.median(after), repeats)]
 
 
 def main() -> None:
@@ -31,6 +51,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--train-repeats", type=int, default=2)
     parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--before", metavar="GIT_REF", help="also time the default run of this git ref")
     args = parser.parse_args()
 
     cli = [sys.executable, "-m", "mtl_bench"]
@@ -45,6 +66,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as cwd:  # run dirs land in a scratch outputs/
         rows = [(name, statistics.median(timed(cmd, cwd) for _ in range(n)), n) for name, cmd, n in cases]
+        if args.before:
+            rows += before_and_after(args.before, args.train_repeats, cwd)
     base = rows[0][1]
     print(f"machine: {machine_description()}, Python {platform.python_version()}")
     print("| command | median s | runs | ratio to python start-up |")
