@@ -53,7 +53,7 @@ def describe(err: BaseException) -> str:
     if type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
         allowed = _allowed_keys(object_type)
         section, _, last = full_key.rpartition(".")
-        message = f"{full_key}: no such key" + (f"; keys of {section}: {allowed}" if allowed else "")
+        message: str = f"{full_key}: no such key" + (f"; keys of {section}: {allowed}" if allowed else "")
         groups = {key: group for group, key in group_keys().items()}
         if last == "name" and section in groups:
             options = ", ".join(config_options()[groups[section]])

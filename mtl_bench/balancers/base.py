@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -116,7 +116,7 @@ def stack_weights(weights: dict[str, float], task_names: list[str]) -> torch.Ten
     return torch.tensor([float(weights[name]) for name in task_names], dtype=torch.float32)
 
 
-def task_weights(weights: dict[str, float] | None, task_names: list[str]) -> dict[str, float]:
+def task_weights(weights: Mapping[str, float] | None, task_names: list[str]) -> dict[str, float]:
     """Weights for exactly `task_names`: None means 1.0 each; any mismatch or negative weight is a ValueError."""
     if weights is None:
         return {name: 1.0 for name in task_names}

@@ -13,6 +13,8 @@ from mtl_bench.balancers.base import Balancer, Context, stack_weights, task_weig
 class FixedWeights(Balancer):
     """`FixedWeights(["a", "b"], weights={"a": 1.0, "b": 4.0})`: one backward of `1.0 * L_a + 4.0 * L_b`."""
 
+    weights: Tensor
+
     def __init__(self, task_names: Sequence[str], weights: Optional[Mapping[str, float]] = None) -> None:
         """
         task_names: the tasks (given by the engine).

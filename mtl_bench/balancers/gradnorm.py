@@ -113,6 +113,13 @@ class GradNorm(StagedBalancer):
     same weights. The weights, L_i(0) and the optimizer's moments are buffers: `state_dict` has them all.
     """
 
+    weights: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    opt_step: Tensor
+    initial_losses: Tensor
+    initialized: Tensor
+
     def __init__(
         self,
         task_names: Sequence[str],

@@ -45,6 +45,10 @@ class RescaledNormBalancer(StagedBalancer):
     the two agree whenever each rank's batch size is constant over steps.
     """
 
+    weights: Tensor
+    ema_sum: Tensor
+    ema_count: Tensor
+
     def __init__(
         self,
         task_names: Sequence[str],

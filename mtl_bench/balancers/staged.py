@@ -90,7 +90,9 @@ class StagedBalancer(Balancer):
 
     def _current(self, name: str) -> Tensor:
         """The staged value of a buffer if this step already changed it, else the committed one."""
-        return self._pending.get(name, self._buffers[name])
+        committed = self._buffers[name]
+        assert committed is not None
+        return self._pending.get(name, committed)
 
     def _require_finite(self, *stats: Tensor) -> None:
         ok = torch.stack([torch.isfinite(s).all() for s in stats]).all()
@@ -124,6 +126,7 @@ class StagedBalancer(Balancer):
                 keep = taken if keep is None else keep & taken.to(keep.device)
             for name, value in self._pending.items():
                 buf = self._buffers[name]
+                assert buf is not None
                 new = value if keep is None else torch.where(keep.to(buf.device), value.to(buf.dtype), buf)
                 buf.copy_(new)
         self._reset()

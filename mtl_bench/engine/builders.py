@@ -29,7 +29,7 @@ HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 def node_dict(node: Any) -> dict[str, Any]:
     """A config node as a plain dict (resolved)."""
     if isinstance(node, DictConfig):
-        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+        return OmegaConf.to_container(node, resolve=True)
     return dict(node)
 
 

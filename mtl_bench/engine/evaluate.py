@@ -29,9 +29,9 @@ def evaluate(model: MultiTaskModel, tasks: list[Task], split: Dataset, device: t
             for name, value in batch_values.items():
                 sums[task.name][name] = sums[task.name].get(name, 0.0) + value.detach().float()
     model.train(was_training)
-    names = [(task, name) for task, values in sums.items() for name in values]
-    means = (torch.stack([sums[t][m] for t, m in names]) / n).tolist()  # the one host sync
+    keys = [(task, name) for task, values in sums.items() for name in values]
+    means = (torch.stack([sums[t][m] for t, m in keys]) / n).tolist()  # the one host sync
     result: dict[str, dict[str, float]] = {t.name: {} for t in tasks}
-    for (task, name), value in zip(names, means):
-        result[task][name] = value
+    for (task_name, name), value in zip(keys, means):
+        result[task_name][name] = value
     return result

@@ -25,7 +25,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text.encode()))
+    atomic_write(path, lambda f: None if f.write(text.encode()) else None)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -25,8 +25,8 @@ def clip_gradients(params: Iterable[nn.Parameter], conf: GradClipConf, measure: 
         norm = total_grad_norm(grads, conf.norm_type)
         torch._foreach_mul_(grads, (conf.max_norm / (norm + 1e-6)).clamp(max=1.0).to(grads[0].device))
         return norm
-    norm = total_grad_norm(grads, conf.norm_type) if measure else None
+    measured = total_grad_norm(grads, conf.norm_type) if measure else None
     if conf.clip_value is not None:
         torch._foreach_clamp_min_(grads, -conf.clip_value)
         torch._foreach_clamp_max_(grads, conf.clip_value)
-    return norm
+    return measured

@@ -75,7 +75,7 @@ def _grad_scaler(device_type: str, loss_scale: Any) -> tuple[torch.amp.GradScale
             if not (_is_number(number) and number > 0):
                 raise ValueError(f"loss_scale.{key}: must be a number > 0, got {number!r}")
         args = {k: (int(v) if k == "growth_interval" else float(v)) for k, v in loss_scale.items()}
-        return torch.amp.GradScaler(device_type, **args), None  # type: ignore[arg-type]
+        return torch.amp.GradScaler(device_type, **args), None
     if loss_scale == "dynamic":
         return torch.amp.GradScaler(device_type), None
     if not (_is_number(loss_scale) and loss_scale > 0):

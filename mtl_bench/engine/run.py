@@ -52,7 +52,7 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
         node = OmegaConf.select(cfg, key)
         if f"{key}._target_" in given and isinstance(node, DictConfig):
             params = parameters(target_of(key, node_dict(node)))
-            dropped = [k for k in node if not k.startswith("_") and k not in params and f"{key}.{k}" not in given
+            dropped = [k for k in map(str, node) if not k.startswith("_") and k not in params and f"{key}.{k}" not in given
                        and not (key == "optim" and k in ("schedule", "paramwise"))]
             with open_dict(node):
                 for k in dropped:

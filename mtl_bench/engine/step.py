@@ -50,7 +50,7 @@ class StepRunner:
         self.k = conf.grad_accumulation_steps
         self.ctx = BackwardContext(precision.scaler, 1.0, self.k)
         global_batch = conf.batch_size * world_size
-        n = len(taskset.train)
+        n = len(taskset.train)  # type: ignore[arg-type]  # map-style datasets have a length
         streams = range(1, len(taskset.tasks) + 1) if conf.step_mode == "per_task" else [0]
         self.sources = [BatchSource(taskset.train, StepSampler(n, global_batch, seed, stream=s), rank,
                                     conf.batch_size, device, conf.num_workers) for s in streams]

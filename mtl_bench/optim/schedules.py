@@ -39,7 +39,7 @@ class WarmupSchedule(LRScheduler):
 
     def get_lr(self) -> list[float]:  # type: ignore[override]
         factor = self.factor(self.last_epoch)
-        return [base * factor for base in self.base_lrs]
+        return [float(base) * factor for base in self.base_lrs]
 
 
 class Constant(WarmupSchedule):
