@@ -2,6 +2,12 @@
 
     python scripts/bench_balancers.py [--rounds 5] [--steps 4] [--device cpu] [--threads 1]
         [--tasks 2,10,40] [--head-dims 100,1] [--generic]
+    python scripts/bench_balancers.py --peers [--tasks 2,10] [--rounds 3] [--steps 3]
+
+--peers times the gradient methods (issue 11) against their references on identical copies of the HPS model
+(250 -> 4x512 ReLU trunk, scalar heads, batch 256): ours with grad_source=shared_params (exact) and
+shared_rep, torchjd 0.18 (mtl_backward + jac_to_grad) and LibMTL 1.1.5 (its weighting modules loaded from
+the installed files); every ratio is to the fixed-weight step of the same run.
 
 A step is what the trainer does: zero_grad, forward, per-task MSE losses, the balancer's backward, an Adam
 step, `balancer.step()`. Models: the GradNorm paper's toy MLP (input 250, four shared ReLU layers of 100,
@@ -55,17 +61,26 @@ GENERIC = ("gradnorm last_shared (generic autograd)",
 
 
 class Runner:
-    """One variant of one configuration: its own copy of the model, optimizer and balancer."""
+    """One variant of one configuration: its own copy of the model, optimizer and balancer.
 
-    def __init__(self, model: MultiTaskModel, make: Callable[[MultiTaskModel, list[str]], Balancer],
+    `make` returns a Balancer, or (for a peer library) a function `backward(model, x, targets)` that runs the
+    forward and that library's backward."""
+
+    def __init__(self, model: MultiTaskModel, make: Callable[[MultiTaskModel, list[str]], Balancer | Callable],
                  x: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
         self.model = copy.deepcopy(model)
-        self.balancer = make(self.model, list(targets)).to(x.device)
+        made = make(self.model, list(targets))
+        self.balancer = made.to(x.device) if isinstance(made, Balancer) else None
+        self.peer = None if isinstance(made, Balancer) else made
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
         self.x, self.targets = x, targets
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
+        if self.peer is not None:
+            self.peer(self.model, self.x, self.targets)
+            self.opt.step()
+            return
         out = self.model(self.x)
         losses = {name: F.mse_loss(out.preds[name], y) for name, y in self.targets.items()}
         self.balancer.backward(losses, out.shared)
@@ -143,6 +158,169 @@ def bench_config(label: str, model: MultiTaskModel, batch: int, head_dim: int, v
     return rows
 
 
+# ---------------------------------------------------------------------------------------------- --peers (issue 11)
+
+def _ours(cls_name: str, **options) -> Callable[[MultiTaskModel, list[str]], Balancer]:
+    import mtl_bench.balancers as balancers
+
+    def make(model: MultiTaskModel, names: list[str]) -> Balancer:
+        return getattr(balancers, cls_name)(names, list(model.shared_parameters()), **options)
+    return make
+
+
+def _torchjd(aggregator_name: str, **options) -> Callable:
+    def make(model: MultiTaskModel, names: list[str]) -> Callable:
+        from torchjd import aggregation, autojac
+
+        kwargs = {"n_tasks": len(names)} if aggregator_name == "NashMTL" else {}
+        aggregator = getattr(aggregation, aggregator_name)(**kwargs, **options)
+        shared = list(model.shared_parameters())
+
+        def backward(model: MultiTaskModel, x: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
+            out = model(x)
+            autojac.mtl_backward([F.mse_loss(out.preds[n], y) for n, y in targets.items()], features=out.shared)
+            autojac.jac_to_grad(shared, aggregator)
+        return backward
+    return make
+
+
+def _load_libmtl(name: str):
+    """A LibMTL 1.1.5 weighting class from its installed file (its package __init__ imports a torchvision
+    module that no longer exists, so the package and subpackage are stand-ins)."""
+    import importlib.util
+    import sys
+    import types
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("LibMTL") if "LibMTL" not in sys.modules else None
+    root = Path(sys.modules["LibMTL"].__path__[0] if spec is None else list(spec.submodule_search_locations)[0])
+    for package, path in (("LibMTL", root), ("LibMTL.weighting", root / "weighting")):
+        if package not in sys.modules:
+            module = types.ModuleType(package)
+            module.__path__ = [str(path)]
+            sys.modules[package] = module
+    for module_name in ("abstract_weighting", name):
+        full = f"LibMTL.weighting.{module_name}"
+        if full not in sys.modules:
+            module_spec = importlib.util.spec_from_file_location(full, root / "weighting" / f"{module_name}.py")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[full] = module
+            module_spec.loader.exec_module(module)
+    return getattr(sys.modules[f"LibMTL.weighting.{name}"], name)
+
+
+def _libmtl(name: str, rep_grad: bool = False, **kwargs) -> Callable:
+    def make(model: MultiTaskModel, names: list[str]) -> Callable:
+        base = _load_libmtl(name)
+
+        class Weighting(base):
+            def __init__(self) -> None:
+                super().__init__()
+                self.task_num, self.task_name, self.rep_grad = len(names), list(names), rep_grad
+                self.device = next(model.parameters()).device
+                self.__dict__["encoder"] = model.trunk
+
+            def get_share_params(self):
+                return model.trunk.parameters()
+
+            def zero_grad_share_params(self):
+                model.trunk.zero_grad(set_to_none=False)
+
+        weighting = Weighting()
+        weighting.init_param()
+
+        def backward(model: MultiTaskModel, x: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
+            rep = model.trunk(x)
+            if rep_grad:
+                weighting.rep = rep
+                weighting.rep_tasks = {n: rep.detach().clone().requires_grad_(True) for n in names}
+                inputs = weighting.rep_tasks
+            else:
+                inputs = {n: rep for n in names}
+            losses = torch.stack([F.mse_loss(model.heads[n](inputs[n]), targets[n]) for n in names])
+            weighting.backward(losses, **kwargs)
+        return backward
+    return make
+
+
+# (method, variant, make): "ours" exact, "ours rep" (grad_source=shared_rep), "torchjd", "LibMTL".
+PEERS: list[tuple[str, str, Callable]] = [
+    ("pcgrad", "ours", _ours("PCGrad", seed=0)),
+    ("pcgrad", "torchjd", _torchjd("PCGrad")),
+    ("pcgrad", "LibMTL", _libmtl("PCGrad")),
+    ("mgda", "ours", _ours("MGDA")),
+    ("mgda", "ours rep", _ours("MGDA", grad_source="shared_rep")),
+    ("mgda", "torchjd", _torchjd("MGDA")),
+    ("mgda", "LibMTL", _libmtl("MGDA", mgda_gn="none")),
+    ("upgrad", "ours", _ours("UPGrad")),
+    ("upgrad", "torchjd", _torchjd("UPGrad")),
+    ("imtl", "ours", _ours("IMTL", mode="gradient")),
+    ("imtl", "ours rep", _ours("IMTL", mode="gradient", grad_source="shared_rep")),
+    ("imtl", "torchjd", _torchjd("IMTLG")),
+    ("imtl", "LibMTL", _libmtl("IMTL")),
+    ("aligned_mtl", "ours", _ours("AlignedMTL")),
+    ("aligned_mtl", "ours rep", _ours("AlignedMTL", grad_source="shared_rep")),
+    ("aligned_mtl", "torchjd", _torchjd("AlignedMTL")),
+    ("gradvac", "ours", _ours("GradVac", seed=0)),
+    ("gradvac", "torchjd", _torchjd("GradVac")),
+    ("gradvac", "LibMTL", _libmtl("GradVac", beta=0.5)),
+    ("cagrad", "ours", _ours("CAGrad")),
+    ("cagrad", "torchjd", _torchjd("CAGrad", c=0.5)),
+    ("nash_mtl", "ours", _ours("NashMTL", head_weights="ones")),
+    ("nash_mtl", "torchjd", _torchjd("NashMTL")),
+    ("graddrop", "ours rep", _ours("GradDrop", seed=0)),
+    ("graddrop", "LibMTL", _libmtl("GradDrop", rep_grad=True, leak=0.0)),
+]
+
+
+def bench_peers(tasks: list[int], rounds: int, steps: int, device: torch.device, memory: bool) -> list[dict]:
+    """Each method's variants on identical copies of the model, interleaved with the fixed step, per T."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)  # cvxpy's DPP notice for torchjd's Nash-MTL
+    rows = []
+    for t in tasks:
+        torch.manual_seed(0)
+        model = build_model(512, 4, t, 1).to(device)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 250, generator=g).to(device)
+        targets = {n: torch.randn(256, 1, generator=g).to(device) for n in model.heads}
+        methods = sorted({m for m, _, _ in PEERS}, key=[m for m, _, _ in PEERS].index)
+        for method in methods:
+            variants = {"fixed": Runner(model, lambda mdl, names: FixedWeights(names), x, targets)}
+            for m, variant, make in PEERS:
+                if m == method:
+                    variants[variant] = Runner(model, make, x, targets)
+            for runner in variants.values():
+                time_steps(runner, 2, device)  # warm-up: allocator, lazy state, cvxpy's first compile
+            times: dict[str, list[float]] = {name: [] for name in variants}
+            for _ in range(rounds):
+                for name, runner in variants.items():
+                    times[name].append(time_steps(runner, steps, device))
+            mem = {name: peak_step_memory(r, device) for name, r in variants.items()} if memory else {}
+            base = statistics.median(times["fixed"])
+            med = {name: statistics.median(v) for name, v in times.items()}
+            for name in variants:
+                if name == "fixed":
+                    continue
+                rows.append({"T": t, "method": method, "variant": name, "ms": 1e3 * med[name],
+                             "x_fixed": med[name] / base, "fixed_ms": 1e3 * base,
+                             "x_torchjd": med[name] / med["torchjd"] if "torchjd" in med else None,
+                             "x_libmtl": med[name] / med["LibMTL"] if "LibMTL" in med else None,
+                             "mb": mem.get(name, float("nan")) / 2**20})
+            print(f"T={t} {method}: " + ", ".join(f"{n} {v / base:.2f}x" for n, v in med.items()), flush=True)
+    return rows
+
+
+def print_peers(rows: list[dict]) -> None:
+    print("| T | method | variant | ms/step | x fixed | x torchjd | x LibMTL | peak MB/step |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|")
+    fmt = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
+    for r in rows:
+        print(f"| {r['T']} | {r['method']} | {r['variant']} | {r['ms']:.1f} | {r['x_fixed']:.2f} | "
+              f"{fmt(r['x_torchjd'])} | {fmt(r['x_libmtl'])} | {r['mb']:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; times are medians over them")
@@ -153,10 +331,21 @@ def main() -> None:
     parser.add_argument("--tasks", default="2,10,40", help="task counts of the wide MLP")
     parser.add_argument("--head-dims", default="100,1", help="output sizes of the wide MLP's heads")
     parser.add_argument("--generic", action="store_true", help="also GradNorm's generic per-parameter path")
+    parser.add_argument("--peers", action="store_true",
+                        help="the gradient methods against torchjd and LibMTL (scalar heads; --tasks default 2,10)")
+    parser.add_argument("--no-memory", action="store_true", help="--peers: skip the peak-memory measurement")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.peers:
+        started = time.perf_counter()
+        tasks = [int(t) for t in (args.tasks if args.tasks != "2,10,40" else "2,10").split(",")]
+        rows = bench_peers(tasks, args.rounds, args.steps, device, not args.no_memory)
+        print(f"\n{machine_description()}; on {device.type}, {args.rounds} rounds x {args.steps} steps, "
+              f"{time.perf_counter() - started:.0f} s in all\n")
+        print_peers(rows)
+        return
     variants = dict(VARIANTS)
     if args.generic:
         variants[GENERIC[0]] = GENERIC[1]
