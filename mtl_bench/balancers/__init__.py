@@ -3,7 +3,9 @@
 from mtl_bench.balancers.base import BackwardContext, Balancer
 from mtl_bench.balancers.aligned_mtl import AlignedMTL
 from mtl_bench.balancers.cagrad import CAGrad
+from mtl_bench.balancers.db_mtl import DualBalancing
 from mtl_bench.balancers.dwa import DynamicWeightAverage
+from mtl_bench.balancers.famo import FAMO
 from mtl_bench.balancers.fixed import FixedWeights
 from mtl_bench.balancers.graddrop import GradDrop
 from mtl_bench.balancers.gradnorm import GradNorm
@@ -17,4 +19,4 @@ from mtl_bench.balancers.rlw import RandomLossWeighting
 from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
 
-__all__ = ["BackwardContext", "Balancer", "AlignedMTL", "CAGrad", "DynamicWeightAverage", "FixedWeights", "GradDrop", "GradNorm", "GradVac", "IMTL", "MGDA", "NashMTL", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]
+__all__ = ["BackwardContext", "Balancer", "AlignedMTL", "CAGrad", "DualBalancing", "DynamicWeightAverage", "FAMO", "FixedWeights", "GradDrop", "GradNorm", "GradVac", "IMTL", "MGDA", "NashMTL", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]

@@ -33,6 +33,13 @@ class DynamicWeightAverage(StagedBalancer):
     the last two period averages are buffers.
     """
 
+    period_sum: Tensor
+    period_items: Tensor
+    period_steps: Tensor
+    periods: Tensor
+    last: Tensor
+    before_last: Tensor
+
     def __init__(self, task_names: Sequence[str], temperature: float = 2.0, period: int = 100) -> None:
         """
         task_names: the tasks (given by the engine).
@@ -56,12 +63,15 @@ class DynamicWeightAverage(StagedBalancer):
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}, temperature={self.temperature}, period={self.period}"
 
+    @property
     def rates(self) -> Tensor:
+        """r_i = L̄_i(p−1) / L̄_i(p−2) from the committed averages (1 before two periods are complete)."""
         return self.last / self.before_last
 
+    @property
     def weights(self) -> Tensor:
         """The weights of the next step, from the committed averages."""
-        soft = len(self.task_names) * torch.softmax(self.rates() / self.temperature, dim=-1)
+        soft = len(self.task_names) * torch.softmax(self.rates / self.temperature, dim=-1)
         return torch.where(self.periods >= 2, soft, torch.ones_like(soft))
 
     @staticmethod
@@ -92,7 +102,7 @@ class DynamicWeightAverage(StagedBalancer):
         return (torch.stack([mean[f"weighted/{n}"] for n in names]), torch.stack([mean[f"items/{n}"] for n in names]))
 
     def _metrics(self, weights: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
-        rates = self.rates()
+        rates = self.rates
         metrics: dict[str, Tensor] = {}
         for name in names:
             metrics[tags.weight(name)] = weights[self._index[name]]
@@ -106,17 +116,18 @@ class DynamicWeightAverage(StagedBalancer):
         items = self._items(shared).expand(len(self.task_names))
         weighted, items = self._reduce(ordered.detach().float() * items, items)
         self._update(self._mean("weighted", weighted), self._mean("items", items))
-        weights = self.weights()
+        weights = self.weights
+        metrics = self._metrics(weights, self.task_names)  # this step's, before a commit without a context
         self.run_backward((weights * ordered).sum(), ctx)
         self._end_joint()
-        return self._metrics(weights, self.task_names)
+        return metrics
 
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         """Per-task mode: w_task·L_task on the task's own batch; the sums are updated in `step()`."""
         self._begin(PER_TASK, ctx, shared)
         items = self._items(shared)
         self._collect(task, weighted=loss.detach().float() * items, items=items)
-        weights = self.weights()
+        weights = self.weights
         self.run_backward(weights[self._index[task]] * loss, ctx)
         return self._metrics(weights, [task])
 

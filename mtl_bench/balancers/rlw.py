@@ -36,6 +36,8 @@ class RandomLossWeighting(StagedBalancer):
     Reference: LibMTL 1.1.5 `LibMTL.weighting.RLW` (main: normal only). Metrics: `weight/<task>`.
     """
 
+    weights: Tensor
+
     def __init__(self, task_names: Sequence[str], seed: int = 0, distribution: str = "normal") -> None:
         """
         task_names: the tasks (given by the engine).

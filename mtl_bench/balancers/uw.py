@@ -39,6 +39,11 @@ class UncertaintyWeighting(StagedBalancer):
     name) first, so every rank holds the same s. s and the optimizer's moments are buffers.
     """
 
+    log_vars: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    opt_step: Tensor
+
     def __init__(
         self,
         task_names: Sequence[str],
@@ -82,6 +87,7 @@ class UncertaintyWeighting(StagedBalancer):
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}, lr={self.lr}, optimizer={self.optimizer}"
 
+    @property
     def weights(self) -> Tensor:
         """w_i = 1 / (2 e^{s_i}) from the committed log-variances."""
         return 0.5 * torch.exp(-self.log_vars)
@@ -118,7 +124,7 @@ class UncertaintyWeighting(StagedBalancer):
         self._begin(JOINT, ctx, shared)
         ordered = torch.stack([losses[name] for name in self.task_names])
         self._update(self._mean("losses", self._reduce(ordered.detach().float())))
-        weights, log_vars = self.weights(), self.log_vars.clone()  # this step's (the update is only staged)
+        weights, log_vars = self.weights, self.log_vars.clone()  # this step's (the update is only staged)
         self.run_backward((weights * ordered).sum(), ctx)
         self._end_joint()
         return self._metrics(weights, log_vars, self.task_names)
@@ -128,7 +134,7 @@ class UncertaintyWeighting(StagedBalancer):
         self._begin(PER_TASK, ctx, shared)
         self._collect(task, loss=loss.detach().float())
         i = self._index[task]
-        weights, log_vars = self.weights(), self.log_vars.clone()
+        weights, log_vars = self.weights, self.log_vars.clone()
         self.run_backward(weights[i] * loss, ctx)
         return self._metrics(weights, log_vars, [task])
 
