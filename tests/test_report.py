@@ -71,8 +71,8 @@ def test_groups_have_mean_and_std_over_seeds_and_delta_m_against_the_baseline(sw
     text, _ = make_report([sweep], "json", "balancer=fixed", None)
     report = json.loads(text)
     groups = {g["group"]: g for g in report["groups"]}
-    assert set(groups) == {"balancer=fixed", "balancer.alpha=0.5 balancer=gradnorm"}
-    fixed, gradnorm = groups["balancer=fixed"], groups["balancer.alpha=0.5 balancer=gradnorm"]
+    assert set(groups) == {"balancer=fixed", "balancer=gradnorm balancer.alpha=0.5"}
+    fixed, gradnorm = groups["balancer=fixed"], groups["balancer=gradnorm balancer.alpha=0.5"]
     assert fixed["seeds"] == 2 and gradnorm["seeds"] == 2
     acc = gradnorm["metrics"]["a"]["acc"]
     assert acc["mean"] == pytest.approx(0.80) and acc["std"] == pytest.approx(math.sqrt(2 * 0.02**2))
@@ -93,7 +93,7 @@ def test_markdown_and_csv(sweep):
     assert "failed:" in markdown and "incomplete:" in markdown and "model selection: final step" in markdown
     table = list(csv.reader(io.StringIO(make_report([sweep], "csv", None, None)[0])))
     assert table[0] == ["group", "seeds", "a/acc ↑", "a/err ↓", "b/mse ↓"]
-    assert [row[0] for row in table[1:3]] == ["balancer=fixed", "balancer.alpha=0.5 balancer=gradnorm"]
+    assert [row[0] for row in table[1:3]] == ["balancer=fixed", "balancer=gradnorm balancer.alpha=0.5"]
 
 
 def test_reference_baseline_from_the_task_set_config(tmp_path):

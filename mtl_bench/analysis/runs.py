@@ -4,10 +4,54 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.json"
+CONFIG_FILE = ".hydra/config.yaml"  # the composed config Hydra saved (interpolations such as ${seed} kept as text)
+
+# Config keys that do not change what is trained, left out when runs are compared (a key here also covers every key
+# under it): the run's seed (runs of one config over seeds are one group), how the run was started or resumed,
+# how often it logs, evaluates and checkpoints (evaluation reads the model, it does not change it), where and with
+# how many threads or workers it runs (numbers may differ in the last bits across devices, not the experiment),
+# its progress display and profiler, its free-text tag, Hydra's own settings, and the task set's reference numbers
+# (read by `report --baseline reference`, never by training).
+NOT_TRAINING_KEYS = (
+    "seed",
+    "tag",
+    "hydra",
+    "trainer.resume",
+    "trainer.log_every",
+    "trainer.eval_every",
+    "trainer.checkpoint_every",
+    "trainer.progress",
+    "trainer.device",
+    "trainer.num_threads",
+    "trainer.num_workers",
+    "trainer.profile",
+    "tasks.reference",
+)
+
+
+def is_training_key(key: str) -> bool:
+    """False for a key in NOT_TRAINING_KEYS or under one (`hydra.run.dir`)."""
+    return not any(key == k or key.startswith(k + ".") for k in NOT_TRAINING_KEYS)
+
+
+def override_key(item: str) -> str:
+    """The config key an override sets: `+balancer.alpha=1` -> balancer.alpha, `optim/schedule=x` -> optim.schedule."""
+    return item.split("=", 1)[0].lstrip("+~").replace("/", ".")
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as {dotted key: leaf value}, in the file's order; lists are leaves."""
+    if not isinstance(node, dict) or (not node and prefix):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
 
 
 @dataclass
@@ -19,6 +63,49 @@ class Run:
     def overrides(self) -> dict[str, str]:
         """The command-line overrides of the run as {key: value} (`seed=1` -> {"seed": "1"})."""
         return dict(item.lstrip("+~").split("=", 1) for item in self.metrics.get("overrides", []) if "=" in item)
+
+    @cached_property
+    def config(self) -> dict[str, Any] | None:
+        """The run's composed config from `.hydra/config.yaml`, or None without a readable one."""
+        import yaml  # from omegaconf's dependencies; only the report needs it
+
+        try:
+            config = yaml.safe_load((self.path / CONFIG_FILE).read_text())
+        except (OSError, ValueError, yaml.YAMLError):  # missing, not UTF-8, or not YAML: compare by overrides
+            return None
+        return config if isinstance(config, dict) else None
+
+    @cached_property
+    def choices(self) -> dict[str, str]:
+        """The config-group options the run was composed from ({"balancer": "fixed", "optim/schedule": "none"}):
+        from metrics.json, else from Hydra's own record of the run (a run that failed or was killed)."""
+        choices = self.metrics.get("choices")
+        if not isinstance(choices, dict):
+            import yaml
+
+            try:
+                hydra = yaml.safe_load((self.path / ".hydra" / "hydra.yaml").read_text())
+                choices = hydra["hydra"]["runtime"]["choices"]
+            except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+                choices = {}
+        return {str(k): str(v) for k, v in (choices or {}).items() if v is not None and not str(k).startswith("hydra/")}
+
+    @property
+    def seed(self) -> Any:
+        """The run's seed (metrics.json, else the config, else the overrides); None when none says."""
+        for source in (self.metrics, self.config or {}, self.overrides):
+            if source.get("seed") is not None:
+                try:
+                    return int(source["seed"])
+                except (TypeError, ValueError):
+                    return source["seed"]
+        return None
+
+    def training_config(self) -> dict[str, Any] | None:
+        """The flattened config without NOT_TRAINING_KEYS: what was trained. None for a run without its config."""
+        if self.config is None:
+            return None
+        return {key: value for key, value in flatten(self.config).items() if is_training_key(key)}
 
     def scalars(self, prefix: str) -> dict[str, list[tuple[int, float]]]:
         """TensorBoard scalars whose tag starts with `prefix`, as {tag: [(step, value), ...]}."""
@@ -38,8 +125,24 @@ def _read_metrics(path: Path) -> dict[str, Any]:
 
 
 def run_status(run: Run) -> str:
-    """completed | failed | incomplete (no metrics.json yet: still running, or killed)."""
+    """completed | failed | diverged | incomplete (no metrics.json yet: still running, or killed).
+
+    Only a completed run has final metrics to average; any other status is a run to list with its reason.
+    """
     return str(run.metrics.get("status", "incomplete"))
+
+
+def run_reason(run: Run) -> str:
+    """Why a run that did not complete stopped, in one line ("" for a completed run)."""
+    status = run_status(run)
+    if status == "completed":
+        return ""
+    if status == "incomplete" and "error" not in run.metrics:
+        return "no metrics.json (killed, or still running)"
+    reason = run.metrics.get("error") or run.metrics.get("reason") or "no reason recorded"
+    step = run.metrics.get("step")
+    text = " ".join(str(reason).split())
+    return f"{text} (at step {step})" if isinstance(step, int) and step > 0 and "step" not in text else text
 
 
 def scan_runs(root: Path) -> list[Run]:

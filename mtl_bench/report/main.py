@@ -7,7 +7,7 @@ from typing import Optional
 
 from mtl_bench.analysis.runs import Run, scan_runs
 from mtl_bench.errors import ConfigError
-from mtl_bench.report.render import FORMATS, render
+from mtl_bench.report.render import FORMATS, problem_line, render
 from mtl_bench.report.summary import add_delta_m, describe_problems, group_runs
 
 
@@ -32,7 +32,8 @@ def make_report(paths: list[Path], fmt: str, baseline: Optional[str],
     groups, common = group_runs(runs)
     problems = describe_problems(runs)
     if not groups:
-        raise ConfigError(f"no completed runs among {len(runs)} found ({', '.join(p['status'] for p in problems)})")
+        shown = "; ".join(problem_line(p) for p in problems[:3]) + ("; ..." if len(problems) > 3 else "")
+        raise ConfigError(f"no completed runs among {len(runs)} found: {shown}")
     if baseline:
         add_delta_m(groups, baseline)
     written: list[Path] = []

@@ -49,22 +49,32 @@ def rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
         header += ["Δm flat % ↓", "Δm task-avg % ↓"]
     body = []
     for group in groups:
-        row = [group.label, str(len(group.runs)), *[_cell(group, t, m) for t, m in columns]]
+        row = [group.label, group.count, *[_cell(group, t, m) for t, m in columns]]
         if with_dm:
             row += [_dm(group, "flat"), _dm(group, "task_averaged")]
         body.append(row)
     return header, body
 
 
-def footer(problems: list[dict[str, Any]], baseline: str | None, common: list[str]) -> list[str]:
-    lines = [f"final test metrics, mean ± sample std over seeds; model selection: {MODEL_SELECTION}"]
+def problem_line(p: dict[str, Any]) -> str:
+    """`diverged: outputs/.../3 (optim=sgd optim.lr=0.05): <reason>`"""
+    where = f"{p['path']} ({p['overrides']})" if p["overrides"] else p["path"]
+    return f"{p['status']}: {where}: {p['reason']}" if p["reason"] else f"{p['status']}: {where}"
+
+
+def footer(groups: list[Group], problems: list[dict[str, Any]], baseline: str | None,
+           common: list[str]) -> list[str]:
+    repeated = " (runs of one seed averaged first)" if any(len(g.runs) > g.seeds for g in groups) else ""
+    lines = [f"final test metrics, mean ± sample std over seeds{repeated}; model selection: {MODEL_SELECTION}"]
     if common:
         lines.append("every group also has: " + " ".join(common))
     if baseline:
         lines.append(f"Δm against {baseline} (flat: mean over all metrics; task-avg: LibMTL, mean within each "
                      "task first; lower is better)")
-    for p in problems:
-        lines.append(f"{p['status']}: {p['path']} {p['overrides']} {p['error']}".rstrip())
+    if problems:
+        lines.append(f"not in the table ({len(problems)} run{'s' if len(problems) != 1 else ''} "
+                     "that did not complete; never averaged):")
+        lines += ["  " + problem_line(p) for p in problems]
     return lines
 
 
@@ -73,7 +83,7 @@ def render(groups: list[Group], problems: list[dict[str, Any]], fmt: str, baseli
     if fmt == "json":
         return json.dumps({
             "model_selection": MODEL_SELECTION, "baseline": baseline, "common_overrides": common,
-            "groups": [{"group": g.label, "settings": g.settings, "seeds": len(g.runs),
+            "groups": [{"group": g.label, "settings": g.settings, "seeds": g.seeds, "n_runs": len(g.runs),
                         "runs": [str(r.path) for r in g.runs], "baseline_group": g.baseline_label,
                         "delta_m": g.delta_m,
                         "metrics": {t: {m: {"mean": s.mean, "std": None if math.isnan(s.std) else s.std, "n": s.n}
@@ -88,9 +98,9 @@ def render(groups: list[Group], problems: list[dict[str, Any]], fmt: str, baseli
         writer.writerow(header)
         writer.writerows(body)
         for p in problems:
-            writer.writerow([p["overrides"], "0", p["status"], p["path"], p["error"]])
+            writer.writerow([p["overrides"], "0", p["status"], p["path"], p["reason"]])
         return out.getvalue()
-    notes = footer(problems, baseline, common)
+    notes = footer(groups, problems, baseline, common)
     parts = by_task_set(groups)
     blocks = []
     for tasks, part in parts.items():

@@ -1,4 +1,12 @@
-"""Runs grouped by their overrides minus the seed: mean ± std over seeds of every final test metric, and Δm."""
+"""Runs grouped by what was trained: mean ± std over seeds of every final test metric, and Δm.
+
+A group is every completed run with the same resolved config (`.hydra/config.yaml`) once the seed and the
+keys that do not change what is trained (analysis.runs.NOT_TRAINING_KEYS: resume, logging intervals,
+device, ...) are left out: the defaults, `optim=adam balancer=fixed` and a resumed run of the defaults are
+one group. A run without that file falls back to its command-line overrides (minus the same keys).
+Groups are labelled by the keys whose values differ between them. Failed, diverged and incomplete runs
+are never averaged: `describe_problems` lists them with their reason.
+"""
 
 from __future__ import annotations
 
@@ -7,49 +15,114 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mtl_bench.analysis.runs import Run, run_status
+from mtl_bench.analysis.runs import Run, is_training_key, override_key, run_reason, run_status
 from mtl_bench.errors import ConfigError
 from mtl_bench.report.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
 
 SEED_KEYS = ("seed",)
 LOSS = "loss"  # reported by every task; Δm and the table use the task metrics (mse, accuracy, ...)
+_ABSENT = ("<absent>",)  # a key a group does not have (compares unequal to every config value)
 
 
 def varied_overrides(run: Run) -> list[str]:
-    """The run's command-line overrides without the seed, sorted: what names its group."""
-    return sorted(item for item in run.metrics.get("overrides", []) if item.split("=", 1)[0].lstrip("+~") not in SEED_KEYS)
+    """The run's command-line overrides without the seed, as typed (how a failed or killed run is named)."""
+    return [item for item in run.metrics.get("overrides", []) if override_key(item) not in SEED_KEYS]
 
 
-def settings(run: Run) -> dict[str, str]:
-    """Every config-group choice of the run plus its other overrides (seed excluded): what a baseline is matched on."""
-    values = {str(k): str(v) for k, v in run.metrics.get("choices", {}).items()}
-    values.update({k: v for k, v in run.overrides.items() if k not in SEED_KEYS})
-    return values
+def training_overrides(run: Run) -> list[str]:
+    """The run's overrides that change what is trained (no seed, resume, logging interval, ...), sorted."""
+    return sorted(item for item in run.metrics.get("overrides", []) if is_training_key(override_key(item)))
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable stand-in for a config value (lists and dicts as tuples; 1 and 1.0 stay equal)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    return value
+
+
+def format_value(value: Any) -> str:
+    """A config value as it would be typed on the command line: null, true, [1.0,100.0], 0.001."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _config_view(run: Run, config: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """The run's training config with each config group's choice (`balancer` -> `fixed`) placed before its keys,
+    and the keys that are such choices."""
+    choices = {k.replace("/", "."): v for k, v in run.choices.items()}
+    view: dict[str, Any] = {}
+    for key, value in config.items():
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            node = ".".join(parts[:i])
+            if node in choices and node not in view:
+                view[node] = choices[node]
+        view[key] = value
+    return view, {node for node in choices if node in view}
 
 
 @dataclass
 class Stat:
     mean: float
-    std: float  # sample standard deviation over seeds; nan with one seed
-    n: int
+    std: float  # sample standard deviation over seeds (runs of one seed averaged first); nan with one seed
+    n: int  # seeds
 
 
 @dataclass
 class Group:
-    label: str  # the overrides that tell this group from the others (see group_runs)
-    settings: dict[str, str]
+    label: str  # the keys whose values tell this group from the others (see group_runs)
+    settings: dict[str, Any]  # config-group choices and resolved config keys: what --baseline is matched on
+    identity: dict[str, Any]  # what was trained (the resolved config, or the overrides): the group's key
     runs: list[Run]
     stats: dict[str, dict[str, Stat]] = field(default_factory=dict)  # task -> metric -> Stat
     higher_is_better: dict[str, dict[str, bool]] = field(default_factory=dict)
     delta_m: Optional[dict[str, float]] = None  # {"flat": ..., "task_averaged": ...} against the baseline
     baseline_label: Optional[str] = None
+    view: dict[str, Any] = field(default_factory=dict, repr=False)  # what labels are made of, in config order
+    choice_keys: set[str] = field(default_factory=set, repr=False)  # keys of `view` that are group choices
+    overridden: set[str] = field(default_factory=set, repr=False)  # keys its runs set on the command line
 
     @property
     def means(self) -> dict[str, dict[str, float]]:
         return {task: {name: s.mean for name, s in metrics.items()} for task, metrics in self.stats.items()}
 
+    @property
+    def seeds(self) -> int:
+        """Distinct seeds among the group's runs (a run whose seed is unknown counts as its own)."""
+        return len({_seed_of(run) for run in self.runs})
+
+    @property
+    def count(self) -> str:
+        """"3" for three runs of three seeds, "3 runs, 1 seed" when seeds repeat."""
+        n, seeds = len(self.runs), self.seeds
+        return str(seeds) if n == seeds else f"{n} runs, {seeds} seed{'s' if seeds != 1 else ''}"
+
+
+def _seed_of(run: Run) -> Any:
+    seed = run.seed
+    return ("run", str(run.path)) if seed is None else seed
+
+
+def _bucket(run: Run) -> tuple[Any, ...]:
+    """What two runs must share to be one group."""
+    config = run.training_config()
+    if config is not None:
+        return ("config", tuple(sorted(((k, _freeze(v)) for k, v in config.items()), key=lambda kv: kv[0])))
+    return ("overrides", tuple(training_overrides(run)))
+
 
 def summarise(runs: list[Run]) -> Group | None:
+    """One group's statistics: each seed's runs averaged, then mean ± sample std over seeds."""
     completed = [r for r in runs if run_status(r) == "completed"]
     if not completed:
         return None
@@ -59,26 +132,99 @@ def summarise(runs: list[Run]) -> Group | None:
         for name in metrics:
             if name == LOSS and len(metrics) > 1:
                 continue
-            values = [r.metrics["test"][task][name] for r in completed if name in r.metrics["test"].get(task, {})]
+            per_seed: dict[Any, list[float]] = {}
+            for run in completed:
+                if name in run.metrics["test"].get(task, {}):
+                    per_seed.setdefault(_seed_of(run), []).append(run.metrics["test"][task][name])
+            values = [statistics.fmean(v) for v in per_seed.values()]
             std = statistics.stdev(values) if len(values) > 1 else math.nan
             stats.setdefault(task, {})[name] = Stat(statistics.fmean(values), std, len(values))
-    return Group(" ".join(varied_overrides(first)) or "(defaults)", settings(first), completed, stats, first.metrics.get("higher_is_better", {}))
+
+    overridden = {override_key(item) for run in completed for item in training_overrides(run)}
+    config = first.training_config()
+    choices = {k.replace("/", "."): v for k, v in first.choices.items()}
+    if config is not None:
+        view, choice_keys = _config_view(first, config)
+        settings = {**view, **{k: v for k, v in choices.items() if k not in view}}
+        identity = config
+    else:  # no .hydra/config.yaml: today's rule, the overrides (and choices, for --baseline)
+        view = {override_key(item): item.split("=", 1)[1] for item in training_overrides(first) if "=" in item}
+        choice_keys = set()
+        settings = identity = {**choices, **view}
+    return Group("", settings, identity, completed, stats, first.metrics.get("higher_is_better", {}),
+                 view=view, choice_keys=choice_keys, overridden=overridden)
+
+
+def _under(key: str, node: str) -> bool:
+    return key.startswith(node + ".")
+
+
+def label_groups(groups: list[Group]) -> None:
+    """Label each group by the keys whose values differ between groups, as short `key=value` text.
+
+    A config group whose option differs (`balancer=gradnorm` against `balancer=fixed`) is named by its option, and
+    the keys under it only where they differ between groups with that same option. A value is left out where it is
+    the default of the others: the one value of that key among the groups (with the same options) whose runs did not
+    set it on the command line. So labels read like the commands that made the runs, and a group that has the
+    defaults wherever the others change something is "(defaults)".
+    """
+    if len(groups) == 1:
+        group = groups[0]
+        shared = [item for item in training_overrides(group.runs[0])
+                  if all(item in training_overrides(run) for run in group.runs[1:])]
+        group.label = " ".join(shared) or "(defaults)"
+        return
+    keys = list(dict.fromkeys(key for group in groups for key in group.view))
+    choices = set().union(*(g.choice_keys for g in groups))
+
+    def values(key: str, among: list[Group]) -> set[Any]:
+        return {_freeze(g.view.get(key, _ABSENT)) for g in among}
+
+    def overrides(group: Group, key: str) -> bool:  # `balancer=gradnorm` sets the option, not balancer.alpha
+        return any(key == k or (_under(key, k) and k not in choices) for k in group.overridden)
+
+    differing = {key for key in keys if len(values(key, groups)) > 1}
+    # an option counts only when something trained under it differs (`trainer=smoke` vs default + max_steps=20: same)
+    switched = {node for node in differing & choices if any(_under(key, node) for key in differing)}
+    differing = (differing - choices) | switched
+    for group in groups:
+        terms = []
+        for key in keys:
+            if key not in differing or key not in group.view:
+                continue
+            above = [node for node in switched if _under(key, node)]
+            peers = [g for g in groups if all(g.view.get(node, _ABSENT) == group.view.get(node) for node in above)]
+            if not overrides(group, key) and len(values(key, peers)) == 1:
+                continue  # the option's own value: implied by the option's name
+            default = values(key, [g for g in peers if not overrides(g, key)])
+            if len(default) == 1 and _freeze(group.view[key]) in default:
+                continue  # what the groups that did not set it have
+            terms.append(f"{key}={format_value(group.view[key])}")
+        group.label = " ".join(terms) or "(defaults)"
+    seen: dict[str, int] = {}
+    for group in groups:  # two labels coincide only through keys some groups lack; keep them apart anyway
+        seen[group.label] = seen.get(group.label, 0) + 1
+    for group in groups:
+        if seen[group.label] > 1:
+            group.label += f" [{group.runs[0].path.name}]"
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
-    """Completed runs grouped by overrides minus the seed, in the order their first run was found.
+    """Completed runs grouped by what was trained, in the order their first run was found.
 
-    Returns the groups, labelled by the overrides that differ between them, and the overrides all share.
+    Returns the groups, labelled by the keys that differ between them, and the training overrides that every
+    completed run shares (listed once under the table).
     """
-    buckets: dict[tuple[str, ...], list[Run]] = {}
+    buckets: dict[tuple[Any, ...], list[Run]] = {}
     for run in runs:
         if run_status(run) == "completed":
-            buckets.setdefault(tuple(varied_overrides(run)), []).append(run)
+            buckets.setdefault(_bucket(run), []).append(run)
     groups = [g for g in (summarise(rs) for rs in buckets.values()) if g is not None]
-    keys = list(buckets)
-    common = [item for item in keys[0] if all(item in key for key in keys[1:])] if len(keys) > 1 else []
-    for group, key in zip(groups, keys):
-        group.label = " ".join(item for item in key if item not in common) or "(defaults)"
+    label_groups(groups)
+    common: list[str] = []
+    if len(groups) > 1:
+        every = [training_overrides(run) for group in groups for run in group.runs]
+        common = [item for item in every[0] if all(item in other for other in every[1:])]
     return groups, common
 
 
@@ -86,7 +232,7 @@ def by_task_set(groups: list[Group]) -> dict[str, list[Group]]:
     """Groups split by the task set they trained on (one table and one set of plots each)."""
     parts: dict[str, list[Group]] = {}
     for group in groups:
-        parts.setdefault(group.settings.get("tasks", "+".join(group.stats)), []).append(group)
+        parts.setdefault(str(group.settings.get("tasks", "+".join(group.stats))), []).append(group)
     return parts
 
 
@@ -97,21 +243,45 @@ def parse_baseline(text: str) -> dict[str, str]:
     pairs = [item for item in text.replace(",", " ").split() if item]
     if not pairs or not all("=" in item for item in pairs):
         raise ConfigError(f"--baseline {text!r}: expected key=value (e.g. balancer=fixed) or 'reference'")
-    return dict(item.split("=", 1) for item in pairs)
+    return {override_key(key): value for key, value in (item.split("=", 1) for item in pairs)}
 
 
-def _without(values: dict[str, str], keys: list[str]) -> dict[str, str]:
+def matches(value: Any, text: str) -> bool:
+    """Whether a resolved value is what `key=text` asks for (`optim.lr=1e-3` matches 0.001)."""
+    if value is _ABSENT:
+        return False
+    if format_value(value) == text or str(value) == text:
+        return True
+    if value is None:
+        return text.lower() in {"null", "none", "~"}
+    if isinstance(value, bool):
+        return text.lower() in ({"true", "yes", "on"} if value else {"false", "no", "off"})
+    try:
+        return float(value) == float(text)
+    except (TypeError, ValueError):
+        pass
+    if isinstance(value, (list, dict)):
+        import yaml
+
+        try:
+            return _freeze(yaml.safe_load(text)) == _freeze(value)
+        except yaml.YAMLError:
+            return False
+    return False
+
+
+def _without(values: dict[str, Any], keys: list[str]) -> dict[str, Any]:
     """Drop the selected keys and everything under them (`balancer` drops `balancer.alpha` too)."""
-    return {k: v for k, v in values.items() if not any(k == key or k.startswith(key + ".") for key in keys)}
+    return {k: _freeze(v) for k, v in values.items() if not any(k == key or _under(k, key) for key in keys)}
 
 
 def find_baseline(group: Group, groups: list[Group], selector: dict[str, str]) -> Group | None:
-    """The group that differs from `group` only in the selected keys, which it has at the selected values."""
+    """The group that trained what `group` trained except in the selected keys, which it has at the selected values."""
     keys = list(selector)
-    wanted = _without(group.settings, keys)
+    wanted = _without(group.identity, keys)
     for candidate in groups:
-        if all(candidate.settings.get(k) == v for k, v in selector.items()) and \
-                _without(candidate.settings, keys) == wanted:
+        if all(matches(candidate.settings.get(k, _ABSENT), v) for k, v in selector.items()) and \
+                _without(candidate.identity, keys) == wanted:
             return candidate
     return None
 
@@ -140,7 +310,7 @@ def add_delta_m(groups: list[Group], baseline: str) -> None:
 
 
 def describe_problems(runs: list[Run]) -> list[dict[str, Any]]:
-    """Failed and incomplete runs, so the report lists them instead of dropping them."""
-    return [{"path": str(r.path), "status": run_status(r), "error": r.metrics.get("error", ""),
+    """Failed, diverged and incomplete runs with their reason: listed apart, never averaged."""
+    return [{"path": str(r.path), "status": run_status(r), "reason": run_reason(r),
              "overrides": " ".join(varied_overrides(r))}
             for r in runs if run_status(r) != "completed"]
