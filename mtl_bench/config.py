@@ -79,6 +79,10 @@ class TrainerConf:
     step_mode: str = "joint"
     grad_accumulation_steps: int = 1  # loader steps per optimizer step; the gradient is their mean
     on_nonfinite: str = "skip"  # a non-finite loss: skip the step (counted, logged) | raise (stop, naming task/step)
+    # skip: stop the run as diverged when more than this fraction of the last skipped_window steps were
+    # skipped for non-finite losses or gradients (checked at log points); null: never
+    max_skipped_fraction: Optional[float] = 0.1
+    skipped_window: int = 100
     profile: bool = False  # write a torch profiler trace of a few steps (TensorBoard's profile tab)
 
     def __post_init__(self) -> None:
@@ -96,6 +100,9 @@ class TrainerConf:
         _one_of("trainer.step_mode", self.step_mode, ("joint", "per_task"))
         _positive("trainer.grad_accumulation_steps", self.grad_accumulation_steps)
         _one_of("trainer.on_nonfinite", self.on_nonfinite, ("skip", "raise"))
+        _require(self.max_skipped_fraction is None or 0 <= self.max_skipped_fraction <= 1,
+                 "trainer.max_skipped_fraction", self.max_skipped_fraction, "null or 0..1")
+        _positive("trainer.skipped_window", self.skipped_window)
 
 
 # ----------------------------------------------------------------------------- top level

@@ -8,5 +8,26 @@ class ConfigError(ValueError):
     """
 
 
+class Interrupted(SystemExit):
+    """SIGINT, SIGTERM or SIGUSR1 stopped the run after a step, with a checkpoint written; exits 128 + signal."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(128 + signum)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ResumeError(ConfigError):
+    """trainer.resume cannot continue: the checkpoint is damaged or was trained with another config. Nothing
+    in the run directory is changed (no failure record: the run it belongs to is intact)."""
+
+
+class DivergedError(ConfigError):
+    """Too many steps were skipped for non-finite losses or gradients (trainer.max_skipped_fraction): the run
+    stops, one line, and metrics.json says "status": "diverged"."""
+
+
 class NonFiniteLossError(ConfigError):
     """trainer.on_nonfinite=raise met a NaN/inf loss: reported like a user error (one line, non-zero exit)."""

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from mtl_bench.engine.files import atomic_write
-from mtl_bench.errors import ConfigError
+from mtl_bench.errors import ConfigError, ResumeError
 
 CHECKPOINT_NAME = "last.pt"
 
@@ -58,5 +58,20 @@ def find_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
     raise ConfigError(f"trainer.resume={resume!r}: no checkpoint there (allowed: null, auto, a checkpoint file or run dir)")
 
 
+CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "balancer", "rng", "initial_test", "elapsed_s")
+
+
 def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
-    return torch.load(path, map_location=device, weights_only=True)
+    """The checkpoint at `path`; a file that is not one (truncated, damaged, another program's) is one
+    ConfigError line naming it. Nothing is written."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:  # UnpicklingError, RuntimeError, EOFError, OSError, IndexError, ...
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ResumeError(f"trainer.resume: {path} is not a readable mtl-bench checkpoint ({type(err).__name__}: "
+                          f"{reason[:200]}); resume from another checkpoint or start a new run") from None
+    missing = [key for key in CHECKPOINT_KEYS if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise ResumeError(f"trainer.resume: {path} is not an mtl-bench checkpoint (no {', '.join(missing)}); "
+                          "resume from another checkpoint or start a new run")
+    return state

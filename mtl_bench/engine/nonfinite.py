@@ -1,15 +1,19 @@
 """The non-finite policy in one place: skip a step whose gradients are not finite, deciding on the device,
-count the skipped steps, and under `on_nonfinite=raise` stop at the next read of the device, naming the
-first task and step with a non-finite loss (all DDP ranks agree on it first, so they stop together)."""
+and count the skipped steps. Under `on_nonfinite=raise` the run stops at the next read of the device,
+naming the first step with a non-finite loss (and its task) or non-finite gradients; under `skip` it stops
+as diverged when more than `max_skipped_fraction` of the last `skipped_window` steps were skipped. All
+DDP ranks agree on the first bad step first, so they stop together."""
 
 from __future__ import annotations
+
+from collections import deque
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from mtl_bench.engine.gradients import total_grad_norm
-from mtl_bench.errors import NonFiniteLossError
+from mtl_bench.errors import DivergedError, NonFiniteLossError
 
 
 def nonfinite_flag(grads: list[Tensor], norm: Tensor | None = None) -> Tensor:
@@ -45,17 +49,22 @@ class NonFinitePolicy:
     (log points, before a checkpoint is written): the steps in between were skipped, so what was written
     holds the last good state."""
 
-    def __init__(self, task_names: list[str], mode: str, device: torch.device) -> None:
-        self.task_names, self.raises = task_names, mode == "raise"
+    def __init__(self, task_names: list[str], mode: str, device: torch.device,
+                 max_skipped_fraction: float | None = None, window: int = 100, scaler_skips: bool = False) -> None:
+        """`scaler_skips`: fp16's grad scaler skips steps whose gradients overflow its scale, as part of
+        finding the scale; `raise` then stops for non-finite losses only."""
+        self.task_names, self.raises, self.scaler_skips = task_names, mode == "raise", scaler_skips
+        self.max_fraction, self.window = max_skipped_fraction, window
         self.skipped = torch.zeros((), device=device)  # steps skipped for non-finite losses or gradients
-        self.first_bad = torch.full((len(task_names),), -1, device=device)  # per task: first non-finite step
+        # first step with a non-finite loss, per task, then (last entry) first skipped step of any cause
+        self.first_bad = torch.full((len(task_names) + 1,), -1, device=device)
         self.reported = 0.0
+        self.history: deque[tuple[int, float]] = deque([(0, 0.0)])  # (step, skipped so far) at reads
 
     def record(self, step: int, losses: Tensor, skipped: Tensor) -> None:
         self.skipped += skipped
-        if self.raises:
-            bad = (self.first_bad < 0) & ~torch.isfinite(losses)
-            self.first_bad = torch.where(bad, step, self.first_bad)
+        bad = torch.cat([~torch.isfinite(losses), skipped.reshape(1).to(torch.bool)]) & (self.first_bad < 0)
+        self.first_bad = torch.where(bad, step, self.first_bad)
 
     def _agree(self) -> None:
         """Under DDP, every rank takes the earliest non-finite step of any rank."""
@@ -71,17 +80,37 @@ class NonFinitePolicy:
         self._agree()
         return torch.cat([self.skipped.reshape(1).float(), self.first_bad.float()])
 
-    def check(self, values: list[float] | None = None) -> float:
-        """Raise under `raise` if a loss was not finite; return the skipped-step count. `values`: what
-        `device_values()` gave, already on the host (else one read here)."""
+    def first_bad_step(self, values: list[float]) -> tuple[int, str] | None:
+        """(step counted from 1, what) of the first non-finite loss (naming its task), else of the first
+        skipped step (non-finite gradients with finite losses); None when there was none."""
+        bad = [(int(step), f"loss for task {name!r}") for step, name in zip(values[1:-1], self.task_names) if step >= 0]
+        if bad:
+            step, what = min(bad)
+            return step + 1, what
+        return (int(values[-1]) + 1, "gradients") if values[-1] >= 0 else None
+
+    def check(self, step: int, values: list[float] | None = None) -> float:
+        """Stop as the policy says; return the skipped-step count. `values`: what `device_values()` gave,
+        already on the host (else one read here); `step`: steps done."""
         values = values if values is not None else self.device_values().tolist()
-        bad = [(int(step), name) for step, name in zip(values[1:], self.task_names) if step >= 0]
-        if self.raises and bad:
-            step, task = min(bad)
-            raise NonFiniteLossError(f"non-finite loss for task {task!r} at step {step + 1} "
-                                     "(trainer.on_nonfinite=raise; the step was skipped, checkpoints hold the "
-                                     "last good state)")
-        return values[0]
+        first = self.first_bad_step(values)
+        if self.raises and first is not None and not (self.scaler_skips and first[1] == "gradients"):
+            raise NonFiniteLossError(f"non-finite {first[1]} at step {first[0]} (trainer.on_nonfinite=raise; the "
+                                     "step was skipped, checkpoints hold the last good state)")
+        skipped = values[0]
+        self.history.append((step, skipped))
+        while len(self.history) > 1 and self.history[1][0] <= step - self.window:
+            self.history.popleft()
+        since, skipped_before = self.history[0]
+        span = step - since
+        if self.max_fraction is not None and span >= min(self.window, step) and span > 0 and first is not None:
+            fraction = (skipped - skipped_before) / span
+            if fraction > self.max_fraction:
+                raise DivergedError(
+                    f"diverged: {skipped - skipped_before:.0f} of the last {span} steps were skipped for non-finite "
+                    f"losses or gradients ({skipped:.0f} in all; the first: non-finite {first[1]} at step {first[0]}); "
+                    f"trainer.max_skipped_fraction={self.max_fraction} (checkpoints hold the last good state)")
+        return skipped
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"skipped_steps": self.skipped.detach().clone()}

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +35,7 @@ from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.profile import maybe_profile
 from mtl_bench.engine.progress import Progress
 from mtl_bench.engine.step import StepResult, StepRunner, optimizer_steps_per_epoch
-from mtl_bench.errors import ConfigError
+from mtl_bench.errors import ConfigError, Interrupted, ResumeError
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.optim import build_param_groups
 from mtl_bench.optim.cyclic import group_momentum
@@ -43,6 +46,12 @@ log = logging.getLogger("mtl_bench")
 
 METRICS_FILE = "metrics.json"
 Metrics = dict[str, dict[str, float]]
+# What may change when a run resumes: how long it trains, how often it logs, evaluates and checkpoints, and
+# where and how fast it runs. Any other difference would train another config than the run records.
+RESUMABLE_KEYS = ("trainer.max_steps", "trainer.epochs", "trainer.log_every", "trainer.eval_every",
+                  "trainer.checkpoint_every", "trainer.resume", "trainer.device", "trainer.num_threads",
+                  "trainer.num_workers", "trainer.progress", "trainer.profile", "trainer.max_skipped_fraction",
+                  "trainer.skipped_window", "tag")
 
 
 @dataclass
@@ -87,6 +96,7 @@ class Recipe:
         self.logger: RunLogger | None = None
         self.dist: DistInfo | None = None
         self.layout_written = False
+        self.stop_signal: int | None = None  # set by SIGINT, SIGTERM or SIGUSR1 (preemption)
 
     # ------------------------------------------------------------------ setup
 
@@ -125,7 +135,9 @@ class Recipe:
         forward_model = wrap_ddp(self.model, device, self.dist, per_task=conf.step_mode == "per_task")
         self.runner = StepRunner(forward_model, self.taskset, self.balancer, self.precision, conf, self.seed,
                                  device, self.dist.rank, self.dist.world_size)
-        self.nonfinite = NonFinitePolicy(self.taskset.task_names, conf.on_nonfinite, device)
+        self.nonfinite = NonFinitePolicy(self.taskset.task_names, conf.on_nonfinite, device,
+                                         conf.max_skipped_fraction, conf.skipped_window,
+                                         scaler_skips=self.precision.scaler is not None)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         if checkpoint is not None:
             self.restore(load_checkpoint(checkpoint, device), checkpoint)
@@ -171,16 +183,40 @@ class Recipe:
             "rng": rng_state(),
             "initial_test": self.initial_test,
             "elapsed_s": elapsed,
+            "config": OmegaConf.to_yaml(self.cfg, resolve=True),  # what was trained (checked on resume)
+            "overrides": self.overrides,
         })
 
+    def check_same_config(self, state: dict[str, Any], source: Path) -> None:
+        """Resume is the same run or nothing: any difference outside RESUMABLE_KEYS stops with one line, and
+        this run dir's .hydra record goes back to what the checkpoint trained."""
+        if "config" not in state:
+            return
+        saved = flatten_hparams(OmegaConf.to_container(OmegaConf.create(state["config"])))  # type: ignore[arg-type]
+        now = flatten_hparams(OmegaConf.to_container(self.cfg, resolve=True))  # type: ignore[arg-type]
+        differ = [key for key in sorted(set(saved) | set(now))
+                  if saved.get(key, "(unset)") != now.get(key, "(unset)") and key not in RESUMABLE_KEYS]
+        if not differ:
+            return
+        hydra_dir = self.run_dir / ".hydra"
+        if source.parent.parent.resolve() == self.run_dir.resolve() and hydra_dir.is_dir():
+            (hydra_dir / "config.yaml").write_text(state["config"])
+            (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(state["overrides"])))
+        changes = ", ".join(f"{k} {saved.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in differ[:6])
+        more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
+        raise ResumeError(f"trainer.resume: {source} was trained with another config ({changes}{more}); only "
+                          f"{', '.join(k.split('.')[-1] for k in RESUMABLE_KEYS)} may change on resume. To train "
+                          "this config, start a new run (without trainer.resume, or in a new hydra.run.dir)")
+
     def restore(self, state: dict[str, Any], source: Path) -> None:
+        self.check_same_config(state, source)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.balancer.load_state_dict(state["balancer"])
         except (RuntimeError, ValueError, KeyError) as err:
             first_line = str(err).strip().splitlines()[0]
-            raise ConfigError(f"trainer.resume: checkpoint {source} does not fit this config ({first_line})") from None
+            raise ResumeError(f"trainer.resume: checkpoint {source} does not fit this config ({first_line})") from None
         self.scheduler.load_state_dict(state["scheduler"])
         if self.precision.scaler is not None and state.get("grad_scaler"):
             self.precision.scaler.load_state_dict(state["grad_scaler"])
@@ -205,6 +241,7 @@ class Recipe:
             self.runner.on_first_losses = self._report_parameters_outside_graph
         progress = Progress(total, self.step, self.bar)
         started = time.perf_counter()
+        previous_handlers = self._catch_stop_signals()
         window_losses, window_steps, window_start = torch.zeros(n, device=self.device), 0, time.perf_counter()
         self.model.train()
         try:
@@ -227,10 +264,14 @@ class Recipe:
                     if self.step % conf.eval_every == 0 and self.step < total:
                         self._log_eval("val", self.evaluate("val"))
                     if conf.checkpoint_every and self.step % conf.checkpoint_every == 0 and self.step < total:
-                        self.nonfinite.check()
+                        self.nonfinite.check(self.step)
                         self.save(self.elapsed_before + time.perf_counter() - started)
+                    if self._stopping(logging_now) and self.step < total:
+                        self._stop(self.elapsed_before + time.perf_counter() - started)
         finally:
             progress.close()
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
         val, test = self.evaluate("val"), self.evaluate("test")
         summary = {"test_loss_ratio_sum": loss_ratio_sum(test, self.initial_test)}
         self._log_eval("val", val)
@@ -238,6 +279,40 @@ class Recipe:
         wall = self.elapsed_before + time.perf_counter() - started
         self.save(wall)
         return TrainResult(self.step, val, test, summary, wall, self.initial_test)
+
+    def _catch_stop_signals(self) -> dict[int, Any]:
+        """SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (SLURM's and submitit's preemption notice) end the current
+        step, write a checkpoint and exit; returns the handlers to put back."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+
+        def stop(signum: int, frame: Any) -> None:
+            self.stop_signal = signum
+
+        return {signum: signal.signal(signum, stop) for signum in signals}
+
+    def _stopping(self, logging_now: bool) -> bool:
+        """Whether a stop signal came; under DDP the ranks agree at log points (one collective there)."""
+        if self.dist is None or self.dist.world_size == 1:
+            return self.stop_signal is not None
+        if not logging_now:
+            return False
+        flag = torch.tensor([float(self.stop_signal or 0)], device=self.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        self.stop_signal = int(flag.item()) or None
+        return self.stop_signal is not None
+
+    def _stop(self, elapsed: float) -> None:
+        assert self.stop_signal is not None
+        self.nonfinite.check(self.step)  # a checkpoint holds a good state only
+        self.save(elapsed)
+        name = signal.Signals(self.stop_signal).name
+        message = (f"stopped by {name} after step {self.step}; checkpoint {self.checkpoint_path} written. Resume "
+                   f"with the same command plus hydra.run.dir={self.run_dir} trainer.resume=auto")
+        if self.logger is not None:
+            print(f"mtl-bench: {message}", file=sys.stderr)
+        raise Interrupted(self.stop_signal, message)
 
     def _optimizer_step(self, logging_now: bool) -> StepResult:
         """Forwards and backwards of one step, clipping, then the optimizer step unless it is not finite.
@@ -287,10 +362,10 @@ class Recipe:
         values = torch.cat([mean_losses.float(), self.nonfinite.device_values(),
                             torch.stack(list(measured.values())).float().to(mean_losses.device)
                             if measured else mean_losses.new_zeros(0)]).tolist()
-        skipped = self.nonfinite.check(values[n:2 * n + 1])
+        skipped = self.nonfinite.check(self.step, values[n:2 * n + 2])
         losses = dict(zip(names, values[:n]))
         scalars = {tags.loss(name): v for name, v in losses.items()}
-        scalars.update(zip(measured.keys(), values[2 * n + 1:]))
+        scalars.update(zip(measured.keys(), values[2 * n + 2:]))
         scalars[tags.STEPS_SKIPPED] = skipped
         for i, group in enumerate(self.optimizer.param_groups):
             name = group.get("name", i)
@@ -358,7 +433,7 @@ def train(cfg: DictConfig, run_dir: Path, *, overrides: Optional[list[str]] = No
         recipe.setup()
         result = recipe.train()
     except BaseException as err:
-        if recipe.dist is None or recipe.dist.is_main:
+        if (recipe.dist is None or recipe.dist.is_main) and not isinstance(err, ResumeError):
             record_failure(recipe.run_dir, err, recipe.step, recipe.overrides, recipe.choices)
         raise
     finally:

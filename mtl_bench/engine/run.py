@@ -27,10 +27,16 @@ def previous_status(run_dir: Path) -> str | None:
 
 def record_failure(run_dir: Path, err: BaseException, step: int, overrides: list[str],
                    choices: dict[str, str]) -> None:
-    """metrics.json with status "failed", so a sweep's report lists the run; a finished run's results stay."""
+    """metrics.json with status "failed" (or "diverged"), so a sweep's report lists the run with its reason;
+    a finished run's results stay."""
+    from mtl_bench.errors import DivergedError, Interrupted
+
     if run_dir.is_dir() and previous_status(run_dir) != "completed":
-        write_json(run_dir / METRICS_FILE, {"status": "failed", "error": f"{type(err).__name__}: {err}", "step": step,
-                                            "overrides": overrides, "choices": choices})
+        status = "diverged" if isinstance(err, DivergedError) else "interrupted" if isinstance(err, Interrupted) \
+            else "failed"
+        write_json(run_dir / METRICS_FILE, {"status": status, "error": f"{type(err).__name__}: {err}",
+                                            "reason": str(err).splitlines()[0] if str(err) else type(err).__name__,
+                                            "step": step, "overrides": overrides, "choices": choices})
 
 
 def check_config(cfg: DictConfig, overrides: list[str]) -> None:
