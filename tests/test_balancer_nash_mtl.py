@@ -108,3 +108,5 @@ def test_bad_options_fail_clearly():
         build(model, max_norm=-1.0)
     with pytest.raises(ValueError, match="^head_weights"):
         build(model, head_weights="sum")
+    with pytest.raises(ValueError, match="^solver: NOPE is not installed"):
+        build(model, solver="NOPE")

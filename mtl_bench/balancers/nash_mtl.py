@@ -24,6 +24,9 @@ class NashSolver:
             import cvxpy as cp
         except ImportError as error:  # pragma: no cover - depends on the environment
             raise ImportError("nash_mtl needs cvxpy (and the ECOS solver): pip install cvxpy ecos") from error
+        if solver not in cp.installed_solvers():
+            raise ValueError(f"solver: {solver} is not installed for cvxpy (installed: {', '.join(cp.installed_solvers())}); "
+                             "pip install ecos, or solver=CLARABEL")
         self.cp, self.iterations, self.solver = cp, iterations, solver
         self.alpha = cp.Variable(tasks, nonneg=True)
         self.previous = cp.Parameter(tasks, value=np.ones(tasks))
