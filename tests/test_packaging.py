@@ -33,4 +33,4 @@ def test_wheel_install_finds_its_packaged_conf(tmp_path):
     assert str(REPO / "conf") not in info
     job = subprocess.run([sys.executable, "-m", "mtl_bench", "train", "--cfg", "job", "tasks=digits"],
                          cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout
-    assert "name: digits" in job
+    assert "_target_: mtl_bench.tasks.Digits" in job

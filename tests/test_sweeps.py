@@ -30,7 +30,7 @@ def statuses(sweep: Path) -> dict[str, str]:
 def test_a_failed_job_leaves_the_other_jobs_and_is_reported(tmp_path):
     result = cli("train", "-m", "optim.lr=-1,0.001", f"hydra.sweep.dir={tmp_path / 'sweep'}", *SMOKE, cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("mtl-bench: error: a job of the sweep failed (optim.lr")
+    assert result.stderr.strip().splitlines()[-1].startswith("mtl-bench: error: a job of the sweep failed (optim: Invalid learning rate: -1)")
     assert sorted(statuses(tmp_path / "sweep").values()) == ["completed", "failed"]
     report = cli("report", str(tmp_path / "sweep"), cwd=tmp_path)
     assert report.returncode == 0 and "failed:" in report.stdout and "optim.lr=-1" in report.stdout
