@@ -35,3 +35,17 @@ def test_every_balancer_trains_on_both_task_sets(compose_cfg, tmp_path, balancer
     for task in metrics["test"]:
         values = [e.value for e in events.Scalars(f"weight/{task}")]
         assert len(values) == 2 and all(v == v for v in values), (task, values)  # logged at steps 3, 6; not NaN
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["balancer=famo"], "trainer.step_mode=per_task: FAMO has no per-task mode"),
+    (["balancer=mgda", "balancer.grad_source=shared_rep"],
+     "trainer.step_mode=per_task: MGDA: grad_source=shared_rep has no per-task mode"),
+])
+def test_a_meaningless_combination_stops_at_build_time(compose_cfg, tmp_path, overrides, message):
+    from mtl_bench.errors import ConfigError
+
+    cfg = compose_cfg(*overrides, *TASK_SETS["toy10"], *SHORT, "trainer.step_mode=per_task")
+    with pytest.raises(ConfigError, match=message):
+        train(cfg, tmp_path)
+    assert not list(tmp_path.glob("events.out.tfevents.*"))  # stopped before any training or logging

@@ -103,6 +103,13 @@ class Balancer(nn.Module):
         """Commit the state update of this step unless the step was skipped; stateless balancers: no-op."""
         return {}
 
+    def per_task_problem(self) -> Optional[str]:
+        """Why this balancer cannot run per-task steps (one batch per task), or None when it can; the loop
+        asks at build time so that the run stops in one line before training."""
+        if type(self).backward_task is Balancer.backward_task:
+            return f"{type(self).__name__} has no per-task mode"
+        return None
+
     @staticmethod
     def run_backward(total: Tensor, ctx: Context) -> None:
         ctx = BackwardContext.of(ctx)

@@ -137,8 +137,9 @@ class FAMO(StagedBalancer):
         metrics.update({f"famo/z/{name}": z[i] for i, name in enumerate(self.task_names)})
         return metrics
 
+    def per_task_problem(self) -> str:
+        return ("FAMO has no per-task mode: each task's weight z_i/(c·D_i) and the logits' update need every "
+                "task's loss of the same step; use trainer.step_mode=joint")
+
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        raise NotImplementedError(
-            "FAMO has no per-task mode: each task's weight z_i/(c·D_i) and the logits' update need every task's "
-            "loss of the same step; use trainer.step_mode=joint"
-        )
+        raise NotImplementedError(self.per_task_problem())

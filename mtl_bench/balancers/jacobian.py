@@ -336,10 +336,16 @@ class GradientBalancer(StagedBalancer):
         """The heads' weights before the solve (IMTL-L's scales); None: 1 each, or wait for the solve."""
         return None
 
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+    def per_task_problem(self) -> Optional[str]:
         if self.grad_source == "shared_rep":
-            raise RuntimeError(f"{type(self).__name__}: grad_source=shared_rep has no per-task mode (each task's "
-                               "representation comes from its own batch); use grad_source=shared_params")
+            return (f"{type(self).__name__}: grad_source=shared_rep has no per-task mode (each task's "
+                    "representation comes from its own batch); use grad_source=shared_params")
+        return None
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        problem = self.per_task_problem()
+        if problem is not None:
+            raise RuntimeError(problem)
         if task not in self._index:
             raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
         scale = self._begin(PER_TASK, ctx, shared)

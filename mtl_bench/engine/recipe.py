@@ -123,6 +123,9 @@ class Recipe:
         assert set(supplied) == set(BUILD_ARGUMENTS)
         # Built before the training forwards: a balancer may hook the model's last shared layer.
         self.balancer: Balancer = build("balancer", cfg.balancer, Balancer, **supplied).to(device)
+        problem = self.balancer.per_task_problem() if conf.step_mode == "per_task" else None
+        if problem is not None:
+            raise ConfigError(f"trainer.step_mode=per_task: {problem}")
         optim = node_dict(cfg.optim)
         groups = build_param_groups(self.model, optim.get("lr", 1e-3), optim.get("weight_decay"),
                                     optim.get("paramwise"))
