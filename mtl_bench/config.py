@@ -83,6 +83,7 @@ class TrainerConf:
     # skipped for non-finite losses or gradients (checked at log points); null: never
     max_skipped_fraction: Optional[float] = 0.1
     skipped_window: int = 100
+    diagnostics_every: int = 100  # with balancer.diagnostics=true: gradient diagnostics at every N-th step (a log point)
     profile: bool = False  # write a torch profiler trace of a few steps (TensorBoard's profile tab)
 
     def __post_init__(self) -> None:
@@ -103,6 +104,7 @@ class TrainerConf:
         _require(self.max_skipped_fraction is None or 0 <= self.max_skipped_fraction <= 1,
                  "trainer.max_skipped_fraction", self.max_skipped_fraction, "null or 0..1")
         _positive("trainer.skipped_window", self.skipped_window)
+        _positive("trainer.diagnostics_every", self.diagnostics_every)
 
 
 # ----------------------------------------------------------------------------- top level

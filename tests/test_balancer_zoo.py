@@ -49,3 +49,21 @@ def test_a_meaningless_combination_stops_at_build_time(compose_cfg, tmp_path, ov
     with pytest.raises(ConfigError, match=message):
         train(cfg, tmp_path)
     assert not list(tmp_path.glob("events.out.tfevents.*"))  # stopped before any training or logging
+
+
+@pytest.mark.parametrize("balancer", ["fixed", "uw", "pcgrad"])
+def test_diagnostics_log_gradient_norms_cosines_and_a_heatmap_without_changing_the_update(compose_cfg, tmp_path,
+                                                                                          balancer):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = [f"balancer={balancer}", *TASK_SETS["digits"], *SHORT, "trainer.diagnostics_every=3"]
+    plain = train(compose_cfg(*args), tmp_path / "plain")
+    seen = train(compose_cfg(*args, "balancer.diagnostics=true"), tmp_path / "seen")
+    assert seen.test == plain.test  # the update is the same
+    events = EventAccumulator(str(tmp_path / "seen"), size_guidance={"images": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"grad_norm/left", "grad_cos/left/right", "grad_cos/left/sum", "grad_cos/right/sum"} <= scalars
+    cos = [e.value for e in events.Scalars("grad_cos/left/right")]
+    assert len(cos) == 2 and all(-1 <= c <= 1 for c in cos)
+    assert [e.step for e in events.Images("grad_cos/heatmap")] == [3, 6]

@@ -24,6 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from mtl_bench.errors import ConfigError
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+# Keys of a part that the engine reads itself, whatever the class: the optimizer's schedule and parameter
+# groups; the balancer's gradient diagnostics (engine/diagnostics.py).
+ENGINE_KEYS = {"optim": ("schedule", "paramwise"), "balancer": ("diagnostics",)}
 
 
 def node_dict(node: Any) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.config import TrainerConf
 from mtl_bench.engine.anomalous import parameters_outside_graph
-from mtl_bench.engine.builders import build, node_dict, pick_device
+from mtl_bench.engine.builders import ENGINE_KEYS, build, node_dict, pick_device
 from mtl_bench.engine.checkpoint import CHECKPOINT_NAME, find_checkpoint, load_checkpoint, rng_state, \
     save_checkpoint, set_rng_state
+from mtl_bench.engine.diagnostics import GRAD_COS_MATRIX, GradientDiagnostics, heatmap
 from mtl_bench.engine.distributed import DistInfo, broadcast_text, init_distributed, rank_device, \
     shutdown_distributed, wrap_ddp
 from mtl_bench.engine.evaluate import evaluate
@@ -122,7 +123,10 @@ class Recipe:
                     "initial_losses_known": {t.name: t.initial_loss for t in tasks}}
         assert set(supplied) == set(BUILD_ARGUMENTS)
         # Built before the training forwards: a balancer may hook the model's last shared layer.
-        self.balancer: Balancer = build("balancer", cfg.balancer, Balancer, **supplied).to(device)
+        self.balancer: Balancer = build("balancer", cfg.balancer, Balancer, ignore=ENGINE_KEYS["balancer"],
+                                        **supplied).to(device)
+        self.diagnostics = (GradientDiagnostics(supplied["shared_params"], self.taskset.task_names)
+                            if cfg.balancer.get("diagnostics", False) else None)
         problem = self.balancer.per_task_problem() if conf.step_mode == "per_task" else None
         if problem is not None:
             raise ConfigError(f"trainer.step_mode=per_task: {problem}")
@@ -130,7 +134,7 @@ class Recipe:
         groups = build_param_groups(self.model, optim.get("lr", 1e-3), optim.get("weight_decay"),
                                     optim.get("paramwise"))
         self.optimizer: torch.optim.Optimizer = build("optim", optim, torch.optim.Optimizer,
-                                                      ignore=("schedule", "paramwise"), params=groups)
+                                                      ignore=ENGINE_KEYS["optim"], params=groups)
         self.total_steps = count_steps(conf, len(self.taskset.train), self.dist.world_size)
         self.scheduler = build("optim.schedule", optim["schedule"], None, optimizer=self.optimizer,
                                total_steps=self.total_steps)
@@ -327,7 +331,8 @@ class Recipe:
         """
         conf, scaler = self.conf, self.precision.scaler
         self.optimizer.zero_grad(set_to_none=True)
-        result = self.runner.run(self.step)
+        diagnose = self.diagnostics is not None and logging_now and (self.step + 1) % conf.diagnostics_every == 0
+        result = self.runner.run(self.step, self.diagnostics if diagnose else None)
         measured = result.measurements
         clipping = conf.grad_clip.max_norm is not None or conf.grad_clip.clip_value is not None
         if scaler is not None and (clipping or logging_now):
@@ -361,6 +366,9 @@ class Recipe:
     def _log_train(self, mean_losses: torch.Tensor, measured: dict[str, torch.Tensor], rate: float,
                    progress: Progress) -> None:
         names, n = self.taskset.task_names, len(self.taskset.tasks)
+        cos = measured.pop(GRAD_COS_MATRIX, None)
+        if cos is not None and self.logger is not None:  # one image per diagnostic step
+            self.logger.writer.add_image("grad_cos/heatmap", heatmap(cos.float().cpu().numpy()), self.step)
         # One host read per log interval: losses, the non-finite record and the balancer's measurements.
         values = torch.cat([mean_losses.float(), self.nonfinite.device_values(),
                             torch.stack(list(measured.values())).float().to(mean_losses.device)

@@ -46,7 +46,7 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
     its new class takes or the command line set: the option's own keys (mlp's `widths`) belong to the class
     it was written for.
     """
-    from mtl_bench.engine.builders import check_part, node_dict, parameters, target_of
+    from mtl_bench.engine.builders import ENGINE_KEYS, check_part, node_dict, parameters, target_of
 
     supplied = {"model": ("input_shape", "heads"), "optim": ("params",), "optim.schedule": ("optimizer", "total_steps"),
                 "precision": ("device",)}
@@ -59,14 +59,13 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
         if f"{key}._target_" in given and isinstance(node, DictConfig):
             params = parameters(target_of(key, node_dict(node)))
             dropped = [k for k in map(str, node) if not k.startswith("_") and k not in params and f"{key}.{k}" not in given
-                       and not (key == "optim" and k in ("schedule", "paramwise"))]
+                       and k not in ENGINE_KEYS.get(key, ())]
             with open_dict(node):
                 for k in dropped:
                     node.pop(k)
             if dropped:
                 log.debug("%s._target_ set: the option's keys %s do not apply to it and were dropped", key, dropped)
-        ignore = ("schedule", "paramwise") if key == "optim" else ()
-        check_part(key, node_dict(node), supplied.get(key, ()), ignore)
+        check_part(key, node_dict(node), supplied.get(key, ()), ENGINE_KEYS.get(key, ()))
 
 
 def run_experiment(cfg: DictConfig) -> float:

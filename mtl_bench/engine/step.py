@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from mtl_bench.balancers import BackwardContext, Balancer
 from mtl_bench.config import TrainerConf
 from mtl_bench.engine.data import BatchSource, StepSampler
+from mtl_bench.engine.diagnostics import GradientDiagnostics
 from mtl_bench.engine.precision import Precision
 from mtl_bench.tasks.base import TaskSet
 
@@ -70,7 +71,8 @@ class StepRunner:
             self.on_first_losses(losses)
             self.on_first_losses = None
 
-    def run(self, step: int) -> StepResult:
+    def run(self, step: int, diagnostics: Optional[GradientDiagnostics] = None) -> StepResult:
+        """`diagnostics`: measure each task's gradient of the last micro-batch as well (one extra backward each)."""
         tasks = self.taskset.tasks
         totals: list[Tensor] = []
         metrics: dict[str, Tensor] = {}
@@ -84,6 +86,9 @@ class StepRunner:
                     # Losses in float32 whatever the autocast dtype; backward outside autocast.
                     losses = {t.name: t.loss(out.preds[t.name].float(), targets[t.name]) for t in tasks}
                     self._guard(list(losses.values()))
+                    if diagnostics is not None and j == self.k - 1:
+                        for name, loss in losses.items():
+                            diagnostics.record(name, loss)
                     metrics = self.balancer.backward(losses, out.shared, self.ctx)
                 totals.append(torch.stack([losses[t.name].detach() for t in tasks]))
                 continue
@@ -95,7 +100,11 @@ class StepRunner:
                         out = self.model(inputs, tasks=[task.name])
                     loss = task.loss(out.preds[task.name].float(), targets[task.name])
                     self._guard([loss])
+                    if diagnostics is not None and j == self.k - 1:
+                        diagnostics.record(task.name, loss)
                     metrics |= self.balancer.backward_task(task.name, loss, out.shared, self.ctx)
                 per_task.append(loss.detach())
             totals.append(torch.stack(per_task))
+        if diagnostics is not None:
+            metrics = {**diagnostics.measurements(), **metrics}  # a balancer's own measurements win
         return StepResult(torch.stack(totals).float().mean(0), metrics)
