@@ -62,6 +62,11 @@ def run_hydra_app() -> None:
         print(f"mtl-bench: error: a job of the sweep failed ({err}); the other jobs ran: "
               "mtl-bench report <sweep dir> lists them all", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as err:  # the run directory (Hydra creates it) or a file in it cannot be written
+        where = f" {err.filename}" if err.filename else ""
+        print(f"mtl-bench: error: cannot write{where}: {err.strerror or err} (set hydra.run.dir to a writable "
+              "directory)", file=sys.stderr)
+        raise SystemExit(2) from None
     except ValueError as err:
         if not str(err).startswith("Only one of --run"):  # Hydra's check of its own flags
             raise

@@ -202,3 +202,16 @@ def test_profile_writes_a_tensorboard_trace(small_conf, tmp_path):
     train(small_conf("trainer.profile=true"), tmp_path)
     traces = list((tmp_path / "profile").glob("*.pt.trace.json"))
     assert len(traces) == 1 and "ProfilerStep" in traces[0].read_text()
+
+
+def test_run_files_follow_the_umask(small_conf, tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        train(small_conf(), tmp_path)
+    finally:
+        os.umask(old)
+    for name in ("metrics.json", "checkpoints/last.pt"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +84,29 @@ def run_experiment(cfg: DictConfig) -> float:
                if not group.startswith("hydra") and option is not None}
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         check_config(cfg, overrides)
         OmegaConf.to_object(cfg.trainer)  # the trainer's value checks
     except Exception as err:
-        record_failure(run_dir, err, 0, overrides, choices)
+        if multirun:
+            record_failure(run_dir, err, 0, overrides, choices)  # the sweep's report lists the job
+        else:
+            remove_if_only_hydras(run_dir)  # nothing was built: a typo leaves no run directory behind
         raise
     if cfg.trainer.num_threads is None:
         cfg.trainer.num_threads = threads_per_parallel_job(hydra_cfg.launcher)
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     result = train(cfg, run_dir, overrides=overrides, choices=choices,
                    bar=use_bar(cfg.trainer.progress, multirun) and int(os.environ.get("RANK", "0")) == 0)
     return loss_ratio_sum(result.val, result.initial_test) / len(result.val)
+
+
+def remove_if_only_hydras(run_dir: Path) -> None:
+    """Remove a run directory that holds nothing but what Hydra wrote when the job started."""
+    if not run_dir.is_dir() or not all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
+        return
+    logging.shutdown()  # the job's log file handler
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def threads_per_parallel_job(launcher: Any) -> int | None:
