@@ -53,11 +53,11 @@ def describe(err: BaseException) -> str:
     if type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
         allowed = _allowed_keys(object_type)
         section, _, last = full_key.rpartition(".")
-        message: str = f"{full_key}: no such key" + (f"; keys of {section}: {allowed}" if allowed else "")
+        message = f"{full_key}: no such key" + (f"; keys of {section}: {allowed}" if allowed else "")
         groups = {key: group for group, key in group_keys().items()}
         if last == "name" and section in groups:
-            options = ", ".join(config_options()[groups[section]])
-            message += f"; choose an option with {groups[section]}=<option> ({options})"
+            choices = ", ".join(config_options()[groups[section]])
+            message += f"; choose an option with {groups[section]}=<option> ({choices})"
         elif section in groups:
             message += f" (a new key needs a plus: +{full_key}=...; see the keys with mtl-bench train --cfg job)"
         return message

@@ -6,6 +6,7 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import average_by_name
@@ -159,13 +160,13 @@ class GradNorm(StagedBalancer):
         for name, value, bound in (("alpha", alpha, ">= 0"), ("lr", lr, "> 0"), ("min_weight", min_weight, "> 0")):
             if not (value >= 0 if bound == ">= 0" else value > 0):
                 raise ValueError(f"{name}: must be {bound}, got {value}")
-        initial_losses = self._initial_losses(initial_losses, initial_losses_known)
+        initial = self._initial_losses(initial_losses, initial_losses_known)
         self.alpha, self.lr, self.grad_source, self.optimizer = alpha, lr, grad_source, optimizer
         self.betas, self.eps, self.min_weight = (float(betas[0]), float(betas[1])), eps, min_weight
         self._layer_params: list[Tensor] = []
         self._linear: nn.Linear | None = None
         self._io: tuple[Tensor, Tensor] | None = None
-        self._hook = None
+        self._hook: RemovableHandle | None = None
         if grad_source == "last_shared":
             self._setup_layer(shared_layer, shared_params)
 
@@ -175,14 +176,14 @@ class GradNorm(StagedBalancer):
         self.register_buffer("exp_avg_sq", torch.zeros(n))
         self.register_buffer("opt_step", torch.zeros(()))
         self.register_buffer("initial_losses", torch.ones(n))
-        self.register_buffer("initialized", torch.tensor(initial_losses is not None))
-        if initial_losses is not None:
-            if set(initial_losses) != set(self.task_names):
-                raise ValueError(f"initial_losses: tasks {sorted(initial_losses)} do not match "
+        self.register_buffer("initialized", torch.tensor(initial is not None))
+        if initial is not None:
+            if set(initial) != set(self.task_names):
+                raise ValueError(f"initial_losses: tasks {sorted(initial)} do not match "
                                  f"the tasks {sorted(self.task_names)}")
-            values = [float(initial_losses[name]) for name in self.task_names]
+            values = [float(initial[name]) for name in self.task_names]
             if not all(v > 0 for v in values):
-                raise ValueError(f"initial_losses: must be > 0, got {dict(initial_losses)}")
+                raise ValueError(f"initial_losses: must be > 0, got {dict(initial)}")
             self.initial_losses.copy_(torch.tensor(values))
 
     def _initial_losses(self, given: str | Mapping[str, float],
@@ -218,7 +219,7 @@ class GradNorm(StagedBalancer):
         if name == "_linear":
             self.__dict__[name] = value
         else:
-            super().__setattr__(name, value)
+            super().__setattr__(name, value)  # type: ignore[arg-type]  # torch annotates Tensor | Module; any value is allowed
 
     def remove_hook(self) -> None:
         """Detach the forward hook from the shared layer (the balancer cannot measure after this)."""
@@ -248,7 +249,12 @@ class GradNorm(StagedBalancer):
             inputs, output = self._io
             self._io = None  # release the activations with the graph
             norm = LinearGradNorms(inputs, self._linear.bias is not None)
-            norms = torch.stack([norm(self._grad(loss, [output], scale)[0]) for loss in losses])
+            per_loss = []
+            for loss in losses:
+                (output_grad,) = self._grad(loss, [output], scale)
+                assert output_grad is not None  # allow_unused=False: autograd raises rather than return None
+                per_loss.append(norm(output_grad))
+            norms = torch.stack(per_loss)
         else:
             rows = []
             for loss in losses:
@@ -305,9 +311,9 @@ class GradNorm(StagedBalancer):
         self.check_losses(losses)
         scale = self._begin(JOINT, ctx, shared)
         ordered = [losses[name] for name in self.task_names]
-        norms, losses = self._reduce(self._norms(ordered, shared, scale),
-                                     torch.stack([loss.detach().float() for loss in ordered]))
-        metrics = self._update(self._mean("norms", norms), self._mean("losses", losses))
+        norms, loss_values = self._reduce(self._norms(ordered, shared, scale),
+                                          torch.stack([loss.detach().float() for loss in ordered]))
+        metrics = self._update(self._mean("norms", norms), self._mean("losses", loss_values))
         weights = self.weights.clone()  # the weights this step trains with (the update is only staged)
         self.run_backward((weights * torch.stack(ordered)).sum(), ctx)
         self._end_joint()

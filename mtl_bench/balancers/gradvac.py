@@ -65,6 +65,8 @@ class GradVac(GradientBalancer):
 
     SOURCES = ("shared_params",)
 
+    targets: Tensor
+
     def __init__(
         self,
         task_names: Sequence[str],

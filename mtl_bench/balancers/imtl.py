@@ -49,6 +49,11 @@ class IMTL(GradientBalancer):
 
     SOURCES = ("shared_params", "shared_rep")
 
+    loss_scale: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    opt_step: Tensor
+
     def __init__(
         self,
         task_names: Sequence[str],

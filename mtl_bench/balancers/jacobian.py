@@ -211,6 +211,8 @@ class GradientBalancer(StagedBalancer):
     HEADS_FROM_SOLUTION = False  # True: the heads' weights come from the solve (they must wait for it)
     BLOCK_GRAMIANS = False  # True: `_solve` also gets one Gramian per block (shared parameter): `self._block_grams`
 
+    _params: list[Tensor]  # set through __dict__ in __init__ (not registered with the module)
+
     def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]],
                  grad_source: str) -> None:
         super().__init__(task_names)
@@ -321,6 +323,7 @@ class GradientBalancer(StagedBalancer):
         self._seen["joint"] = self._seen.get("joint", 0) + 1
         if self._seen["joint"] < self._steps():
             return {}
+        assert self._blocks is not None  # set by _add_blocks above
         metrics = self._finish_solve(self._blocks, scale, self._losses_sum / self._seen["joint"], None)
         self._blocks = None
         self._end_joint()

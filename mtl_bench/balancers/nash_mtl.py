@@ -74,6 +74,9 @@ class NashMTL(GradientBalancer):
 
     SOURCES = ("shared_params",)
 
+    alpha: Tensor
+    steps: Tensor
+
     def __init__(
         self,
         task_names: Sequence[str],

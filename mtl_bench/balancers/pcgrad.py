@@ -81,7 +81,7 @@ class PCGrad(GradientBalancer):
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
         t = len(self.task_names)
-        orders = [torch.randperm(t, generator=self.generator).numpy() for _ in range(t)]
+        orders = [list(torch.randperm(t, generator=self.generator).numpy()) for _ in range(t)]
         g = host_gramian(gram)
         if g is None:
             return Solution(nan_weights(t, gram), metrics={"pcgrad/projections": torch.full((), float("nan"), device=gram.device)})

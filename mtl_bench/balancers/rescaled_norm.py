@@ -100,6 +100,7 @@ class RescaledNormBalancer(StagedBalancer):
 
     def _measure(self, loss: Tensor, shared: Tensor, scale: Tensor | None) -> Tensor:
         (grad,) = self._grad(loss, [shared], scale)
+        assert grad is not None  # allow_unused=False: autograd raises rather than return None
         norm = gradient_norm(grad, self.per_batch_item)
         return norm / scale if scale is not None else norm  # norms of the unscaled gradient
 

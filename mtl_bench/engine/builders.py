@@ -32,7 +32,8 @@ ENGINE_KEYS = {"optim": ("schedule", "paramwise"), "balancer": ("diagnostics",)}
 def node_dict(node: Any) -> dict[str, Any]:
     """A config node as a plain dict (resolved)."""
     if isinstance(node, DictConfig):
-        return OmegaConf.to_container(node, resolve=True)
+        # A DictConfig's container is a dict with string keys (OmegaConf's return type covers every node).
+        return typing.cast("dict[str, Any]", OmegaConf.to_container(node, resolve=True))
     return dict(node)
 
 
@@ -41,7 +42,7 @@ def target_of(key: str, node: Mapping[str, Any]) -> Callable[..., Any]:
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{key}._target_: missing; set the class to build, e.g. {key}._target_=my_pkg.module.Class")
     try:
-        return _locate(path)  # type: ignore[no-any-return]
+        return _locate(path)
     except Exception as err:  # ImportError, AttributeError, ...: Hydra wraps them
         reason = str(err.__cause__ or err).strip().splitlines()[0]
         raise ConfigError(f"{key}._target_: cannot import {path!r} ({reason})") from None

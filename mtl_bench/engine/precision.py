@@ -59,7 +59,7 @@ class Precision:
         """After scaler.step, before update: 1.0 where the step was skipped for non-finite gradients (on device)."""
         # GradScaler records this per optimizer and clears it in update(); no public accessor exists.
         assert self.scaler is not None
-        return sum(self.scaler._found_inf_per_device(optimizer).values())  # type: ignore[return-value]
+        return sum(self.scaler._found_inf_per_device(optimizer).values())
 
 
 def _is_number(value: Any) -> bool:
@@ -74,7 +74,7 @@ def _grad_scaler(device_type: str, loss_scale: Any) -> tuple[torch.amp.GradScale
                 raise ValueError(f"loss_scale.{key}: no such key; allowed: {', '.join(GRAD_SCALER_KEYS)}")
             if not (_is_number(number) and number > 0):
                 raise ValueError(f"loss_scale.{key}: must be a number > 0, got {number!r}")
-        args = {k: (int(v) if k == "growth_interval" else float(v)) for k, v in loss_scale.items()}
+        args: dict[str, Any] = {k: (int(v) if k == "growth_interval" else float(v)) for k, v in loss_scale.items()}
         return torch.amp.GradScaler(device_type, **args), None
     if loss_scale == "dynamic":
         return torch.amp.GradScaler(device_type), None
