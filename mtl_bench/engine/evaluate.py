@@ -29,8 +29,14 @@ def evaluate(model: MultiTaskModel, tasks: list[Task], split: Dataset, device: t
             for name, value in batch_values.items():
                 sums[task.name][name] = sums[task.name].get(name, 0.0) + value.detach().float()
     model.train(was_training)
-    keys = [(task, name) for task, values in sums.items() for name in values]
-    means = (torch.stack([sums[t][m] for t, m in keys]) / n).tolist()  # the one host sync
+    finals: dict[str, dict[str, torch.Tensor]] = {}
+    for task in tasks:
+        loss = sums[task.name].pop("loss") / n
+        metrics = (task.summarize(sums[task.name], n) if task.summarize is not None
+                   else {name: total / n for name, total in sums[task.name].items()})
+        finals[task.name] = {"loss": loss, **metrics}
+    keys = [(task, name) for task, values in finals.items() for name in values]
+    means = torch.stack([finals[t][m].reshape(()) for t, m in keys]).tolist()  # the one host sync
     result: dict[str, dict[str, float]] = {t.name: {} for t in tasks}
     for (task_name, name), value in zip(keys, means):
         result[task_name][name] = value

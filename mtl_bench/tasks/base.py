@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 MetricsFn = Callable[[Tensor, Tensor], "dict[str, Tensor]"]
+SummarizeFn = Callable[["dict[str, Tensor]", int], "dict[str, Tensor]"]
 
 
 @dataclass(frozen=True)
@@ -18,8 +19,11 @@ class Task:
     """One task of a task set.
 
     `loss(pred, target)` returns a scalar tensor (mean over the batch).
-    `metrics(pred, target)` returns per-batch *sums* of each metric as 0-d tensors, so that
-    evaluation can add them over batches and divide by the sample count once (no host sync per batch).
+    `metrics(pred, target)` returns per-batch *sums* (tensors of any shape: a count, a confusion matrix,
+    a histogram), added up over an evaluation split on the device; `summarize(sums, n)` turns the totals
+    into the metrics (0-d tensors; by default each sum divided by the sample count n, i.e. a per-sample
+    mean). Metrics that are not per-sample means (mIoU over classes present, errors over valid pixels)
+    give their own `summarize`.
     `higher_is_better[name]` says which way each metric improves (Δm needs it).
     `out_dim` is the width of the task's head; `initial_loss` is the theoretical loss of an
     uninformed predictor when one is known (e.g. log C for C-class cross-entropy), else None.
@@ -31,6 +35,7 @@ class Task:
     metrics: MetricsFn
     higher_is_better: dict[str, bool]
     initial_loss: float | None = None
+    summarize: SummarizeFn | None = None
 
 
 @dataclass
