@@ -50,11 +50,13 @@ class NonFinitePolicy:
     holds the last good state."""
 
     def __init__(self, task_names: list[str], mode: str, device: torch.device,
-                 max_skipped_fraction: float | None = None, window: int = 100, scaler_skips: bool = False) -> None:
+                 max_skipped_fraction: float | None = None, window: int = 100, scaler_skips: bool = False,
+                 total_steps: int | None = None) -> None:
         """`scaler_skips`: fp16's grad scaler skips steps whose gradients overflow its scale, as part of
         finding the scale; `raise` then stops for non-finite losses only."""
         self.task_names, self.raises, self.scaler_skips = task_names, mode == "raise", scaler_skips
-        self.max_fraction, self.window = max_skipped_fraction, window
+        self.max_fraction = max_skipped_fraction
+        self.window = min(window, total_steps) if total_steps else window  # a shorter run is one window
         self.skipped = torch.zeros((), device=device)  # steps skipped for non-finite losses or gradients
         # first step with a non-finite loss, per task, then (last entry) first skipped step of any cause
         self.first_bad = torch.full((len(task_names) + 1,), -1, device=device)
@@ -89,9 +91,10 @@ class NonFinitePolicy:
             return step + 1, what
         return (int(values[-1]) + 1, "gradients") if values[-1] >= 0 else None
 
-    def check(self, step: int, values: list[float] | None = None) -> float:
+    def check(self, step: int, values: list[float] | None = None, loss_scale: float | None = None) -> float:
         """Stop as the policy says; return the skipped-step count. `values`: what `device_values()` gave,
-        already on the host (else one read here); `step`: steps done."""
+        already on the host (else one read here); `step`: steps done; `loss_scale`: fp16's current scale:
+        while it is >= 1 the scaler is still finding its scale, and its skips are not divergence."""
         values = values if values is not None else self.device_values().tolist()
         first = self.first_bad_step(values)
         if self.raises and first is not None and not (self.scaler_skips and first[1] == "gradients"):
@@ -103,7 +106,9 @@ class NonFinitePolicy:
             self.history.popleft()
         since, skipped_before = self.history[0]
         span = step - since
-        if self.max_fraction is not None and span >= min(self.window, step) and span > 0 and first is not None:
+        finding_scale = self.scaler_skips and (loss_scale is None or loss_scale >= 1.0)
+        if (self.max_fraction is not None and span >= self.window and first is not None
+                and not finding_scale):
             fraction = (skipped - skipped_before) / span
             if fraction > self.max_fraction:
                 raise DivergedError(

@@ -144,7 +144,8 @@ class Recipe:
                                  device, self.dist.rank, self.dist.world_size)
         self.nonfinite = NonFinitePolicy(self.taskset.task_names, conf.on_nonfinite, device,
                                          conf.max_skipped_fraction, conf.skipped_window,
-                                         scaler_skips=self.precision.scaler is not None)
+                                         scaler_skips=self.precision.scaler is not None,
+                                         total_steps=self.total_steps)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         if checkpoint is not None:
             self.restore(load_checkpoint(checkpoint, device), checkpoint)
@@ -373,10 +374,10 @@ class Recipe:
         values = torch.cat([mean_losses.float(), self.nonfinite.device_values(),
                             torch.stack(list(measured.values())).float().to(mean_losses.device)
                             if measured else mean_losses.new_zeros(0)]).tolist()
-        skipped = self.nonfinite.check(self.step, values[n:2 * n + 2])
         losses = dict(zip(names, values[:n]))
         scalars = {tags.loss(name): v for name, v in losses.items()}
         scalars.update(zip(measured.keys(), values[2 * n + 2:]))
+        skipped = self.nonfinite.check(self.step, values[n:2 * n + 2], scalars.get(tags.LOSS_SCALE))
         scalars[tags.STEPS_SKIPPED] = skipped
         for i, group in enumerate(self.optimizer.param_groups):
             name = group.get("name", i)
