@@ -30,6 +30,12 @@ def _allowed_keys(object_type: object) -> str:
     return ""
 
 
+def _as_choice(path: str) -> str:
+    """'hydra/launcher/slurm' -> 'hydra/launcher=slurm'."""
+    group, _, option = path.rpartition("/")
+    return f"{group}={option}"
+
+
 def describe(err: BaseException) -> str:
     """One line for an error Hydra raised while parsing the overrides or composing the config."""
     if isinstance(err, MissingConfigException):
@@ -41,6 +47,11 @@ def describe(err: BaseException) -> str:
             if group in PLUGIN_GROUPS:
                 message += f" ({PLUGIN_GROUPS[group]})"
             return message
+        preset = re.search(r"In '([^']+)': Could not load '([^']+)'", str(err))
+        if preset:  # one of our presets (hydra/launcher=slurm) extends a plugin's config that is missing
+            group = preset.group(2).rsplit("/", 1)[0]
+            hint = f" ({PLUGIN_GROUPS[group]})" if group in PLUGIN_GROUPS else ""
+            return f"{_as_choice(preset.group(1))}: needs {preset.group(2)}, which is not installed{hint}"
         return _first_lines(str(err))
     if isinstance(err, OverrideParseException):
         return f"cannot parse the override ({_first_lines(str(err))}); the form is key=value or group=option"

@@ -92,3 +92,16 @@ def test_a_launcher_that_is_not_installed_names_the_extra(compose_cfg):
     message = describe(info.value)
     assert message.startswith("hydra/launcher=ray: no such option; allowed: basic")
     assert "pip install 'mtl-bench[sweep]'" in message
+
+
+@pytest.mark.parametrize(("plugin", "preset", "extra"), [
+    ("hydra_submitit_launcher", "hydra/launcher=slurm", "pip install 'mtl-bench[sweep]'"),
+    ("hydra_optuna_sweeper", "hydra/sweeper=gradnorm_alpha", "pip install 'mtl-bench[optuna]'"),
+])
+def test_a_preset_whose_plugin_is_missing_names_the_extra(tmp_path, plugin, preset, extra):
+    code = (f"import sys; sys.modules['hydra_plugins.{plugin}'] = None; "  # as if the plugin were not installed
+            f"sys.argv = ['mtl-bench', 'train', '-m', '{preset}']; from mtl_bench.cli import main; main()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"mtl-bench: error: {preset}: needs ") and extra in line
