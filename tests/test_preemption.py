@@ -59,3 +59,49 @@ def test_a_signal_checkpoints_and_resume_gives_the_uninterrupted_numbers(tmp_pat
     got = json.loads((run_dir / "metrics.json").read_text())
     assert got["status"] == "completed" and got["step"] == 300
     assert got["test"] == expected["test"]
+
+
+def test_a_requeued_submitit_job_resumes_its_interrupted_run(compose_cfg, tmp_path, monkeypatch):
+    """submitit's handler requeues the job with the same arguments; the new job finds its interrupted run."""
+    from mtl_bench.engine.recipe import Recipe, train
+
+    small = ["trainer=smoke", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32", "model.widths=[16]"]
+    train(compose_cfg(*small, "trainer.max_steps=10"), tmp_path)
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    (tmp_path / "metrics.json").write_text(json.dumps({**record, "status": "interrupted"}))
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    recipe = Recipe(compose_cfg(*small, "trainer.max_steps=20"), tmp_path)
+    recipe.setup()
+    try:
+        assert recipe.step == 10
+    finally:
+        recipe.cleanup()
+
+
+def test_the_stop_signal_is_passed_on_to_submitits_handler(compose_cfg, tmp_path):
+    """After the checkpoint, the handler that was installed before (submitit's requeue) runs."""
+    from mtl_bench.engine.recipe import Recipe
+    from mtl_bench.errors import Interrupted
+
+    seen = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    try:
+        recipe = Recipe(compose_cfg("trainer=smoke", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32",
+                                    "trainer.max_steps=50"), tmp_path)
+        recipe.setup()
+        original = recipe._optimizer_step
+
+        def step_then_signal(logging_now):
+            result = original(logging_now)
+            if recipe.step == 3:
+                os.kill(os.getpid(), signal.SIGUSR2)
+            return result
+
+        recipe._optimizer_step = step_then_signal
+        with pytest.raises(Interrupted):
+            recipe.train()
+        recipe.cleanup()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert seen == [signal.SIGUSR2]
+    assert (tmp_path / "checkpoints" / "last.pt").is_file()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
 import sys
@@ -97,7 +98,8 @@ class Recipe:
         self.logger: RunLogger | None = None
         self.dist: DistInfo | None = None
         self.layout_written = False
-        self.stop_signal: int | None = None  # set by SIGINT, SIGTERM or SIGUSR1 (preemption)
+        self.stop_signal: int | None = None  # set by SIGINT, SIGTERM, SIGUSR1 or SIGUSR2 (preemption)
+        self.previous_handlers: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ setup
 
@@ -111,7 +113,7 @@ class Recipe:
         self.device = device = rank_device(device, self.dist)
         self.run_dir = Path(broadcast_text(str(self.run_dir)))
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint = find_checkpoint(conf.resume, self.run_dir)
+        checkpoint = find_checkpoint(self._resume_setting(), self.run_dir)
 
         seed_everything(self.seed)
         self.taskset: TaskSet = build("tasks", cfg.tasks, TaskSet).to(device)
@@ -157,6 +159,15 @@ class Recipe:
         log.info("run dir %s | %d steps on %s%s (%d threads), %s, %s mode | tasks %s", self.run_dir,
                  self.total_steps, device, ranks, torch.get_num_threads(), self.precision.name, conf.step_mode,
                  self.taskset.task_names)
+
+    def _resume_setting(self) -> str | None:
+        """trainer.resume; a job that submitit requeued after preemption resumes its own run by itself."""
+        if self.conf.resume is None and os.environ.get("SUBMITIT_EXECUTOR"):
+            from mtl_bench.engine.run import previous_status
+
+            if previous_status(self.run_dir) == "interrupted":
+                return "auto"
+        return self.conf.resume
 
     def _write_hparams(self) -> None:
         assert self.logger is not None
@@ -293,12 +304,14 @@ class Recipe:
         step, write a checkpoint and exit; returns the handlers to put back."""
         if threading.current_thread() is not threading.main_thread():
             return {}
-        signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+        signals = [signal.SIGINT, signal.SIGTERM] + [getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2")
+                                                     if hasattr(signal, name)]
 
         def stop(signum: int, frame: Any) -> None:
             self.stop_signal = signum
 
-        return {signum: signal.signal(signum, stop) for signum in signals}
+        self.previous_handlers = {signum: signal.signal(signum, stop) for signum in signals}
+        return self.previous_handlers
 
     def _stopping(self, logging_now: bool) -> bool:
         """Whether a stop signal came; under DDP the ranks agree at log points (one collective there)."""
@@ -320,6 +333,10 @@ class Recipe:
                    f"with the same command plus hydra.run.dir={self.run_dir} trainer.resume=auto")
         if self.logger is not None:
             print(f"mtl-bench: {message}", file=sys.stderr)
+        previous = self.previous_handlers.get(self.stop_signal)
+        if callable(previous) and previous is not signal.default_int_handler:
+            # submitit's preemption handler: it requeues the job, which resumes from this checkpoint
+            previous(self.stop_signal, None)
         raise Interrupted(self.stop_signal, message)
 
     def _optimizer_step(self, logging_now: bool) -> StepResult:
