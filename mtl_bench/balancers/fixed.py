@@ -7,6 +7,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
+from mtl_bench import tags
 from mtl_bench.balancers.base import Balancer, Context, stack_weights, task_weights
 
 
@@ -33,7 +34,7 @@ class FixedWeights(Balancer):
         stacked = torch.stack([losses[name] for name in self.task_names])
         total = (self.weights.to(stacked.dtype) * stacked).sum()
         self.run_backward(total, ctx)
-        return {f"weight/{name}": self.weights[i] for i, name in enumerate(self.task_names)}
+        return {tags.weight(name): self.weights[i] for i, name in enumerate(self.task_names)}
 
     def backward_task(
         self,
@@ -47,4 +48,4 @@ class FixedWeights(Balancer):
             raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
         weight = self.weights[self.task_names.index(task)]
         self.run_backward(weight.to(loss.dtype) * loss, ctx)
-        return {f"weight/{task}": weight}
+        return {tags.weight(task): weight}

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
@@ -294,8 +295,8 @@ class GradNorm(StagedBalancer):
         ratio = terms.weighted_norms / terms.weighted_norms.sum()
         metrics = {"gradnorm/L_grad": terms.l_grad}
         for i, name in enumerate(self.task_names):
-            metrics[f"grad_norm/{name}"] = norms[i]
-            metrics[f"ratio/{name}"] = ratio[i]
+            metrics[tags.grad_norm(name)] = norms[i]
+            metrics[tags.ratio(name)] = ratio[i]
             metrics[f"gradnorm/target/{name}"] = terms.target[i]
             metrics[f"gradnorm/loss_ratio/{name}"] = terms.loss_ratio[i]
         return metrics
@@ -317,7 +318,7 @@ class GradNorm(StagedBalancer):
         weights = self.weights.clone()  # the weights this step trains with (the update is only staged)
         self.run_backward((weights * torch.stack(ordered)).sum(), ctx)
         self._end_joint()
-        return {**{f"weight/{name}": weights[i] for i, name in enumerate(self.task_names)}, **metrics}
+        return {**{tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}, **metrics}
 
     def backward_task(
         self,
@@ -330,7 +331,7 @@ class GradNorm(StagedBalancer):
         self._collect(task, norm=self._norms([loss], shared, scale)[0], loss=loss.detach().float())
         weight = self.weights[self._index[task]].clone()
         self.run_backward(weight * loss, ctx)
-        return {f"weight/{task}": weight}
+        return {tags.weight(task): weight}
 
     def _finish(self) -> dict[str, Tensor]:
         stats = [self._collected[name] for name in self.task_names]

@@ -7,6 +7,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
+from mtl_bench import tags
 from mtl_bench.balancers.base import Context, stack_weights, task_weights
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
@@ -139,15 +140,15 @@ class RescaledNormBalancer(StagedBalancer):
             avg = self._ema(slice(None), norms)
             if self.rescale_grads:
                 factors = self._scales(avg, self.weights)
-            metrics.update({f"grad_norm/{name}": norms[i] for i, name in enumerate(self.task_names)})
+            metrics.update({tags.grad_norm(name): norms[i] for i, name in enumerate(self.task_names)})
             if self.monitor:
                 ratios = avg / avg.sum()
-                metrics.update({f"ratio/{name}": ratios[i] for i, name in enumerate(self.task_names)})
+                metrics.update({tags.ratio(name): ratios[i] for i, name in enumerate(self.task_names)})
         total = (factors * stacked).sum()  # float32 even for fp16 losses
         self.run_backward(total, ctx)
         if self.measures_norms:
             self._end_joint()
-        return {**{f"weight/{name}": factors[i] for i, name in enumerate(self.task_names)}, **metrics}
+        return {**{tags.weight(name): factors[i] for i, name in enumerate(self.task_names)}, **metrics}
 
     # ------------------------------------------------------------------ per-task mode
 
@@ -171,13 +172,13 @@ class RescaledNormBalancer(StagedBalancer):
             avg = self._ema(i, norm)
             if self.rescale_grads:
                 factor = self._scales(avg, self.weights[i])
-            metrics[f"grad_norm/{task}"] = norm
+            metrics[tags.grad_norm(task)] = norm
         self.run_backward(factor * loss, ctx)
-        return {f"weight/{task}": factor, **metrics}
+        return {tags.weight(task): factor, **metrics}
 
     def _finish(self) -> dict[str, Tensor]:
         if not self.monitor:
             return {}
         avg = self._current("ema_sum") / self._current("ema_count")
         ratios = avg / avg.sum()
-        return {f"ratio/{name}": ratios[i] for i, name in enumerate(self.task_names)}
+        return {tags.ratio(name): ratios[i] for i, name in enumerate(self.task_names)}
