@@ -21,6 +21,11 @@ class MultiTaskModel(nn.Module):
 
     `last_shared_layer` is the trunk's last module with parameters (GradNorm measures gradient norms
     there); `shared_parameters()` are the trunk's parameters.
+
+    A subclass may override `forward`, `shared_parameters()` and `task_parameters()`, and its predictions may
+    read shared features other than `shared` (SegNet-MTAN's attention modules read every stage): the gradient
+    balancers find this in the autograd graph and take exact per-task gradients at the shared parameters
+    (balancers/jacobian.py); only methods defined at `shared` itself (grad_source=shared_rep, GradDrop) refuse.
     """
 
     def __init__(self, trunk: nn.Module, heads: dict[str, nn.Module], last_shared_layer: nn.Module) -> None:
