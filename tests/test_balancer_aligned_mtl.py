@@ -8,8 +8,8 @@ import torch
 
 from mtl_bench.balancers import AlignedMTL, BackwardContext
 from mtl_bench.balancers.aligned_mtl import aligned_weights
-from test_balancer_jacobian import (TASKS3, assert_same_parameters, batch, make_model, no_host_sync,
-                                    shared_lr_groups, task_losses, train_ours, train_torchjd)
+from balancer_kit import (TASKS3, assert_same_parameters, batch, make_model, no_host_sync,
+                          shared_lr_groups, task_losses, train_ours, train_torchjd)
 
 LR = 0.1
 

@@ -9,8 +9,8 @@ import torch
 
 from mtl_bench.balancers import CAGrad, BackwardContext
 from mtl_bench.balancers.cagrad import cagrad_weights
-from test_balancer_jacobian import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
-                                    no_host_sync, shared_lr_groups, task_losses, train_libmtl, train_ours)
+from balancer_kit import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
+                          no_host_sync, shared_lr_groups, task_losses, train_libmtl, train_ours)
 
 LR = 0.1
 

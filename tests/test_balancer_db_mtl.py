@@ -3,78 +3,17 @@ resume, AMP skips, per-task mode and accumulation."""
 
 from __future__ import annotations
 
-import contextlib
-import copy
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
+from balancer_kit import (TASKS, X, Y, assert_resume_continues, assert_scaler_is_fp32_and_a_skip_changes_nothing,
+                          metrics_without_host_sync, pair_losses, pair_model, pair_rows, run_ddp, train)
 from mtl_bench.balancers import BackwardContext, DualBalancing
 from mtl_bench.models.base import MultiTaskModel
-from processes import spawn_and_wait
-
-TASKS = ("a", "b")
-X = torch.tensor([[0.5, -1.0, 0.3], [1.2, 0.4, -0.7], [-0.6, 0.9, 1.1], [0.2, -0.3, -1.4],
-                  [-1.3, 0.8, 0.1], [0.7, 1.5, -0.2], [-0.4, -1.1, 0.6], [1.0, 0.2, 0.9]])
-Y = {"a": torch.tensor([[0.4], [-1.0], [0.8], [0.3], [-0.5], [1.2], [-0.9], [0.6]]),
-     "b": torch.tensor([[2.0, -1.5], [0.5, 3.0], [-2.5, 1.0], [1.5, 0.5], [-1.0, -2.0], [3.0, 0.2], [0.1, -3.0],
-                        [-0.8, 2.2]])}
-PARAMS = {
-    "trunk.0.weight": [[0.3, -0.2, 0.5], [-0.4, 0.1, 0.25], [0.15, 0.35, -0.3], [-0.1, -0.45, 0.2]],
-    "trunk.0.bias": [0.05, -0.1, 0.2, 0.0],
-    "heads.a.weight": [[0.4, -0.3, 0.2, 0.5]], "heads.a.bias": [0.1],
-    "heads.b.weight": [[-0.2, 0.35, 0.45, -0.15], [0.3, 0.1, -0.4, 0.25]], "heads.b.bias": [-0.05, 0.15],
-}
-
-
-def make_model() -> MultiTaskModel:
-    trunk = nn.Sequential(nn.Linear(3, 4), nn.Tanh())
-    model = MultiTaskModel(trunk, {"a": nn.Linear(4, 1), "b": nn.Linear(4, 2)}, last_shared_layer=trunk[0])
-    model.load_state_dict({k: torch.tensor(v) for k, v in PARAMS.items()})
-    return model
-
-
-def rows(step: int) -> list[int]:
-    return [(3 * step + i) % 8 for i in range(4)]
-
-
-def model_losses(model: MultiTaskModel, step: int):
-    idx = rows(step)
-    out = model(X[idx])
-    return out, {t: F.mse_loss(out.preds[t], Y[t][idx]) for t in TASKS}
-
-
-def train(model, bal, steps: range, scaler=None, lr: float = 0.05) -> dict[str, torch.Tensor]:
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    metrics: dict[str, torch.Tensor] = {}
-    for step in steps:
-        opt.zero_grad()
-        out, losses = model_losses(model, step)
-        metrics = bal.backward(losses, out.shared, scaler)
-        if scaler is None:
-            opt.step()
-        else:
-            scaler.step(opt)
-            scaler.update()
-        metrics |= bal.step()
-    return metrics
-
-
-@contextlib.contextmanager
-def no_host_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def boom(*args, **kwargs):
-        raise AssertionError("host sync in the hot path")
-    with monkeypatch.context() as m:
-        for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
-            m.setattr(torch.Tensor, name, boom)
-        yield
-
 
 
 def db(model: MultiTaskModel, **options) -> DualBalancing:
@@ -137,7 +76,7 @@ DB_MTL_GRAD_BUFFER_AFTER_5 = [  # LibMTL's grad_buffer: one row per task, the tr
 
 
 def test_matches_libmtl_main_reference_numbers():
-    model = make_model()
+    model = pair_model()
     bal = db(model, beta=0.9, beta_sigma=0.5)
     train(model, bal, range(5), lr=0.1)
     torch.testing.assert_close(bal.grad_ema, torch.tensor(DB_MTL_GRAD_BUFFER_AFTER_5), rtol=1e-5, atol=1e-6)
@@ -154,60 +93,22 @@ def grads(model: nn.Module) -> list[torch.Tensor]:
 
 
 def test_state_dict_round_trip_continues_identically():
-    model = make_model()
-    bal = db(model, beta_sigma=0.5)
-    train(model, bal, range(3))
-    saved_model, saved_bal = copy.deepcopy(model.state_dict()), copy.deepcopy(bal.state_dict())
-    assert set(saved_bal) == {"grad_ema", "steps"}
-    straight = train(model, bal, range(3, 6))
-
-    resumed_model = make_model()
-    resumed_model.load_state_dict(saved_model)
-    resumed = db(resumed_model, beta_sigma=0.5)
-    resumed.load_state_dict(saved_bal)
-    again = train(resumed_model, resumed, range(3, 6))
-    for key in straight:
-        assert torch.equal(again[key], straight[key]), key
-    for key, value in bal.state_dict().items():
-        assert torch.equal(resumed.state_dict()[key], value), key
-    for p, q in zip(model.parameters(), resumed_model.parameters()):
-        assert torch.equal(p, q)
+    saved, _ = assert_resume_continues(lambda model: db(model, beta_sigma=0.5), range(3), range(3, 6))
+    assert set(saved) == {"grad_ema", "steps"}
 
 
 def test_grad_scaler_gives_the_fp32_update_and_a_skipped_step_changes_nothing():
-    model = make_model()
-    expected = train(model, db(model), range(3))
-    expected_params = [p.detach().clone() for p in model.parameters()]
-    model = make_model()
-    bal = db(model)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
-    got = train(model, bal, range(3), scaler)
-    for key in expected:
-        torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-7)
-    for p, q in zip(model.parameters(), expected_params):
-        torch.testing.assert_close(p.detach(), q, rtol=1e-5, atol=1e-7)
-
-    before = copy.deepcopy(bal.state_dict())
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    opt.zero_grad()
-    out, losses = model_losses(model, 7)
-    bal.backward(losses, out.shared, scaler)
-    model.heads["a"].bias.grad.fill_(float("inf"))  # the scaler skips this step
-    scaler.step(opt)
-    scaler.update()
-    bal.step()
-    for key, value in bal.state_dict().items():
-        assert torch.equal(value, before[key]), key
+    assert_scaler_is_fp32_and_a_skip_changes_nothing(db, range(3))
 
 
 def test_fp16_autocast_with_scaler_measures_like_fp32():
-    model = make_model()
-    out, losses = model_losses(model, 0)
+    model = pair_model()
+    out, losses = pair_losses(model, 0)
     expected = db(model).backward(losses, out.shared)
-    model = make_model()
+    model = pair_model()
     bal = db(model)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
-    idx = rows(0)
+    idx = pair_rows(0)
     with torch.autocast("cpu", dtype=torch.float16):
         out = model(X[idx])
         losses = {t: F.mse_loss(out.preds[t].float(), Y[t][idx]) for t in TASKS}
@@ -219,21 +120,21 @@ def test_fp16_autocast_with_scaler_measures_like_fp32():
 
 
 def test_per_task_mode_gives_the_joint_gradients_and_state():
-    joint_model = make_model()
+    joint_model = pair_model()
     joint = db(joint_model, beta_sigma=0.5)
     train(joint_model, joint, range(2))
-    out, losses = model_losses(joint_model, 2)
+    out, losses = pair_losses(joint_model, 2)
     joint_model.zero_grad()
     expected = joint.backward(losses, out.shared)
 
-    model = make_model()
+    model = pair_model()
     bal = db(model, beta_sigma=0.5)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(3):
         opt.zero_grad()
         metrics: dict[str, torch.Tensor] = {}
         for task in ("b", "a"):
-            out, losses = model_losses(model, step)
+            out, losses = pair_losses(model, step)
             metrics |= bal.backward_task(task, losses[task], out.shared, BackwardContext())
         if step < 2:
             opt.step()
@@ -247,49 +148,38 @@ def test_per_task_mode_gives_the_joint_gradients_and_state():
 
 
 def test_accumulation_averages_the_gradients_and_writes_once():
-    one_model = make_model()
+    one_model = pair_model()
     one = db(one_model)
-    out, losses = model_losses(one_model, 0)
+    out, losses = pair_losses(one_model, 0)
     expected = one.backward(losses, out.shared)
 
-    model = make_model()
+    model = pair_model()
     bal = db(model)
     ctx = BackwardContext(factor=0.5, accumulation_steps=2)
-    out, losses = model_losses(model, 0)
+    out, losses = pair_losses(model, 0)
     assert bal.backward(losses, out.shared, ctx) == {}  # nothing written before the k-th backward
     assert all(p.grad is None for p in model.trunk.parameters())
-    out, losses = model_losses(model, 0)  # the same micro-batch again: the mean is the one batch's
+    out, losses = pair_losses(model, 0)  # the same micro-batch again: the mean is the one batch's
     metrics = bal.backward(losses, out.shared, ctx)
     for key in expected:
         torch.testing.assert_close(metrics[key], expected[key])
     for g, ref in zip(grads(model), grads(one_model)):
         torch.testing.assert_close(g, ref)
     with pytest.raises(RuntimeError, match="still pending"):
-        out, losses = model_losses(model, 0)
+        out, losses = pair_losses(model, 0)
         bal.backward(losses, out.shared, ctx)
 
     bal = db(model)
-    out, losses = model_losses(model, 0)
+    out, losses = pair_losses(model, 0)
     bal.backward(losses, out.shared, ctx)
     with pytest.raises(RuntimeError, match="after 1 of 2 backwards"):
         bal.step()
 
 
 def test_metrics_and_no_host_sync(monkeypatch: pytest.MonkeyPatch):
-    model = make_model()
-    bal = db(model)
-    scaler = torch.amp.GradScaler("cpu")
-    with no_host_sync(monkeypatch):
-        out, losses = model_losses(model, 0)
-        metrics = bal.backward(losses, out.shared, scaler)
-        bal.step()
-        for task in TASKS:
-            out, losses = model_losses(model, 1)
-            bal.backward_task(task, losses[task], out.shared, scaler)
-        bal.step()
+    metrics = metrics_without_host_sync(db(pair_model()), monkeypatch)
     families = ("weight", "grad_norm", "db_mtl/ema_norm")
     assert set(metrics) == {f"{family}/{t}" for family in families for t in TASKS}
-    assert all(v.dim() == 0 for v in metrics.values())
 
 
 def DDP_BALANCER(names: list[str], model: MultiTaskModel):  # noqa: N802 (read by the spawned workers)
@@ -299,46 +189,12 @@ def DDP_BALANCER(names: list[str], model: MultiTaskModel):  # noqa: N802 (read b
 DDP_STEPS = 3
 
 
-# ---------------------------------------------------------------------------------------------- DDP
-
-def ddp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    """Each rank trains on its half of every batch, its tasks listed in its own order."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        model = make_model()
-        ddp = DistributedDataParallel(model)
-        bal = DDP_BALANCER(list(TASKS) if rank == 0 else list(reversed(TASKS)), model)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        for step in range(DDP_STEPS):
-            idx = rows(step)[2 * rank:2 * rank + 2]
-            opt.zero_grad()
-            out = ddp(X[idx])
-            bal.backward({t: F.mse_loss(out.preds[t], Y[t][idx]) for t in TASKS}, out.shared, BackwardContext())
-            opt.step()
-            bal.step()
-        torch.save({"state": bal.state_dict(), "params": [p.detach() for p in model.parameters()]},
-                   Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def run_ddp(tmp_path: Path) -> tuple[dict, dict]:
-    spawn_and_wait(ddp_worker, (2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, timeout_s=120,
-                   what="DDP workers did not finish (a collective mismatch hangs)")
-    return tuple(torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))  # type: ignore[return-value]
-
-
 @pytest.mark.slow  # two spawned processes: about 25 s on 2 shared cores
 def test_ddp_ranks_hold_the_same_state(tmp_path: Path):
     """Two gloo ranks, each on its half of every batch (tasks listed in different orders): the per-task
     gradients are averaged across ranks before the EMA, so both hold the same EMA and parameters."""
-    r0, r1 = run_ddp(tmp_path)
-    for key in r0["state"]:
-        assert torch.equal(r0["state"][key], r1["state"][key]), key
+    r0, _ = run_ddp(tmp_path, DDP_BALANCER, DDP_STEPS)  # checks that both ranks hold the same state and parameters
     assert r0["state"]["steps"].item() == DDP_STEPS and r0["state"]["grad_ema"].abs().sum() > 0
-    for p0, p1 in zip(r0["params"], r1["params"]):
-        assert torch.equal(p0, p1)
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -349,7 +205,7 @@ def test_ddp_ranks_hold_the_same_state(tmp_path: Path):
     ({"shared_params": []}, "shared_params: DB-MTL needs the model's shared parameters"),
 ])
 def test_bad_options_name_their_argument(options, message):
-    options = {"shared_params": make_model().shared_parameters(), **options}
+    options = {"shared_params": pair_model().shared_parameters(), **options}
     with pytest.raises(ValueError) as info:
         DualBalancing(list(TASKS), **options)
     assert str(info.value).startswith(message)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mtl_bench.balancers import BackwardContext, GradDrop
-from test_balancer_jacobian import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
-                                    no_host_sync, task_losses, train_libmtl, train_ours)
+from balancer_kit import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
+                          no_host_sync, task_losses, train_libmtl, train_ours)
 
 
 def build(model, tasks=TASKS3, **options) -> GradDrop:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-from typing import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from balancer_kit import no_host_sync
 from mtl_bench.balancers import GradNorm
 from mtl_bench.balancers.gradnorm import adam_update, linear_weight_grad_norms
 from mtl_bench.models.base import MultiTaskModel
@@ -53,16 +52,6 @@ def train(model: MultiTaskModel, bal: GradNorm, steps: range, scaler=None) -> di
             scaler.update()
         metrics |= bal.step()
     return metrics
-
-
-@contextlib.contextmanager
-def no_host_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def boom(*args, **kwargs):
-        raise AssertionError("host sync in the hot path")
-    with monkeypatch.context() as m:
-        for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
-            m.setattr(torch.Tensor, name, boom)
-        yield
 
 
 def scalar_case(w_layer: nn.Linear, ka: float, kb: float) -> dict[str, torch.Tensor]:

@@ -12,8 +12,8 @@ from torch import nn
 
 from mtl_bench.balancers import BackwardContext, GradVac
 from mtl_bench.balancers.gradvac import gradvac_weights
-from test_balancer_jacobian import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
-                                    no_host_sync, task_losses, train_libmtl, train_ours, train_torchjd)
+from balancer_kit import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model, task_losses,
+                          train_libmtl, train_ours, train_torchjd)
 
 
 def build(model, tasks=TASKS3, **options) -> GradVac:
@@ -84,15 +84,6 @@ def test_resume_and_skipped_steps():
     bal.backward(losses, out.shared, BackwardContext())
     bal.step(torch.tensor(True))
     assert torch.equal(bal.targets, before)
-
-
-def test_no_host_sync_on_cpu(monkeypatch: pytest.MonkeyPatch):
-    model, (x, y) = make_model(), batch()
-    bal = build(model, seed=0)
-    with no_host_sync(monkeypatch):
-        out, losses = task_losses(model, x, y)
-        bal.backward(losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu")))
-        bal.step()
 
 
 def test_bad_options_fail_clearly():

@@ -3,16 +3,15 @@ torchjd 0.18 (IMTL-G), IMTL-L by hand, resume and skipped steps."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
 
 from mtl_bench.balancers import IMTL, BackwardContext
 from mtl_bench.balancers.imtl import imtl_g_weights
-from test_balancer_jacobian import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
-                                    no_host_sync, task_losses, train_libmtl, train_ours, train_torchjd)
+from balancer_kit import (TASKS3, assert_per_task_is_the_joint_step, assert_resume_and_skip_keep_the_state,
+                          assert_same_parameters, batch, libmtl_weighting, make_model, task_losses, train_libmtl,
+                          train_ours, train_torchjd)
 
 LR = 0.1
 
@@ -71,26 +70,8 @@ def test_loss_mode_trains_the_scaled_losses():
 
 
 def test_resume_and_skipped_steps():
-    model = make_model()
-    bal = build(model, scale_lr=0.05)
-    train_ours(model, bal, 2)
-    saved_model, saved = copy.deepcopy(model.state_dict()), copy.deepcopy(bal.state_dict())
+    saved = assert_resume_and_skip_keep_the_state(lambda model: build(model, scale_lr=0.05))
     assert {"loss_scale", "exp_avg", "exp_avg_sq", "opt_step"} <= set(saved)
-    train_ours(model, bal, 2)
-    again_model = make_model(seed=3)
-    again_model.load_state_dict(saved_model)
-    again = build(again_model, scale_lr=0.05)
-    again.load_state_dict(saved)
-    train_ours(again_model, again, 2)
-    assert_same_parameters(again_model, model, rtol=0, atol=0)
-
-    before = copy.deepcopy(bal.state_dict())
-    x, y = batch()
-    out, losses = task_losses(model, x, y)
-    bal.backward(losses, out.shared, BackwardContext())
-    bal.step(torch.tensor(True))
-    for key, value in bal.state_dict().items():
-        assert torch.equal(value, before[key]), key
 
 
 def test_shared_rep_and_per_task_mode():
@@ -98,28 +79,7 @@ def test_shared_rep_and_per_task_mode():
     out, losses = task_losses(model, x, y)
     metrics = build(model, grad_source="shared_rep").backward(losses, out.shared)
     assert metrics["weight/a"].isfinite()
-    joint, per_task = make_model(), make_model()
-    out, losses = task_losses(joint, x, y)
-    expected = build(joint).backward(losses, out.shared)
-    bal = build(per_task)
-    metrics = {}
-    for task in TASKS3:
-        out, losses = task_losses(per_task, x, y)
-        metrics |= bal.backward_task(task, losses[task], out.shared, BackwardContext())
-    metrics |= bal.step()
-    for p, q in zip(joint.parameters(), per_task.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)
-    for key in expected:
-        torch.testing.assert_close(metrics[key], expected[key], rtol=1e-5, atol=1e-6)
-
-
-def test_no_host_sync_on_cpu(monkeypatch: pytest.MonkeyPatch):
-    model, (x, y) = make_model(), batch()
-    bal = build(model)
-    with no_host_sync(monkeypatch):
-        out, losses = task_losses(model, x, y)
-        bal.backward(losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu")))
-        bal.step()
+    assert_per_task_is_the_joint_step(build, TASKS3, BackwardContext())
 
 
 def test_bad_options_fail_clearly():

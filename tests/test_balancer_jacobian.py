@@ -1,170 +1,19 @@
-"""The gradient methods' shared machinery (mtl_bench.balancers.jacobian), and the helpers their tests share:
-a tiny hard-parameter-sharing model, SGD runs of our balancers, and the reference implementations
-(LibMTL 1.1.5's weighting modules loaded directly from the installed files, torchjd 0.18) on the same model,
-data and initial parameters."""
+"""The gradient methods' shared machinery (mtl_bench.balancers.jacobian); the helpers their tests share are in
+balancer_kit."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import importlib.util
-import sys
-import types
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtl_bench.balancers import BackwardContext
+from balancer_kit import TASKS3, batch, make_model, no_host_sync, task_losses
+from mtl_bench.balancers import IMTL, MGDA, BackwardContext, GradVac, PCGrad, UPGrad
 from mtl_bench.balancers.jacobian import gramian, head_params, param_jacobian, grads_at_shared
-from mtl_bench.models.base import MultiTaskModel
-
-TASKS3 = ("a", "b", "c")
-SCALES = {"a": 1.0, "b": 5.0, "c": 0.3, "d": 2.0}
-
-
-def make_model(tasks: Sequence[str] = TASKS3, seed: int = 0, width: int = 5) -> MultiTaskModel:
-    torch.manual_seed(seed)
-    trunk = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, width), nn.Tanh())
-    heads = {t: nn.Linear(width, 2 if t == "b" else 1) for t in tasks}
-    return MultiTaskModel(trunk, heads, last_shared_layer=trunk[2])
-
-
-def batch(tasks: Sequence[str] = TASKS3, seed: int = 1, n: int = 6) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 3, generator=g)
-    return x, {t: SCALES[t] * torch.randn(n, 2 if t == "b" else 1, generator=g) for t in tasks}
-
-
-def task_losses(model: MultiTaskModel, x: torch.Tensor, y: dict[str, torch.Tensor]):
-    out = model(x)
-    return out, {t: F.mse_loss(out.preds[t], y[t]) for t in y}
-
-
-def train_ours(model: MultiTaskModel, balancer, steps: int, tasks: Sequence[str] = TASKS3, lr: float = 0.1,
-               ctx=None, opt=None) -> list[dict[str, torch.Tensor]]:
-    opt = opt or torch.optim.SGD(model.parameters(), lr=lr)
-    history = []
-    for step in range(steps):
-        x, y = batch(tasks, seed=step)
-        opt.zero_grad()
-        out, losses = task_losses(model, x, y)
-        metrics = balancer.backward(losses, out.shared, ctx)
-        opt.step()
-        metrics |= balancer.step()
-        history.append(metrics)
-    return history
-
-
-# ---------------------------------------------------------------------------------------------- references
-
-def _libmtl_root() -> Path:
-    if "LibMTL" in sys.modules:
-        return Path(sys.modules["LibMTL"].__path__[0])
-    spec = importlib.util.find_spec("LibMTL")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("LibMTL (the peers extra) is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def load_libmtl(name: str):
-    """A LibMTL 1.1.5 weighting class, from its installed file; LibMTL's package __init__ imports a
-    torchvision module that no longer exists, so the package and subpackage are stand-ins."""
-    root = _libmtl_root()
-    for package, path in (("LibMTL", root), ("LibMTL.weighting", root / "weighting")):
-        if package not in sys.modules or not hasattr(sys.modules[package], "__path__"):
-            module = types.ModuleType(package)
-            module.__path__ = [str(path)]
-            sys.modules[package] = module
-    for module_name in ("abstract_weighting", name):
-        full = f"LibMTL.weighting.{module_name}"
-        if full not in sys.modules:
-            module_spec = importlib.util.spec_from_file_location(full, root / "weighting" / f"{module_name}.py")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[full] = module
-            module_spec.loader.exec_module(module)
-    return getattr(sys.modules[f"LibMTL.weighting.{name}"], name)
-
-
-def libmtl_weighting(name: str, model: MultiTaskModel, tasks: Sequence[str], rep_grad: bool = False):
-    """The weighting as LibMTL's trainer mixes it into the model: shared parameters are the trunk's."""
-    base = load_libmtl(name)
-
-    class Weighting(base):
-        def __init__(self) -> None:
-            super().__init__()
-            self.task_num, self.task_name, self.rep_grad = len(tasks), list(tasks), rep_grad
-            self.device = torch.device("cpu")
-            self.__dict__["encoder"] = model.trunk
-
-        def get_share_params(self):
-            return model.trunk.parameters()
-
-        def zero_grad_share_params(self):
-            model.trunk.zero_grad(set_to_none=False)
-
-    weighting = Weighting()
-    weighting.init_param()
-    return weighting
-
-
-def train_libmtl(model: MultiTaskModel, weighting, steps: int, tasks: Sequence[str] = TASKS3, lr: float = 0.1,
-                 params: Callable | None = None, **kwargs) -> list:
-    opt = torch.optim.SGD(params() if params else model.parameters(), lr=lr)
-    returned = []
-    for step in range(steps):
-        x, y = batch(tasks, seed=step)
-        opt.zero_grad()
-        rep = model.trunk(x)
-        if weighting.rep_grad:
-            weighting.rep = rep
-            weighting.rep_tasks = {t: rep.detach().clone().requires_grad_(True) for t in tasks}
-            inputs = weighting.rep_tasks
-        else:
-            inputs = {t: rep for t in tasks}
-        losses = torch.stack([F.mse_loss(model.heads[t](inputs[t]), y[t]) for t in tasks])
-        returned.append(weighting.backward(losses, **kwargs))
-        opt.step()
-    return returned
-
-
-def train_torchjd(model: MultiTaskModel, aggregator, steps: int, tasks: Sequence[str] = TASKS3, lr: float = 0.1,
-                  opt=None) -> list:
-    autojac = pytest.importorskip("torchjd.autojac")
-    opt = opt or torch.optim.SGD(model.parameters(), lr=lr)
-    returned = []
-    for step in range(steps):
-        x, y = batch(tasks, seed=step)
-        opt.zero_grad()
-        out, losses = task_losses(model, x, y)
-        autojac.mtl_backward([losses[t] for t in tasks], features=out.shared)
-        returned.append(autojac.jac_to_grad(list(model.trunk.parameters()), aggregator))
-        opt.step()
-    return returned
-
-
-def assert_same_parameters(ours: nn.Module, reference: nn.Module, rtol: float = 1e-5, atol: float = 1e-6) -> None:
-    for (name, p), q in zip(ours.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p, q, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
-
-
-def shared_lr_groups(model: MultiTaskModel, lr: float, shared_factor: float) -> list[dict]:
-    """SGD groups with the trunk's learning rate times `shared_factor` (a reference scaled by a constant)."""
-    return [{"params": list(model.trunk.parameters()), "lr": lr * shared_factor},
-            {"params": list(model.heads.parameters()), "lr": lr}]
-
-
-@contextlib.contextmanager
-def no_host_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def boom(*args, **kwargs):
-        raise AssertionError("host sync in the hot path")
-    with monkeypatch.context() as m:
-        for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
-            m.setattr(torch.Tensor, name, boom)
-        yield
 
 
 # ---------------------------------------------------------------------------------------------- the machinery
@@ -197,6 +46,17 @@ def test_head_reading_the_trunk_elsewhere_is_refused():
     loss = (shared.sum() + trunk.weight.sum())
     with pytest.raises(ValueError, match="shared_params"):
         head_params(loss, shared, {id(p) for p in trunk.parameters()})
+
+
+@pytest.mark.parametrize(("method", "options"), [(IMTL, {}), (MGDA, {}), (UPGrad, {}), (PCGrad, {"seed": 0}),
+                                                  (GradVac, {"seed": 0})], ids=lambda v: getattr(v, "__name__", ""))
+def test_no_host_sync_on_cpu(method, options: dict, monkeypatch: pytest.MonkeyPatch):
+    model, (x, y) = make_model(), batch()
+    bal = method(list(TASKS3), list(model.trunk.parameters()), **options)
+    with no_host_sync(monkeypatch):
+        out, losses = task_losses(model, x, y)
+        bal.backward(losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu")))
+        bal.step()
 
 
 # ---------------------------------------------------------------------------------------------- DDP

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from mtl_bench.balancers import MGDA, BackwardContext
 from mtl_bench.balancers.solvers import min_norm_simplex
-from test_balancer_jacobian import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
-                                    no_host_sync, task_losses, train_libmtl, train_ours, train_torchjd)
+from balancer_kit import (TASKS3, assert_per_task_is_the_joint_step, assert_same_parameters, batch,
+                          libmtl_weighting, make_model, task_losses, train_libmtl, train_ours, train_torchjd)
 
 
 def build(model, tasks=TASKS3, **options) -> MGDA:
@@ -76,29 +75,9 @@ def test_shared_rep_is_mgda_ub():
 
 
 def test_per_task_mode_and_scaler_match_the_plain_step():
-    joint, per_task = make_model(), make_model()
-    x, y = batch()
-    out, losses = task_losses(joint, x, y)
-    expected = build(joint, normalization="loss+").backward(losses, out.shared)
-    bal = build(per_task, normalization="loss+")
     ctx = BackwardContext(scaler=torch.amp.GradScaler("cpu", init_scale=2.0**12))
-    metrics = {}
-    for task in ("b", "c", "a"):
-        out, losses = task_losses(per_task, x, y)
-        metrics |= bal.backward_task(task, losses[task], out.shared, ctx)
-    for p, q in zip(joint.parameters(), per_task.parameters()):
-        torch.testing.assert_close(q.grad / 2.0**12, p.grad, rtol=1e-5, atol=1e-7)
-    for key in expected:
-        torch.testing.assert_close(metrics[key], expected[key], rtol=1e-5, atol=1e-6)
-
-
-def test_no_host_sync_on_cpu(monkeypatch: pytest.MonkeyPatch):
-    model, (x, y) = make_model(), batch()
-    bal = build(model)
-    with no_host_sync(monkeypatch):
-        out, losses = task_losses(model, x, y)
-        bal.backward(losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu")))
-        bal.step()
+    assert_per_task_is_the_joint_step(lambda model: build(model, normalization="loss+"), ("b", "c", "a"), ctx,
+                                      scale=2.0**12, step=False)
 
 
 def test_bad_options_fail_clearly():

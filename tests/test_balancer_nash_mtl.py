@@ -3,8 +3,6 @@ state across steps (warm start, update_weights_every), resume, skipped steps."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -15,8 +13,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 from mtl_bench.balancers import BackwardContext, NashMTL  # noqa: E402
 from mtl_bench.balancers.nash_mtl import NashSolver  # noqa: E402
-from test_balancer_jacobian import (TASKS3, assert_same_parameters, batch, make_model, task_losses,  # noqa: E402
-                                    train_ours, train_torchjd)
+from balancer_kit import (TASKS3, assert_per_task_is_the_joint_step, assert_resume_and_skip_keep_the_state,  # noqa: E402
+                          assert_same_parameters, make_model, train_ours, train_torchjd)
 
 # AvivNavon/nash-mtl at cce18403ef5557a6b30f4ba43b896117107d6902, methods/weight_methods.py NashMTL(n_tasks=3,
 # max_norm=1.0), on make_model() with SGD lr 0.1 and batches batch(seed=step), steps 0-3: α per step and two
@@ -65,39 +63,13 @@ def test_matches_torchjd_with_heads_at_weight_one():
 
 
 def test_resume_and_skipped_steps_keep_the_state():
-    model = make_model()
-    bal = build(model, update_weights_every=2)
-    train_ours(model, bal, 3)
-    saved_model, saved = copy.deepcopy(model.state_dict()), copy.deepcopy(bal.state_dict())
+    saved = assert_resume_and_skip_keep_the_state(lambda model: build(model, update_weights_every=2), first=3,
+                                                  resumed_seed=4)
     assert set(saved) == {"alpha", "steps"} and saved["steps"].item() == 3
-    train_ours(model, bal, 2)
-    again_model = make_model(seed=4)
-    again_model.load_state_dict(saved_model)
-    again = build(again_model, update_weights_every=2)
-    again.load_state_dict(saved)
-    train_ours(again_model, again, 2)
-    assert_same_parameters(again_model, model, rtol=0, atol=0)
-
-    before = copy.deepcopy(bal.state_dict())
-    x, y = batch()
-    out, losses = task_losses(model, x, y)
-    bal.backward(losses, out.shared, BackwardContext())
-    bal.step(torch.tensor(True))
-    assert all(torch.equal(v, before[k]) for k, v in bal.state_dict().items())
 
 
 def test_per_task_mode_weights_the_heads_after_the_solve():
-    joint, per_task = make_model(), make_model()
-    x, y = batch()
-    out, losses = task_losses(joint, x, y)
-    build(joint).backward(losses, out.shared)
-    bal = build(per_task)
-    for task in ("b", "a", "c"):
-        out, losses = task_losses(per_task, x, y)
-        bal.backward_task(task, losses[task], out.shared, BackwardContext())
-    bal.step()
-    for p, q in zip(joint.parameters(), per_task.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)
+    assert_per_task_is_the_joint_step(build, ("b", "a", "c"), BackwardContext())
 
 
 def test_bad_options_fail_clearly():

@@ -10,8 +10,8 @@ import torch
 
 from mtl_bench.balancers import BackwardContext, PCGrad
 from mtl_bench.balancers.pcgrad import pcgrad_weights
-from test_balancer_jacobian import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
-                                    no_host_sync, task_losses, train_libmtl, train_ours, train_torchjd)
+from balancer_kit import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model, task_losses,
+                          train_libmtl, train_ours, train_torchjd)
 
 
 def build(model, tasks=TASKS3, **options) -> PCGrad:
@@ -124,15 +124,6 @@ def test_generator_state_round_trip_continues_identically():
     again = train_ours(resumed_model, resumed, 3)
     assert_same_parameters(resumed_model, model, rtol=0, atol=0)
     assert all(torch.equal(a[k], b[k]) for a, b in zip(again, straight) for k in a)
-
-
-def test_no_host_sync_on_cpu(monkeypatch: pytest.MonkeyPatch):
-    model, (x, y) = make_model(), batch()
-    bal = build(model, seed=0)
-    with no_host_sync(monkeypatch):
-        out, losses = task_losses(model, x, y)
-        bal.backward(losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu")))
-        bal.step()
 
 
 def test_bad_options_fail_clearly():

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from typing import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from balancer_kit import no_host_sync
 from mtl_bench.balancers import BackwardContext, RescaledNormBalancer
 from mtl_bench.models.base import MultiTaskModel
 
@@ -47,17 +46,6 @@ def model_losses(model: MultiTaskModel, x: torch.Tensor, y: dict[str, torch.Tens
 
 def grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
-
-
-@contextlib.contextmanager
-def no_host_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Any tensor -> Python value conversion (a device sync on GPU) raises inside the block."""
-    def boom(*args, **kwargs):
-        raise AssertionError("host sync in the hot path")
-    with monkeypatch.context() as m:
-        for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
-            m.setattr(torch.Tensor, name, boom)
-        yield
 
 
 def test_seed_upstream_test_through_public_api():

@@ -9,8 +9,8 @@ import torch
 from mtl_bench.balancers import UPGrad, BackwardContext
 from mtl_bench.balancers.solvers import dual_cone_weights
 from mtl_bench.balancers.upgrad import upgrad_weights
-from test_balancer_jacobian import (TASKS3, assert_same_parameters, batch, make_model, no_host_sync, task_losses,
-                                    train_ours, train_torchjd)
+from balancer_kit import (TASKS3, assert_per_task_is_the_joint_step, assert_same_parameters, make_model, train_ours,
+                          train_torchjd)
 
 
 def build(model, tasks=TASKS3, **options) -> UPGrad:
@@ -54,30 +54,8 @@ def test_matches_torchjd():
 
 
 def test_per_task_mode_with_scaler_matches_the_joint_step():
-    joint, per_task = make_model(), make_model()
-    x, y = batch()
-    out, losses = task_losses(joint, x, y)
-    expected = build(joint).backward(losses, out.shared)
-    bal = build(per_task)
     ctx = BackwardContext(scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8))
-    metrics = {}
-    for task in TASKS3:
-        out, losses = task_losses(per_task, x, y)
-        metrics |= bal.backward_task(task, losses[task], out.shared, ctx)
-    bal.step()
-    for p, q in zip(joint.parameters(), per_task.parameters()):
-        torch.testing.assert_close(q.grad / 2.0**8, p.grad, rtol=1e-5, atol=1e-7)
-    for key in expected:
-        torch.testing.assert_close(metrics[key], expected[key], rtol=1e-5, atol=1e-6)
-
-
-def test_no_host_sync_on_cpu(monkeypatch: pytest.MonkeyPatch):
-    model, (x, y) = make_model(), batch()
-    bal = build(model)
-    with no_host_sync(monkeypatch):
-        out, losses = task_losses(model, x, y)
-        bal.backward(losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu")))
-        bal.step()
+    assert_per_task_is_the_joint_step(build, TASKS3, ctx, scale=2.0**8)
 
 
 def test_bad_options_fail_clearly():

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
 
 SCALE_MODES = ("min", "median", "rmse")
 
@@ -66,10 +65,4 @@ class AlignedMTL(GradientBalancer):
         self.scale_mode = scale_mode
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
-        g = host_gramian(gram)
-        if g is None:
-            return Solution(nan_weights(len(self.task_names), gram),
-                            metrics={"aligned_mtl/condition": torch.full((), float("nan"), device=gram.device)})
-        weights, condition = aligned_weights(g, self.scale_mode)
-        return Solution(to_device(weights, gram),
-                        metrics={"aligned_mtl/condition": torch.tensor(condition, device=gram.device)})
+        return host_solution(gram, "aligned_mtl/condition", lambda g: aligned_weights(g, self.scale_mode))

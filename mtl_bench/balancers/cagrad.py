@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
 
 RESCALES = (0, 1, 2)
 
@@ -79,9 +78,4 @@ class CAGrad(GradientBalancer):
         return f"{super().extra_repr()}, c={self.c}, rescale={self.rescale}"
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
-        g = host_gramian(gram)
-        if g is None:
-            return Solution(nan_weights(len(self.task_names), gram),
-                            metrics={"cagrad/lambda": torch.full((), float("nan"), device=gram.device)})
-        weights, lam = cagrad_weights(g, self.c, self.rescale)
-        return Solution(to_device(weights, gram), metrics={"cagrad/lambda": torch.tensor(lam, device=gram.device)})
+        return host_solution(gram, "cagrad/lambda", lambda g: cagrad_weights(g, self.c, self.rescale))

@@ -10,11 +10,12 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.jacobian import GradientBalancer, gram_metrics, grads_at_shared, rank_mean, write_leaf_grads
+from mtl_bench.balancers.jacobian import (GradientBalancer, SeededGenerator, gram_metrics, grads_at_shared, rank_mean,
+                                          write_leaf_grads)
 from mtl_bench.balancers.staged import JOINT
 
 
-class GradDrop(GradientBalancer):
+class GradDrop(SeededGenerator, GradientBalancer):
     """Gradient sign dropout at the shared representation: per feature, the sign purity
     P = ½(1 + Σ_i s_i / Σ_i |s_i|) of the tasks' batch-summed signed gradients s_i = Σ_batch ∇_Z L_i·sign(Z)
     decides, with one uniform draw U per feature, which sign survives (positive if P > U, negative if P < U);
@@ -51,17 +52,8 @@ class GradDrop(GradientBalancer):
         super().__init__(task_names, shared_params, grad_source)
         if isinstance(leak, bool) or not isinstance(leak, (int, float)) or not 0 <= leak <= 1:
             raise ValueError(f"leak: must be a number in [0, 1], got {leak!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed: must be an integer or null, got {seed!r}")
-        self.leak, self.seed = float(leak), seed
-        self.generator = torch.Generator()
-        self.generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
-
-    def get_extra_state(self) -> dict:
-        return {"generator": self.generator.get_state()}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        self.leak = float(leak)
+        self._seed_generator(seed)
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, nan_weights, to_device
+from mtl_bench.balancers.jacobian import GradientBalancer, SeededGenerator, Solution, nan_weights, to_device
 
 GROUPS = ("whole_model", "all_matrix")
 
@@ -45,7 +45,7 @@ def gradvac_weights(gram: np.ndarray, targets: np.ndarray, beta: float, orders: 
     return c.sum(0), new_targets, corrections
 
 
-class GradVac(GradientBalancer):
+class GradVac(SeededGenerator, GradientBalancer):
     """Gradient vaccine: for each pair of tasks, when the cosine of their gradients falls below its running
     target φ̂_ij (an EMA of the observed cosines, decay `beta`), task i's gradient gets the amount of g_j that
     brings the cosine up to φ̂_ij; the corrected gradients are summed (`gradvac_weights`). PCGrad is the
@@ -89,21 +89,12 @@ class GradVac(GradientBalancer):
             raise ValueError(f"beta: must be a number in [0, 1], got {beta!r}")
         if group not in GROUPS:
             raise ValueError(f"group: {group!r} is not one of {', '.join(GROUPS)}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed: must be an integer or null, got {seed!r}")
-        self.beta, self.group, self.seed = float(beta), group, seed
+        self.beta, self.group = float(beta), group
+        self._seed_generator(seed)
         self.BLOCK_GRAMIANS = group == "all_matrix"
         groups = 1 if group == "whole_model" else len(self._params)
         t = len(self.task_names)
         self.register_buffer("targets", torch.zeros(groups, t, t))
-        self.generator = torch.Generator()
-        self.generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
-
-    def get_extra_state(self) -> dict:
-        return {"generator": self.generator.get_state()}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
         t = len(self.task_names)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
+from mtl_bench.balancers.jacobian import GradientBalancer, SeededGenerator, Solution, host_solution
 
 
 def pcgrad_weights(gram: np.ndarray, orders: Sequence[Sequence[int]]) -> tuple[np.ndarray, int]:
@@ -35,7 +35,7 @@ def pcgrad_weights(gram: np.ndarray, orders: Sequence[Sequence[int]]) -> tuple[n
     return total, projections
 
 
-class PCGrad(GradientBalancer):
+class PCGrad(SeededGenerator, GradientBalancer):
     """Projects each task's gradient off the gradients it conflicts with, then sums (Algorithm 1).
 
     For each task i, in a random order over the other tasks j: if g_i^PC·g_j < 0, g_i^PC −= (g_i^PC·g_j /
@@ -67,23 +67,9 @@ class PCGrad(GradientBalancer):
         seed: seed of the generator that orders the projections; None draws one from torch's global RNG.
         """
         super().__init__(task_names, shared_params, grad_source)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed: must be an integer or null, got {seed!r}")
-        self.seed = seed
-        self.generator = torch.Generator()
-        self.generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
-
-    def get_extra_state(self) -> dict:
-        return {"generator": self.generator.get_state()}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        self._seed_generator(seed)
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
         t = len(self.task_names)
         orders = [list(torch.randperm(t, generator=self.generator).numpy()) for _ in range(t)]
-        g = host_gramian(gram)
-        if g is None:
-            return Solution(nan_weights(t, gram), metrics={"pcgrad/projections": torch.full((), float("nan"), device=gram.device)})
-        weights, projections = pcgrad_weights(g, orders)
-        return Solution(to_device(weights, gram), metrics={"pcgrad/projections": torch.tensor(float(projections), device=gram.device)})
+        return host_solution(gram, "pcgrad/projections", lambda g: pcgrad_weights(g, orders))

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
 from mtl_bench.balancers.solvers import dual_cone_weights
 
 
@@ -62,9 +61,4 @@ class UPGrad(GradientBalancer):
         self.norm_eps, self.reg_eps = float(norm_eps), float(reg_eps)
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
-        g = host_gramian(gram)
-        if g is None:
-            return Solution(nan_weights(len(self.task_names), gram),
-                            metrics={"upgrad/active": torch.full((), float("nan"), device=gram.device)})
-        weights, active = upgrad_weights(g, self.norm_eps, self.reg_eps)
-        return Solution(to_device(weights, gram), metrics={"upgrad/active": torch.tensor(float(active), device=gram.device)})
+        return host_solution(gram, "upgrad/active", lambda g: upgrad_weights(g, self.norm_eps, self.reg_eps))
