@@ -11,6 +11,12 @@ rows are the g_i. So one step here is:
    `autograd.grad(shared, params, grad_outputs=Z, is_grads_batched=True)`, turns the T gradients at
    `shared` into J, one (T, *p.shape) block per shared parameter (never T separate trunk backwards).
    `grad_source="shared_rep"`: J is the T gradients at `shared` themselves, flattened (MGDA-UB).
+
+   Steps 1-2 assume `shared` is a cut: every loss reaches the shared parameters only through `shared`. A walk
+   over each loss's autograd graph (`task_params`) checks it at every step. Where it fails (SegNet-MTAN: each
+   task's attention modules read the shared features of every stage), `shared_params` takes J instead from
+   ONE batched vector-Jacobian product from the stacked losses straight to the shared and task parameters
+   (`loss_jacobian`), exact through every path; `shared_rep` (and GradDrop) cannot be exact and raise.
 3. G = Σ_blocks J_b J_bᵀ (no concatenated copy of J), unscaled (divided by the loss scale squared);
    under DDP averaged over the ranks, so every rank solves the same problem and gets the same weights.
 4. The method turns G into weights (most on the CPU: T×T problems, see `host_gramian`).
@@ -45,15 +51,22 @@ GRAD_SOURCES = ("shared_params", "shared_rep")
 
 # ---------------------------------------------------------------------------------------------- the graph
 
-def head_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> list[Tensor]:
-    """The leaves that `loss` depends on without going through `shared`: the task's head parameters.
+NOT_A_CUT = ("the model's predictions depend on the shared parameters other than through the shared "
+             "representation passed to backward (as SegNet-MTAN's attention modules, which read every encoder and "
+             "decoder stage), so gradients taken at that representation miss those paths; the gradient methods take "
+             "exact per-task gradients with grad_source=shared_params")
+
+
+def task_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> tuple[list[Tensor], bool]:
+    """The leaves `loss` depends on that are not shared parameters (the task's own: its head, attention
+    modules, ...), and whether `shared` is a cut: whether the loss reaches the shared parameters only through it.
 
     A walk over the autograd graph from the loss that stops at `shared` (as torchjd's `mtl_backward` finds
-    task parameters). A shared parameter reached this way means the head reads the trunk other than through
-    `shared`, which the per-task gradients here would miss: a ValueError.
+    task parameters): a shared parameter reached this way is read other than through `shared`.
     """
     stop = shared.grad_fn
     found: list[Tensor] = []
+    cut = True
     seen: set = set()
     stack = [loss.grad_fn]
     while stack:
@@ -66,29 +79,76 @@ def head_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> list[Tens
             if variable is shared:
                 continue
             if id(variable) in shared_ids:
-                raise ValueError("shared_params: a head reads a shared parameter other than through the shared "
-                                 "representation passed to backward; its per-task gradients would be incomplete")
-            found.append(variable)
+                cut = False
+            else:
+                found.append(variable)
             continue
         stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
+    return found, cut
+
+
+def head_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> list[Tensor]:
+    """The task's own parameters (`task_params`) for a method that needs `shared` to be a cut: a ValueError
+    when the loss reads a shared parameter other than through `shared` (its gradients there would be incomplete)."""
+    params, cut = task_params(loss, shared, shared_ids)
+    if not cut:
+        raise ValueError(f"shared: {NOT_A_CUT}")
+    return params
 
 
 def grads_at_shared(losses: Sequence[Tensor], shared: Tensor, scale: Optional[Tensor],
-                    shared_ids: set[int]) -> tuple[Tensor, list[list[tuple[Tensor, Tensor]]]]:
+                    shared_ids: set[int], params: Optional[Sequence[list[Tensor]]] = None,
+                    ) -> tuple[Tensor, list[list[tuple[Tensor, Tensor]]]]:
     """Each loss's gradient at `shared` (stacked, (T, *shared.shape)) and at its head's parameters.
 
     One backward per task, through that task's head only (the trunk graph is kept for the batched product).
     Gradients are of `scale * loss`, like the real backward (fp16 heads would underflow otherwise).
+    `params`: each loss's head parameters when already found (`task_params`, with `shared` a cut).
     """
     rows, heads = [], []
-    for loss in losses:
-        params = head_params(loss, shared, shared_ids)
+    for i, loss in enumerate(losses):
+        task = head_params(loss, shared, shared_ids) if params is None else params[i]
         scaled = loss * scale if scale is not None else loss
-        grads = torch.autograd.grad(scaled, [shared, *params], retain_graph=True, allow_unused=True)
+        grads = torch.autograd.grad(scaled, [shared, *task], retain_graph=True, allow_unused=True)
         rows.append(grads[0] if grads[0] is not None else torch.zeros_like(shared))
-        heads.append([(p, g) for p, g in zip(params, grads[1:]) if g is not None])
+        heads.append([(p, g) for p, g in zip(task, grads[1:]) if g is not None])
     return torch.stack(rows), heads
+
+
+def loss_jacobian(losses: Sequence[Tensor], params: Sequence[Tensor], task_leaves: Sequence[Sequence[Tensor]],
+                  scale: Optional[Tensor]) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
+    """J at `params` (one (T, *p.shape) block each) and each task's gradients at its own parameters
+    (`task_leaves[i]`), through every path: ONE batched vector-Jacobian product from the stacked (scaled)
+    losses, `autograd.grad(losses, [*params, *leaves], grad_outputs=I_T, is_grads_batched=True)`.
+
+    For models where `shared` is not a cut (`task_params`). Frees the graph. Row i of a task parameter's block
+    is task i's gradient; the other rows are 0 unless tasks share that parameter.
+    """
+    t = len(losses)
+    leaves = list({id(p): p for task in task_leaves for p in task}.values())
+    stacked = torch.stack([(loss * scale if scale is not None else loss).float() for loss in losses])
+    eye = torch.eye(t, dtype=stacked.dtype, device=stacked.device)
+    grads = torch.autograd.grad(stacked, [*params, *leaves], grad_outputs=eye, is_grads_batched=True,
+                                allow_unused=True)
+    blocks = [g if g is not None else stacked.new_zeros((t, *p.shape), dtype=p.dtype)
+              for g, p in zip(grads, params)]
+    by_leaf = {id(p): g for p, g in zip(leaves, grads[len(params):])}
+    heads = [[(p, by_leaf[id(p)][i]) for p in task if by_leaf[id(p)] is not None]
+             for i, task in enumerate(task_leaves)]
+    return blocks, heads
+
+
+def task_jacobian(losses: Sequence[Tensor], shared: Tensor, params: Sequence[Tensor], scale: Optional[Tensor],
+                  shared_ids: set[int]) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
+    """J at the shared parameters `params` and each task's gradients at its own parameters, exact: through
+    `shared` (`grads_at_shared` + `param_jacobian`) when it is a cut, else straight from the losses
+    (`loss_jacobian`). Frees the graph."""
+    found = [task_params(loss, shared, shared_ids) for loss in losses]
+    task_leaves = [leaves for leaves, _ in found]
+    if all(cut for _, cut in found):
+        rows, heads = grads_at_shared(losses, shared, scale, shared_ids, task_leaves)
+        return param_jacobian(shared, params, rows), heads
+    return loss_jacobian(losses, params, task_leaves, scale)
 
 
 def param_jacobian(shared: Tensor, params: Sequence[Tensor], rows: Tensor) -> list[Tensor]:
@@ -187,7 +247,9 @@ class GradientBalancer(StagedBalancer):
     `grad_source`: "shared_params" (the exact per-task gradients at the model's shared parameters; LibMTL's
     rep_grad=False, torchjd's mtl_backward) or "shared_rep" (the gradients at the shared representation
     passed to backward, flattened over the batch: MGDA-UB; cheap: no per-task trunk backward), where the
-    method allows it (`SOURCES`).
+    method allows it (`SOURCES`). shared_rep needs every prediction to read the shared parameters only through
+    that representation (a ValueError at the first backward otherwise, e.g. on SegNet-MTAN); shared_params is
+    exact either way (see the module docstring).
 
     Gradient accumulation (k micro-batches) with shared_params: the micro-batches' Jacobians are summed and
     the method solves once, at the k-th backward, on the Jacobian of the whole accumulated batch, as if it
@@ -307,17 +369,19 @@ class GradientBalancer(StagedBalancer):
         scale = self._begin(JOINT, ctx, shared)
         ordered = self._transform_losses([losses[name] for name in self.task_names])
         loss_values = torch.stack([loss.detach().float() for loss in ordered])
-        rows, heads = grads_at_shared(ordered, shared, scale, self._param_ids)
         head_w = self._known_head_weights()
-        pairs = self._heads(heads, range(len(ordered)), head_w)
         if self.grad_source == "shared_rep":
+            found = [task_params(loss, shared, self._param_ids) for loss in ordered]
+            if not all(cut for _, cut in found):
+                raise ValueError(f"grad_source: shared_rep: {NOT_A_CUT}")
+            rows, heads = grads_at_shared(ordered, shared, scale, self._param_ids, [p for p, _ in found])
+            pairs = self._heads(heads, range(len(ordered)), head_w)
             write_leaf_grads(pairs) if pairs else None
             metrics = self._finish_solve([rows], scale, self._mean("losses", loss_values), shared)
             self._end_joint()
             return metrics
-        blocks = param_jacobian(shared, self._params, rows)
-        del rows
-        write_leaf_grads(pairs)
+        blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids)
+        write_leaf_grads(self._heads(heads, range(len(ordered)), head_w))
         self._add_blocks(blocks)
         self._losses_sum = loss_values if self._losses_sum is None else self._losses_sum + loss_values
         self._seen["joint"] = self._seen.get("joint", 0) + 1
@@ -357,7 +421,7 @@ class GradientBalancer(StagedBalancer):
             raise RuntimeError(f"task {task!r} already had its backward in this step; call balancer.step() "
                                "once per optimizer step")
         (loss,) = self._transform_losses_one(i, loss)
-        params = head_params(loss, shared, self._param_ids)
+        params, _ = task_params(loss, shared, self._param_ids)  # exact whether or not `shared` is a cut
         scaled = loss * scale if scale is not None else loss
         grads = torch.autograd.grad(scaled, [*self._params, *params], allow_unused=True)
         shared_grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self._params)]
