@@ -1,4 +1,5 @@
-"""`mtl-bench report`: groups over seeds, Δm in both conventions, formats, failed runs, plots."""
+"""`mtl-bench report`: groups over seeds, Δm in both conventions, mean rank, 95% intervals, time per step, formats,
+failed runs, plots."""
 
 from __future__ import annotations
 
@@ -15,18 +16,21 @@ from mtl_bench.cli import app
 from mtl_bench.errors import ConfigError
 from mtl_bench.report.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
 from mtl_bench.report.main import make_report
+from mtl_bench.report.stats import ci_half_width, mean_ranks, t_quantile, tied_ranks
 
 HIB = {"a": {"loss": False, "acc": True, "err": False}, "b": {"loss": False, "mse": False}}
 
 
 def write_run(root: Path, name: str, overrides: list[str], test: dict, status: str = "completed",
-              choices: dict | None = None) -> Path:
+              choices: dict | None = None, wall_time_s: float | None = None, step: int = 1000) -> Path:
     run = root / name
     run.mkdir(parents=True)
     metrics = {"status": status, "overrides": overrides, "choices": choices or {"balancer": "fixed", "tasks": "toy"},
                "higher_is_better": HIB}
     if status == "completed":
         metrics["test"] = test
+        if wall_time_s is not None:
+            metrics.update(wall_time_s=wall_time_s, step=step)
     else:
         metrics["error"] = "RuntimeError: boom"
     (run / "metrics.json").write_text(json.dumps(metrics))
@@ -42,12 +46,12 @@ def sweep(tmp_path: Path) -> Path:
     root = tmp_path / "multirun"
     fixed = {"balancer": "fixed", "tasks": "toy"}
     gradnorm = {"balancer": "gradnorm", "tasks": "toy"}
-    write_run(root, "0", ["balancer=fixed", "seed=0"], values(0.74, 0.26, 1.0), choices=fixed)
-    write_run(root, "1", ["balancer=fixed", "seed=1"], values(0.76, 0.24, 1.0), choices=fixed)
+    write_run(root, "0", ["balancer=fixed", "seed=0"], values(0.74, 0.26, 1.0), choices=fixed, wall_time_s=2.0)
+    write_run(root, "1", ["balancer=fixed", "seed=1"], values(0.76, 0.24, 1.0), choices=fixed, wall_time_s=2.2)
     write_run(root, "2", ["balancer=gradnorm", "balancer.alpha=0.5", "seed=0"], values(0.78, 0.21, 1.2),
-              choices=gradnorm)
+              choices=gradnorm, wall_time_s=5.0)
     write_run(root, "3", ["balancer=gradnorm", "balancer.alpha=0.5", "seed=1"], values(0.82, 0.19, 1.0),
-              choices=gradnorm)
+              choices=gradnorm, wall_time_s=5.4)
     write_run(root, "4", ["balancer=gradnorm", "balancer.alpha=0.5", "seed=2"], {}, status="failed", choices=gradnorm)
     killed = root / "5" / ".hydra"
     killed.mkdir(parents=True)
@@ -89,11 +93,79 @@ def test_groups_have_mean_and_std_over_seeds_and_delta_m_against_the_baseline(sw
 
 def test_markdown_and_csv(sweep):
     markdown, _ = make_report([sweep], "markdown", "balancer=fixed", None)
-    assert "| balancer=fixed | 2 | 0.75 ± 0.014 | 0.25 ± 0.014 | 1 ± 0 | +0.00 | +0.00 |" in markdown
+    assert "| group | seeds | a/acc ↑ | a/err ↓ | b/mse ↓ | Δm flat % ↓ | Δm task-avg % ↓ | mean rank ↓ | " \
+           "time/step ms |" in markdown
+    # ± the 95% CI: t_{0.975,1} = 12.706 times s/√2 (s = 0.014 for acc; 1.778·√2 for the per-seed Δm of the baseline)
+    assert "| balancer=fixed | 2 | 0.75 ± 0.13 | 0.25 ± 0.13 | 1 ± 0 | +0.00 ± 22.59 | +0.00 ± 16.94 | 1.67 | " \
+           "2.1 ± 1.3 |" in markdown
+    assert "| balancer=gradnorm balancer.alpha=0.5 | 2 | 0.8 ± 0.25 | 0.2 ± 0.13 | 1.1 ± 1.3 | -5.56 ± 70.59 | " \
+           "-1.67 ± 84.71 | 1.33 | 5.2 ± 2.5 |" in markdown
     assert "failed:" in markdown and "incomplete:" in markdown and "model selection: final step" in markdown
+    assert "95% confidence interval" in markdown and "mean rank:" in markdown and "wall_time_s / step" in markdown
     table = list(csv.reader(io.StringIO(make_report([sweep], "csv", None, None)[0])))
-    assert table[0] == ["group", "seeds", "a/acc ↑", "a/err ↓", "b/mse ↓"]
+    assert table[0] == ["group", "seeds", "a/acc ↑", "a/acc std", "a/acc ci95", "a/err ↓", "a/err std", "a/err ci95",
+                        "b/mse ↓", "b/mse std", "b/mse ci95", "mean rank ↓", "time/step ms", "time/step ms ci95"]
     assert [row[0] for row in table[1:3]] == ["balancer=fixed", "balancer=gradnorm balancer.alpha=0.5"]
+    fixed = dict(zip(table[0], table[1]))
+    assert float(fixed["a/acc ↑"]) == pytest.approx(0.75) and float(fixed["a/acc std"]) == pytest.approx(0.02 / 2**0.5)
+    assert float(fixed["a/acc ci95"]) == pytest.approx(12.706204736 * 0.01)  # t · (0.02/√2) / √2
+    assert float(fixed["mean rank ↓"]) == pytest.approx(5 / 3)
+    assert float(fixed["time/step ms"]) == pytest.approx(2.1)
+    assert float(fixed["time/step ms ci95"]) == pytest.approx(12.706204736 * 0.1)
+    with_dm = list(csv.reader(io.StringIO(make_report([sweep], "csv", "balancer=fixed", None)[0])))
+    assert with_dm[0][-7:] == ["Δm flat % ↓", "Δm flat ci95", "Δm task-avg % ↓", "Δm task-avg ci95", "mean rank ↓",
+                               "time/step ms", "time/step ms ci95"]
+
+
+def test_json_carries_intervals_mean_rank_and_time_per_step(sweep):
+    groups = {g["group"]: g for g in json.loads(make_report([sweep], "json", "balancer=fixed", None)[0])["groups"]}
+    fixed, gradnorm = groups["balancer=fixed"], groups["balancer=gradnorm balancer.alpha=0.5"]
+    t1 = 12.706204736174694  # t_{0.975} with 1 degree of freedom: two seeds
+    acc = gradnorm["metrics"]["a"]["acc"]
+    assert acc["ci95"] == pytest.approx(t1 * acc["std"] / math.sqrt(2)) and acc["n"] == 2
+    # Δm per seed against the baseline's means: seed 0 (1.333 + 4 + 0)/3, seed 1 the opposite
+    assert fixed["delta_m_ci95"]["flat"] == pytest.approx(t1 * (16 / 9) * math.sqrt(2) / math.sqrt(2))
+    assert (fixed["mean_rank"], gradnorm["mean_rank"]) == (pytest.approx(5 / 3), pytest.approx(4 / 3))
+    assert fixed["time_per_step_ms"] == {"mean": pytest.approx(2.1), "std": pytest.approx(0.2 / math.sqrt(2)),
+                                         "ci95": pytest.approx(t1 * 0.1), "n": 2}
+    assert gradnorm["time_per_step_ms"]["mean"] == pytest.approx(5.2)
+
+
+def test_t_quantile_and_interval_formula():
+    assert t_quantile(1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-12)  # Cauchy
+    assert t_quantile(2) == pytest.approx(0.95 * math.sqrt(2 / (4 * 0.975 * 0.025)), rel=1e-12)  # closed form, df 2
+    assert t_quantile(10) == pytest.approx(2.228138852, rel=1e-9) and t_quantile(1000) == pytest.approx(1.962339081)
+    assert ci_half_width([1.0, 2.0, 3.0]) == pytest.approx(t_quantile(2) * 1.0 / math.sqrt(3))
+    assert math.isnan(ci_half_width([4.0]))  # one seed: no interval
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 4, 5, 7, 30, 31, 120):
+        assert t_quantile(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), rel=1e-10)
+
+
+def test_mean_rank_on_a_hand_made_case():
+    assert tied_ranks([0.3, 0.1, 0.3, 0.2], higher_is_better=False) == [3.5, 1.0, 3.5, 2.0]
+    assert tied_ranks([0.3, 0.1, 0.3, 0.2], higher_is_better=True) == [1.5, 4.0, 1.5, 3.0]
+    hib = {"a": {"acc": True, "err": False}, "b": {"mse": False, "odd": None}}
+    del hib["b"]["odd"]  # a metric without a direction is not ranked
+    means = [{"a": {"acc": 0.9, "err": 0.2}, "b": {"mse": 5.0, "odd": 1.0}},
+             {"a": {"acc": 0.8, "err": 0.2}, "b": {"mse": 1.0, "odd": 2.0}},
+             {"a": {"acc": 0.9, "err": 0.1}},  # has no b/mse: ranked on what it has
+             {"a": {"acc": math.nan}}]  # nothing rankable
+    # acc: 0.9, 0.8, 0.9 -> 1.5, 3, 1.5; err: 0.2, 0.2, 0.1 -> 2.5, 2.5, 1; mse: 5, 1 -> 2, 1
+    assert mean_ranks(means, hib) == [pytest.approx((1.5 + 2.5 + 2) / 3), pytest.approx((3 + 2.5 + 1) / 3),
+                                      pytest.approx((1.5 + 1) / 2), None]
+
+
+def test_every_group_is_ranked_within_its_task_set(tmp_path):
+    for i, (acc, err, mse) in enumerate([(0.7, 0.3, 1.0), (0.8, 0.3, 2.0), (0.9, 0.1, 3.0)]):
+        write_run(tmp_path, f"toy_{i}", [f"balancer.x={i}"], values(acc, err, mse),
+                  choices={"balancer": "fixed", "tasks": "toy"})
+    write_run(tmp_path, "other", ["tasks=other"], values(0.1, 0.9, 9.0),
+              choices={"balancer": "fixed", "tasks": "other"})
+    groups = {g["group"]: g["mean_rank"] for g in json.loads(make_report([tmp_path], "json", None, None)[0])["groups"]}
+    # toy: acc ranks 3, 2, 1; err (0.3, 0.3, 0.1) 2.5, 2.5, 1; mse 1, 2, 3; the other task set alone: rank 1
+    assert groups == {"balancer.x=0": pytest.approx(6.5 / 3), "balancer.x=1": pytest.approx(6.5 / 3),
+                      "balancer.x=2": pytest.approx(5 / 3), "tasks=other": 1.0}
 
 
 def test_reference_baseline_from_the_task_set_config(tmp_path):
@@ -128,14 +200,39 @@ def test_output_file_and_terminal_table(sweep, tmp_path):
     result = CliRunner().invoke(app, ["report", str(sweep), "-f", "markdown", "-o", str(out)])
     assert result.exit_code == 0 and out.read_text().startswith("| group |")
     result = CliRunner().invoke(app, ["report", str(sweep)])
-    assert result.exit_code == 0 and "balancer=fixed" in result.output and "0.75 ± 0.014" in result.output
+    assert result.exit_code == 0 and "balancer=fixed" in result.output and "0.75 ± 0.13" in result.output
+
+
+def write_weights(run: Path, weights: dict[str, float], steps: int = 200) -> None:
+    """TensorBoard weight/<task> scalars as a run writes them."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run))
+    for step in range(10, steps + 1, 10):
+        for task, weight in weights.items():
+            writer.add_scalar(f"weight/{task}", weight, step)
+    writer.close()
 
 
 def test_plots_are_written(sweep, tmp_path):
     pytest.importorskip("matplotlib")
-    _, written = make_report([sweep], "table", None, tmp_path / "plots")
-    assert sorted(p.name for p in written) == ["metrics.png", "tradeoff.png", "weights.png"]
+    write_weights(sweep / "0", {"a": 1.0, "b": 1.0})  # equal weights: two lines on top of each other
+    write_weights(sweep / "2", {"a": 850.0, "b": 8.0})  # two orders of magnitude apart: a log axis
+    _, written = make_report([sweep], "table", "balancer=fixed", tmp_path / "plots")
+    assert sorted(p.name for p in written) == ["delta_m_vs_time.png", "metrics.png", "tradeoff.png", "weights.png"]
     assert all(p.stat().st_size > 1000 for p in written)
+    _, written = make_report([sweep], "table", None, tmp_path / "no_baseline")  # the mean rank instead of Δm
+    assert sorted(p.name for p in written) == ["metrics.png", "rank_vs_time.png", "tradeoff.png", "weights.png"]
+
+
+def test_plot_axes_follow_the_values():
+    pytest.importorskip("matplotlib")
+    from mtl_bench.report.plots import pareto_front, spans_orders
+
+    assert spans_orders([8.0, 850.0]) and spans_orders([0.01, 0.5])
+    assert not spans_orders([0.74, 0.82]) and not spans_orders([0.0, 850.0]) and not spans_orders([])
+    # a: lower is better, b: higher is better; (2, 5) is dominated by (1, 5) and (2, 4) by every point but itself
+    assert pareto_front([(1.0, 5.0), (2.0, 5.0), (0.5, 1.0), (2.0, 4.0)], (False, True)) == [0, 2]
 
 
 def test_a_real_sweep_end_to_end(tmp_path):

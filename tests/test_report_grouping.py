@@ -50,7 +50,8 @@ def write_run(root: Path, name: str, overrides: list[str], status: str = "comple
     metrics = {"status": status, "overrides": overrides, "choices": choices, "seed": cfg.seed,
                "higher_is_better": HIB, **extra}
     if status == "completed":
-        metrics.update(test=test_metrics(t0, t1), val=test_metrics(t0, t1), step=cfg.trainer.max_steps)
+        metrics.update(test=test_metrics(t0, t1), val=test_metrics(t0, t1))
+        metrics.setdefault("step", cfg.trainer.max_steps)
     (run / "metrics.json").write_text(json.dumps(metrics))
     return run
 
@@ -82,7 +83,7 @@ def test_equal_configs_are_one_group_and_what_did_not_complete_is_listed_with_it
 
     table = CliRunner().invoke(app, ["report", str(tmp_path), "-f", "markdown"])
     assert table.exit_code == 0, table.output
-    assert "| (defaults) | 3 runs, 1 seed | 0.52 |" in table.output  # no "± 0"
+    assert "| (defaults) | 3 runs, 1 seed | 0.52 ± n/a |" in table.output  # no interval over one seed, not "± 0"
     assert "runs of one seed averaged first" in table.output
     lines = table.output.splitlines()
     assert any(line.strip().startswith("diverged:") and "3_diverged (optim=sgd optim.lr=0.05): diverged: 11 of"
@@ -112,7 +113,24 @@ def test_seeds_are_counted_as_distinct_seeds_and_averaged_per_seed_first(tmp_pat
     assert [(Path(p["path"]).name, p["status"]) for p in out["problems"]] == [("d", "incomplete")]
     assert "killed" in out["problems"][0]["reason"]
     markdown = make_report([tmp_path], "markdown", None, None)[0]
-    assert "| (defaults) | 3 runs, 2 seeds | 0.6 ± 0.14 |" in markdown
+    assert "| (defaults) | 3 runs, 2 seeds | 0.6 ± 1.3 |" in markdown  # 95% CI: 12.706 · 0.1414 / √2
+
+
+def test_time_per_step_is_measured_in_each_run_and_averaged_per_seed_first(tmp_path):
+    write_run(tmp_path, "a", ["seed=0"], wall_time_s=10.0)  # 10 ms a step (write_run records 1000 steps)
+    # the same seed killed and resumed: wall_time_s covers both sessions, step counts every step once
+    write_run(tmp_path, "b", ["seed=0", "trainer.resume=auto"], wall_time_s=14.0)  # 14 ms: seed 0 is 12 ms
+    write_run(tmp_path, "c", ["seed=1"], wall_time_s=9.0, step=500)  # 18 ms
+    write_run(tmp_path, "d", ["seed=2"])  # recorded no wall_time_s: left out of the time, not of the metrics
+    group, = report(tmp_path)["groups"]
+    assert group["seeds"] == 3
+    time = group["time_per_step_ms"]
+    assert time["n"] == 2 and time["mean"] == pytest.approx(15.0) and time["std"] == pytest.approx(3 * math.sqrt(2))
+    assert time["ci95"] == pytest.approx(12.706204736174694 * 3.0)  # t_{0.975,1} · s / √2
+    markdown = make_report([tmp_path], "markdown", None, None)[0]
+    assert markdown.splitlines()[2].endswith("| 1.00 | 15 ± 38 |")  # mean rank alone: 1; time/step in ms
+    write_run(tmp_path / "one", "a", ["seed=0"], wall_time_s=2.5)
+    assert make_report([tmp_path / "one"], "markdown", None, None)[0].splitlines()[2].endswith("| 2.5 ± n/a |")
 
 
 def test_labels_name_what_differs_and_the_baseline_matches_resolved_values(tmp_path):

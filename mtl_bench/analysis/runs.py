@@ -101,6 +101,20 @@ class Run:
                     return source["seed"]
         return None
 
+    @property
+    def time_per_step_s(self) -> float | None:
+        """Seconds per optimizer step measured by the run: metrics.json's `wall_time_s` / `step`.
+
+        wall_time_s is the training loop's wall time summed over every session of a resumed run (what ran after a
+        session's last checkpoint and was redone is counted once), periodic evaluation, checkpoints and the final
+        evaluation included; the evaluation before the first step is not. None when the run did not record both.
+        """
+        wall, step = self.metrics.get("wall_time_s"), self.metrics.get("step")
+        if isinstance(wall, bool) or isinstance(step, bool) or not isinstance(wall, (int, float)) \
+                or not isinstance(step, int) or step <= 0 or not wall >= 0:
+            return None
+        return float(wall) / step
+
     def training_config(self) -> dict[str, Any] | None:
         """The flattened config without NOT_TRAINING_KEYS: what was trained. None for a run without its config."""
         if self.config is None:

@@ -40,5 +40,5 @@ def make_report(paths: list[Path], fmt: str, baseline: Optional[str],
     if plots is not None:
         from mtl_bench.report.plots import write_plots
 
-        written = write_plots(groups, plots)
+        written = write_plots(groups, plots, baseline)
     return render(groups, problems, fmt, baseline, common), written

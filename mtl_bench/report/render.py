@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any
 
-from mtl_bench.report.summary import Group, by_task_set
+from mtl_bench.report.summary import Group, Stat, by_task_set
 
 FORMATS = ("table", "markdown", "csv", "json")
 MODEL_SELECTION = "final step"
@@ -23,11 +23,28 @@ def _columns(groups: list[Group]) -> list[tuple[str, str]]:
     return list(seen)
 
 
+NA = "n/a"  # an interval over one seed
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else x
+
+
+def significant(x: float, digits: int) -> str:
+    """`x` to `digits` significant digits as %g does, but large values as whole numbers (2742, 130: not 2.742e+03)."""
+    if math.isfinite(x) and abs(float(f"{x:.{digits}g}")) >= 10 ** digits:
+        return f"{float(f'{x:.{digits}g}'):.0f}"
+    return f"{x:.{digits}g}"
+
+
+def _pm(mean: float, ci: float, digits: int) -> str:
+    """`mean ± CI half-width`, `mean ± n/a` with one seed."""
+    return f"{significant(mean, digits)} ± {NA if math.isnan(ci) else significant(ci, 2)}"
+
+
 def _cell(group: Group, task: str, name: str) -> str:
     stat = group.stats.get(task, {}).get(name)
-    if stat is None:
-        return ""
-    return f"{stat.mean:.4g}" if math.isnan(stat.std) else f"{stat.mean:.4g} ± {stat.std:.2g}"
+    return "" if stat is None else _pm(stat.mean, stat.ci, 4)
 
 
 def _arrow(groups: list[Group], task: str, name: str) -> str:
@@ -38,22 +55,78 @@ def _arrow(groups: list[Group], task: str, name: str) -> str:
 
 
 def _dm(group: Group, key: str) -> str:
-    return "" if group.delta_m is None else f"{group.delta_m[key]:+.2f}"
+    if group.delta_m is None:
+        return ""
+    ci = group.delta_m_ci[key] if group.delta_m_ci else math.nan
+    return f"{group.delta_m[key]:+.2f} ± {NA}" if math.isnan(ci) else f"{group.delta_m[key]:+.2f} ± {ci:.2f}"
+
+
+def _rank(group: Group) -> str:
+    return "" if group.mean_rank is None else f"{group.mean_rank:.2f}"
+
+
+def _time(group: Group) -> str:
+    t = group.time_per_step
+    return "" if t is None else _pm(1000 * t.mean, 1000 * t.ci, 3)
+
+
+DM_HEADER = {"flat": "Δm flat % ↓", "task_averaged": "Δm task-avg % ↓"}
+RANK_HEADER, TIME_HEADER = "mean rank ↓", "time/step ms"
 
 
 def rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
+    """The table: group, seeds, each metric (mean ± 95% CI), Δm (± CI), mean rank, time per step (± CI)."""
     columns = _columns(groups)
     header = ["group", "seeds", *[f"{t}/{m} {_arrow(groups, t, m)}".strip() for t, m in columns]]
     with_dm = any(g.delta_m is not None for g in groups)
     if with_dm:
-        header += ["Δm flat % ↓", "Δm task-avg % ↓"]
+        header += list(DM_HEADER.values())
+    header += [RANK_HEADER, TIME_HEADER]
     body = []
     for group in groups:
         row = [group.label, group.count, *[_cell(group, t, m) for t, m in columns]]
         if with_dm:
-            row += [_dm(group, "flat"), _dm(group, "task_averaged")]
+            row += [_dm(group, key) for key in DM_HEADER]
+        body.append(row + [_rank(group), _time(group)])
+    return header, body
+
+
+def _number(x: float | None) -> str:
+    return "" if x is None else NA if math.isnan(x) else repr(float(x))
+
+
+def csv_rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
+    """The table as numbers, one column each: mean, std and 95% CI half-width ("n/a" with one seed)."""
+    columns = _columns(groups)
+    header = ["group", "seeds"]
+    for t, m in columns:
+        name = f"{t}/{m}"
+        header += [f"{name} {_arrow(groups, t, m)}".strip(), f"{name} std", f"{name} ci95"]
+    with_dm = any(g.delta_m is not None for g in groups)
+    if with_dm:
+        for key, title in DM_HEADER.items():
+            header += [title, title.split(" %")[0] + " ci95"]
+    header += [RANK_HEADER, TIME_HEADER, f"{TIME_HEADER} ci95"]
+    body = []
+    for group in groups:
+        row = [group.label, group.count]
+        for t, m in columns:
+            stat = group.stats.get(t, {}).get(m)
+            row += ["", "", ""] if stat is None else [_number(stat.mean), _number(stat.std), _number(stat.ci)]
+        if with_dm:
+            for key in DM_HEADER:
+                row += ["", ""] if group.delta_m is None else \
+                    [_number(group.delta_m[key]), _number((group.delta_m_ci or {}).get(key, math.nan))]
+        time = group.time_per_step
+        row += [_number(group.mean_rank),
+                *(["", ""] if time is None else [_number(1000 * time.mean), _number(1000 * time.ci)])]
         body.append(row)
     return header, body
+
+
+def _stat_json(stat: Stat, scale: float = 1.0) -> dict[str, Any]:
+    return {"mean": scale * stat.mean, "std": _finite(scale * stat.std), "ci95": _finite(scale * stat.ci),
+            "n": stat.n}
 
 
 def problem_line(p: dict[str, Any]) -> str:
@@ -65,12 +138,22 @@ def problem_line(p: dict[str, Any]) -> str:
 def footer(groups: list[Group], problems: list[dict[str, Any]], baseline: str | None,
            common: list[str]) -> list[str]:
     repeated = " (runs of one seed averaged first)" if any(len(g.runs) > g.seeds for g in groups) else ""
-    lines = [f"final test metrics, mean ± sample std over seeds{repeated}; model selection: {MODEL_SELECTION}"]
+    lines = [f"final test metrics, mean ± 95% confidence interval over seeds{repeated} (Student t: "
+             f"± t_0.975,n−1 · s/√n, s the sample std over n seeds; {NA} with one seed); model selection: "
+             f"{MODEL_SELECTION}"]
     if common:
         lines.append("every group also has: " + " ".join(common))
     if baseline:
         lines.append(f"Δm against {baseline} (flat: mean over all metrics; task-avg: LibMTL, mean within each "
-                     "task first; lower is better)")
+                     "task first; lower is better), ± the 95% CI of each seed's Δm against the baseline's means")
+    lines.append("mean rank: each group's rank among the groups on every metric (1 = best, ties share the mean "
+                 "rank), averaged over the metrics; lower is better")
+    if any(g.time_per_step is not None for g in groups):
+        lines.append("time/step: each run's wall_time_s / step from its metrics.json (every session of a resumed "
+                     "run; periodic evaluation and checkpoints included), mean ± 95% CI over seeds; compare on one "
+                     "machine")
+    else:
+        lines.append("time/step: no run recorded wall_time_s and step in its metrics.json")
     if problems:
         lines.append(f"not in the table ({len(problems)} run{'s' if len(problems) != 1 else ''} "
                      "that did not complete; never averaged):")
@@ -86,13 +169,16 @@ def render(groups: list[Group], problems: list[dict[str, Any]], fmt: str, baseli
             "groups": [{"group": g.label, "settings": g.settings, "seeds": g.seeds, "n_runs": len(g.runs),
                         "runs": [str(r.path) for r in g.runs], "baseline_group": g.baseline_label,
                         "delta_m": g.delta_m,
-                        "metrics": {t: {m: {"mean": s.mean, "std": None if math.isnan(s.std) else s.std, "n": s.n}
-                                        for m, s in ms.items()} for t, ms in g.stats.items()}}
+                        "delta_m_ci95": None if g.delta_m_ci is None else
+                        {k: _finite(v) for k, v in g.delta_m_ci.items()},
+                        "mean_rank": g.mean_rank,
+                        "time_per_step_ms": None if g.time_per_step is None else _stat_json(g.time_per_step, 1000.0),
+                        "metrics": {t: {m: _stat_json(s) for m, s in ms.items()} for t, ms in g.stats.items()}}
                        for g in groups],
             "problems": problems,
         }, indent=2, ensure_ascii=False)
     if fmt == "csv":
-        header, body = rows(groups)
+        header, body = csv_rows(groups)
         out = io.StringIO()
         writer = csv.writer(out)
         writer.writerow(header)

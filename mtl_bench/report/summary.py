@@ -1,11 +1,12 @@
-"""Runs grouped by what was trained: mean ± std over seeds of every final test metric, and Δm.
+"""Runs grouped by what was trained: mean, sample std and 95% CI over seeds of every final test metric, Δm with
+its CI, the mean rank among groups and the training time per step.
 
 A group is every completed run with the same resolved config (`.hydra/config.yaml`) once the seed and the
 keys that do not change what is trained (analysis.runs.NOT_TRAINING_KEYS: resume, logging intervals,
 device, ...) are left out: the defaults, `optim=adam balancer=fixed` and a resumed run of the defaults are
 one group. A run without that file falls back to its command-line overrides (minus the same keys).
 Groups are labelled by the keys whose values differ between them. Failed, diverged and incomplete runs
-are never averaged: `describe_problems` lists them with their reason.
+are never averaged: `describe_problems` lists them with their reason. Intervals and ranks: report/stats.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Optional
 from mtl_bench.analysis.runs import Run, is_training_key, override_key, run_reason, run_status
 from mtl_bench.errors import ConfigError
 from mtl_bench.report.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
+from mtl_bench.report.stats import ci_half_width, mean_ranks
 
 SEED_KEYS = ("seed",)
 LOSS = "loss"  # reported by every task; Δm and the table use the task metrics (mse, accuracy, ...)
@@ -76,6 +78,14 @@ class Stat:
     mean: float
     std: float  # sample standard deviation over seeds (runs of one seed averaged first); nan with one seed
     n: int  # seeds
+    ci: float = math.nan  # half-width of the 95% confidence interval (Student t over seeds); nan with one seed
+    values: list[float] = field(default_factory=list, repr=False)  # one per seed
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Stat":
+        """mean, sample std and 95% CI over one value per seed."""
+        std = statistics.stdev(values) if len(values) > 1 else math.nan
+        return cls(statistics.fmean(values), std, len(values), ci_half_width(values), list(values))
 
 
 @dataclass
@@ -87,7 +97,11 @@ class Group:
     stats: dict[str, dict[str, Stat]] = field(default_factory=dict)  # task -> metric -> Stat
     higher_is_better: dict[str, dict[str, bool]] = field(default_factory=dict)
     delta_m: Optional[dict[str, float]] = None  # {"flat": ..., "task_averaged": ...} against the baseline
+    delta_m_ci: Optional[dict[str, float]] = None  # the same keys: 95% CI half-width over seeds (nan: one seed)
     baseline_label: Optional[str] = None
+    mean_rank: Optional[float] = None  # over the metrics, among the groups of the same task set (1 = best)
+    time_per_step: Optional[Stat] = None  # seconds per optimizer step over seeds; None when no run recorded it
+    per_seed: dict[Any, dict[str, dict[str, float]]] = field(default_factory=dict, repr=False)  # seed -> metrics
     view: dict[str, Any] = field(default_factory=dict, repr=False)  # what labels are made of, in config order
     choice_keys: set[str] = field(default_factory=set, repr=False)  # keys of `view` that are group choices
     overridden: set[str] = field(default_factory=set, repr=False)  # keys its runs set on the command line
@@ -128,17 +142,23 @@ def summarise(runs: list[Run]) -> Group | None:
         return None
     first = completed[0]
     stats: dict[str, dict[str, Stat]] = {}
+    per_seed: dict[Any, dict[str, dict[str, float]]] = {}
     for task, metrics in first.metrics["test"].items():
         for name in metrics:
             if name == LOSS and len(metrics) > 1:
                 continue
-            per_seed: dict[Any, list[float]] = {}
+            runs_of_seed: dict[Any, list[float]] = {}
             for run in completed:
                 if name in run.metrics["test"].get(task, {}):
-                    per_seed.setdefault(_seed_of(run), []).append(run.metrics["test"][task][name])
-            values = [statistics.fmean(v) for v in per_seed.values()]
-            std = statistics.stdev(values) if len(values) > 1 else math.nan
-            stats.setdefault(task, {})[name] = Stat(statistics.fmean(values), std, len(values))
+                    runs_of_seed.setdefault(_seed_of(run), []).append(run.metrics["test"][task][name])
+            for seed, values in runs_of_seed.items():
+                per_seed.setdefault(seed, {}).setdefault(task, {})[name] = statistics.fmean(values)
+            stats.setdefault(task, {})[name] = Stat.of([statistics.fmean(v) for v in runs_of_seed.values()])
+    times: dict[Any, list[float]] = {}
+    for run in completed:
+        if run.time_per_step_s is not None:
+            times.setdefault(_seed_of(run), []).append(run.time_per_step_s)
+    time_per_step = Stat.of([statistics.fmean(v) for v in times.values()]) if times else None
 
     overridden = {override_key(item) for run in completed for item in training_overrides(run)}
     config = first.training_config()
@@ -152,7 +172,8 @@ def summarise(runs: list[Run]) -> Group | None:
         choice_keys = set()
         settings = identity = {**choices, **view}
     return Group("", settings, identity, completed, stats, first.metrics.get("higher_is_better", {}),
-                 view=view, choice_keys=choice_keys, overridden=overridden)
+                 time_per_step=time_per_step, per_seed=per_seed, view=view, choice_keys=choice_keys,
+                 overridden=overridden)
 
 
 def _under(key: str, node: str) -> bool:
@@ -221,11 +242,24 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
             buckets.setdefault(_bucket(run), []).append(run)
     groups = [g for g in (summarise(rs) for rs in buckets.values()) if g is not None]
     label_groups(groups)
+    rank_groups(groups)
     common: list[str] = []
     if len(groups) > 1:
         every = [training_overrides(run) for group in groups for run in group.runs]
         common = [item for item in every[0] if all(item in other for other in every[1:])]
     return groups, common
+
+
+def rank_groups(groups: list[Group]) -> None:
+    """Each group's mean rank over its metrics among the groups of its task set (stats.mean_ranks)."""
+    for part in by_task_set(groups).values():
+        directions: dict[str, dict[str, bool]] = {}
+        for group in part:
+            for task, metrics in group.higher_is_better.items():
+                for name, higher in metrics.items():
+                    directions.setdefault(task, {}).setdefault(name, higher)
+        for group, rank in zip(part, mean_ranks([g.means for g in part], directions)):
+            group.mean_rank = rank
 
 
 def by_task_set(groups: list[Group]) -> dict[str, list[Group]]:
@@ -287,7 +321,9 @@ def find_baseline(group: Group, groups: list[Group], selector: dict[str, str]) -
 
 
 def add_delta_m(groups: list[Group], baseline: str) -> None:
-    """Fill each group's Δm against its baseline group, or against the task set's reference values."""
+    """Fill each group's Δm against its baseline group, or against the task set's reference values, and its 95% CI:
+    Δm of each seed's metrics against the baseline's means, mean ± t_{0.975, n−1} · s / √n over the n seeds (the
+    baseline is held fixed; "n/a" with one seed)."""
     selector = parse_baseline(baseline)
     matched = False
     for group in groups:
@@ -303,6 +339,11 @@ def add_delta_m(groups: list[Group], baseline: str) -> None:
             base_means, group.baseline_label = base.means, base.label
         drops = relative_drops(group.means, base_means, group.higher_is_better)
         group.delta_m = {"flat": delta_m_flat(drops), "task_averaged": delta_m_task_averaged(drops)}
+        # the interval: Δm of each seed's metrics against the baseline's means (held fixed: the baseline's own
+        # spread over seeds is not in it), Student t over those per-seed values
+        seeds = [relative_drops(metrics, base_means, group.higher_is_better) for metrics in group.per_seed.values()]
+        group.delta_m_ci = {key: ci_half_width([v for v in map(convention, seeds) if not math.isnan(v)])
+                            for key, convention in (("flat", delta_m_flat), ("task_averaged", delta_m_task_averaged))}
         matched = True
     if not matched:
         what = "reference values (tasks.reference)" if not selector else f"a group with {baseline}"
