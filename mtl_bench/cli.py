@@ -63,7 +63,7 @@ def report(
         help="Δm against the group with these values (e.g. balancer=fixed), or 'reference' (tasks.reference)."),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Write PNG plots here (needs matplotlib)."),
 ) -> None:
-    """Compare runs: mean ± std over seeds of each final test metric per group of overrides, and Δm."""
+    """Compare runs: mean ± 95% CI over seeds of each final test metric per group of equal configs, Δm, mean rank, time per step."""
     from mtl_bench.errors import ConfigError
     from mtl_bench.report.main import make_report
 
