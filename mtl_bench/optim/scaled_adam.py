@@ -135,6 +135,20 @@ class ScaledAdam(torch.optim.Optimizer):
         clipping_update_period: int = 100,
         compile: CompileMode = "auto",
     ) -> None:
+        """
+        params: the parameters or parameter groups (given by the engine).
+        lr: the learning rate (>= 0); the zipformer recipe uses 0.045.
+        clipping_scale: clip to this times the median recent gradient norm; None: no clipping.
+        betas: Adam's betas, 0 < beta1 <= beta2 < 1.
+        scalar_lr_scale: the learning rate of scalars and of each tensor's scale, relative to lr.
+        eps: Adam's eps.
+        param_min_rms: the smallest RMS a tensor's update is scaled by, and its scale's floor.
+        param_max_rms: the largest RMS a tensor's scale may grow to.
+        scalar_max: scalars are clamped to +-scalar_max after the update.
+        size_update_period: steps between refreshes of each tensor's RMS and scale steps.
+        clipping_update_period: steps between refreshes of the clipping threshold.
+        compile: True, False or "auto": run the update through torch.compile.
+        """
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
         if not 0 < betas[0] <= betas[1] < 1:
