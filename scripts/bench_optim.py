@@ -8,7 +8,11 @@
 Every variant owns its own copy of the parameters and gradients. Steps are timed in interleaved rounds
 (one step of each variant per round) so load from other processes hits all variants alike; the table gives
 the median and the minimum over rounds, the ratio of medians to fused Adam, and the time of the first step
-(which includes torch.compile's work for compiled variants).
+(which includes building the C kernel, or torch.compile's work, for compiled variants). "ScaledAdam compiled" is
+the default: float32 CPU tensors through ScaledAdam's C kernel; "torch.compile only" turns that kernel off. Two
+more tables split a compiled step, with and without the C kernel (further interleaved rounds with fused Adam):
+the statistics pass (sum g^2 per tensor, and sum p*g, sum p^2 where needed), the update pass, and the rest (the
+host read of the gradient norm, the clipping factor).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -47,11 +51,60 @@ def copy_params(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
     return out
 
 
-def scaled_adam(params: list[torch.nn.Parameter], compile: bool, stack_max_numel: int | None) -> ScaledAdam:
+def scaled_adam(params: list[torch.nn.Parameter], compile: bool, stack_max_numel: int | None,
+                native: bool = True) -> ScaledAdam:
     opt = ScaledAdam(params, lr=0.02, clipping_scale=2.0, compile=compile)
     if stack_max_numel is not None:
         opt.stack_max_numel = stack_max_numel
+    opt.use_native = native
     return opt
+
+
+def timed_passes(opt: ScaledAdam, spent: dict[str, float]) -> None:
+    """Make `opt` add the wall time of its statistics pass and of its update pass to `spent`."""
+    def timed(method: Callable[..., Any], key: str) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                spent[key] += time.perf_counter() - t
+        return run
+
+    opt._group_stats = timed(opt._group_stats, "stats")  # type: ignore[method-assign]
+    opt._update_bucket = timed(opt._update_bucket, "update")  # type: ignore[method-assign]
+    opt._update_native = timed(opt._update_native, "update")  # type: ignore[method-assign]
+
+
+def breakdown(params: list[torch.nn.Parameter], rounds: int, native: bool) -> None:
+    """Print where a compiled ScaledAdam's step goes, against fused Adam in the same rounds."""
+    adam = torch.optim.Adam(copy_params(params), lr=1e-3, fused=True)
+    opt = scaled_adam(copy_params(params), True, None, native)
+    spent = {"stats": 0.0, "update": 0.0}
+    timed_passes(opt, spent)
+    rows: dict[str, list[float]] = {"Adam fused=True step": [], "ScaledAdam step": [], "statistics pass": [],
+                                    "update pass": [], "rest": []}
+    with torch.no_grad():
+        for _ in range(2):
+            adam.step(), opt.step()
+        for _ in range(rounds):
+            t = time.perf_counter()
+            adam.step()
+            rows["Adam fused=True step"].append(time.perf_counter() - t)
+            spent["stats"] = spent["update"] = 0.0
+            t = time.perf_counter()
+            opt.step()
+            total = time.perf_counter() - t
+            rows["ScaledAdam step"].append(total)
+            rows["statistics pass"].append(spent["stats"])
+            rows["update pass"].append(spent["update"])
+            rows["rest"].append(total - spent["stats"] - spent["update"])
+    base = statistics.median(rows["Adam fused=True step"])
+    kind = "C kernel" if opt.native else "torch.compile only"
+    print(f"| part (ScaledAdam compiled, {kind}) | median ms | fraction of fused Adam's step |")
+    print("|---|---:|---:|")
+    for name, ts in rows.items():
+        print(f"| {name} | {statistics.median(ts) * 1e3:.1f} | {statistics.median(ts) / base:.2f} |")
 
 
 def variants(params: list[torch.nn.Parameter], eager_all: bool) -> dict[str, Callable[[], object]]:
@@ -59,7 +112,8 @@ def variants(params: list[torch.nn.Parameter], eager_all: bool) -> dict[str, Cal
         "Adam fused=True": torch.optim.Adam(copy_params(params), lr=1e-3, fused=True).step,
         "Adam foreach=True": torch.optim.Adam(copy_params(params), lr=1e-3, foreach=True).step,
         "ScaledAdam compiled": scaled_adam(copy_params(params), True, None).step,
-        "ScaledAdam compiled, all stacked": scaled_adam(copy_params(params), True, 1 << 62).step,
+        "ScaledAdam torch.compile only": scaled_adam(copy_params(params), True, None, native=False).step,
+        "ScaledAdam torch.compile, all stacked": scaled_adam(copy_params(params), True, 1 << 62, native=False).step,
         "ScaledAdam eager, per-parameter loop": scaled_adam(copy_params(params), False, 0).step,
     }
     if eager_all:
@@ -74,15 +128,16 @@ def main() -> None:
     ap.add_argument("--scalars", type=int, default=4, help="one-element parameters")
     ap.add_argument("--rounds", type=int, default=10, help="timed steps per variant, interleaved")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    ap.add_argument("--cold-cache", action="store_true", help="compile into a fresh inductor cache directory, "
-                    "so the first-step column shows a cold compile")
+    ap.add_argument("--cold-cache", action="store_true", help="compile into fresh cache directories (inductor's and "
+                    "the C kernel's), so the first-step column shows a cold compile")
     ap.add_argument("--eager-stacked", action="store_true", help="also time the eager path with every bucket "
                     "stacked (the layout non-CPU devices use)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.cold_cache:  # read by inductor at its first compile
+    if args.cold_cache:  # read by inductor at its first compile, and by ScaledAdam when it builds its C kernel
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_optim_inductor_")
+        tempfile.tempdir = tempfile.mkdtemp(prefix="bench_optim_tmp_")
     params = transformer_params(args.layers, args.d_model, args.scalars)
     n = sum(p.numel() for p in params)
     print(f"# {len(params)} tensors, {n / 1e6:.1f}M parameters; {machine_description()}")
@@ -107,6 +162,10 @@ def main() -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"| {name} | {med * 1e3:.1f} | {min(ts) * 1e3:.1f} | {med / base:.2f} | {first[name]:.1f} |")
+    print()
+    breakdown(params, args.rounds, native=True)
+    print()
+    breakdown(params, args.rounds, native=False)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import logging
 import math
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from mtl_bench.optim import ScaledAdam, scaled_adam
-from mtl_bench.optim.scaled_adam import AUTO_COMPILE_MIN_NUMEL, should_compile
+from mtl_bench.optim.scaled_adam import AUTO_COMPILE_MIN_NUMEL, CHUNK, _native_kernels, should_compile
 
 BETAS = (0.9, 0.98)
 
@@ -310,12 +311,124 @@ def test_accepts_params_groups_and_names():
         ScaledAdam(model.parameters(), betas=(0.99, 0.9))
 
 
+def test_chunked_per_tensor_layout_matches_reference():
+    # one bucket of CHUNK + 2 same-shape tensors on their own memory: one call covers CHUNK, the rest go one by one
+    g = torch.Generator().manual_seed(5)
+    params = make_params() + [torch.nn.Parameter(torch.randn(8, 6, generator=g) * 0.2) for _ in range(CHUNK + 2)]
+    ref_params = clone_params(params)
+    opt = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, compile=False)
+    opt.stack_max_numel = 0
+    ref = Reference(ref_params, lr=0.05, clipping_scale=2.0, clipping_update_period=8)
+    for s in range(13):
+        set_grads(params, s)
+        set_grads(ref_params, s)
+        opt.step()
+        ref.step()
+    bucket = next(b for b in opt._plans[0][1] if b.numel == 48)
+    assert not bucket.stacked and bucket.chunks() == [(0, CHUNK), (CHUNK, CHUNK + 1), (CHUNK + 1, CHUNK + 2)]
+    close(params, ref_params)
+
+
+needs_kernel = pytest.mark.skipif(_native_kernels() is None, reason="no C compiler with OpenMP to build the kernel")
+
+
+@needs_kernel
+def test_native_kernel_matches_eager_and_reference():
+    # float32 CPU tensors through the C kernel: stacks of equal shapes, odd shapes, biases, a missing and a
+    # non-contiguous gradient; scalars stay eager beside it. Spikes make clipping act; 45 steps cross size periods.
+    g = torch.Generator().manual_seed(5)
+    params = make_params() + [torch.nn.Parameter(torch.randn(40, 30, generator=g) * 0.1) for _ in range(CHUNK + 1)]
+    eager_params, ref_params = clone_params(params), clone_params(params)
+    kw = dict(lr=0.05, clipping_scale=2.0, clipping_update_period=8, param_max_rms=0.5)
+    native = ScaledAdam(params, compile=True, **kw)
+    eager = ScaledAdam(eager_params, compile=False, **kw)
+    ref = Reference(ref_params, **kw)
+    for s in range(45):
+        for ps in (params, eager_params, ref_params):
+            set_grads(ps, s, 30.0 if s in (12, 33) else 1.0)
+            ps[5].grad = ps[5].grad.transpose(0, 2).contiguous().transpose(0, 2)  # same values, not contiguous
+            if s == 7:
+                ps[9].grad = torch.zeros_like(ps[9]) if ps is ref_params else None
+        native.step(), eager.step(), ref.step()
+    assert native.native and not eager.native
+    assert all(b.native != b.scalar for b in native._plans[0][1])
+    close(params, eager_params, rtol=1e-5, atol=1e-7)
+    close(params, ref_params)
+    assert native.state[params[0]]["model_norm_threshold"] == pytest.approx(ref.threshold, rel=1e-5)
+
+
+@needs_kernel
+def test_native_kernel_skips_a_nonfinite_step():
+    params = make_params()
+    opt = ScaledAdam(params, lr=0.05, clipping_scale=2.0, compile=True)
+    run(opt, params, 3)
+    before = [p.detach().clone() for p in params]
+    set_grads(params, 3)
+    params[1].grad[2, 3] = float("nan")
+    opt.step()
+    assert opt.native and opt.skipped_steps == 1
+    assert all(torch.equal(p.detach(), q) for p, q in zip(params, before))
+    run(opt, params, 2, start=4)
+    assert all(torch.isfinite(p).all() for p in params)
+
+
+@needs_kernel
+def test_native_plan_follows_a_parameter_that_changes_layout():
+    params = make_params()
+    opt = ScaledAdam(params, compile=True)
+    run(opt, params, 2)
+    buckets, native = opt._plan(0, opt.param_groups[0])
+    assert native is not None and any(p is params[0] for p in native.params)
+    params[0].data = params[0].data.t().contiguous().t()  # same values, no longer contiguous: the kernel's
+    buckets, native = opt._plan(0, opt.param_groups[0])  # raw-memory loop must not take it any more
+    assert not any(p is params[0] for p in native.params)
+    assert not next(b for b in buckets if any(p is params[0] for p in b.params)).native
+
+
+INVALID = [
+    ("lr", dict(lr=-1.0)),
+    ("clipping_scale", dict(clipping_scale=0.0)),
+    ("betas", dict(betas=(0.99, 0.9))),
+    ("betas", dict(betas=(0.9, 1.0))),
+    ("scalar_lr_scale", dict(scalar_lr_scale=-0.1)),
+    ("eps", dict(eps=-1e-8)),
+    ("param_min_rms", dict(param_min_rms=0.0)),
+    ("param_max_rms", dict(param_max_rms=1e-6)),
+    ("scalar_max", dict(scalar_max=0.0)),
+    ("size_update_period", dict(size_update_period=0)),
+    ("clipping_update_period", dict(clipping_update_period=2.5)),
+    ("compile", dict(compile="yes")),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", INVALID, ids=[f"{n}-{i}" for i, (n, _) in enumerate(INVALID)])
+def test_bad_values_raise_naming_the_argument(name, kwargs):
+    with pytest.raises(ValueError) as err:
+        ScaledAdam([torch.nn.Parameter(torch.ones(2, 2))], **kwargs)
+    assert str(err.value).startswith(f"{name}: ")
+
+
+def test_signature_is_the_declaration_of_options():
+    # config groups build ScaledAdam by `_target_`: every option typed, defaulted and documented on one line
+    sig = inspect.signature(ScaledAdam.__init__)
+    names = [n for n in sig.parameters if n != "self"]
+    assert names[0] == "params"
+    doc = inspect.getdoc(ScaledAdam.__init__)
+    for name in names:
+        param = sig.parameters[name]
+        assert param.annotation is not inspect.Parameter.empty, name
+        assert name == "params" or param.default is not inspect.Parameter.empty, name
+        assert sum(line.strip().startswith(f"{name}: ") for line in doc.splitlines()) == 1, name
+
+
 @pytest.mark.slow  # about 20-40 s on 2 shared cores, nearly all of it inductor's first compile in the process
 def test_compiled_matches_eager():
-    # Small tensors keep the compile short; both layouts (one row per tensor and stacked rows) are compiled.
-    params = make_params() + [torch.nn.Parameter(torch.randn(40, 30) * 0.1) for _ in range(2)]
+    # Small tensors keep the compile short; all three compiled graphs run: a chunk of CHUNK rows, one row per
+    # tensor (the remainder), stacked rows.
+    params = make_params() + [torch.nn.Parameter(torch.randn(40, 30) * 0.1) for _ in range(CHUNK + 1)]
     eager_params = clone_params(params)
     compiled = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, compile=True)
+    compiled.use_native = False  # torch.compile itself (the C kernel has its own test)
     compiled.stack_max_numel = 100  # the 40x30 tensors take the per-tensor path
     eager = ScaledAdam(eager_params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, compile=False)
     eager.stack_max_numel = 100
@@ -343,6 +456,7 @@ def test_failed_compile_falls_back_to_eager(monkeypatch, caplog):
     assert not auto.compiled and "torch.compile failed (KeyError" in caplog.text
     close(params, eager_params, rtol=0, atol=0)
     forced = ScaledAdam(make_params(), compile=True)
+    forced.use_native = False  # the C kernel would take these float32 CPU tensors away from torch.compile
     with pytest.raises(KeyError):
         run(forced, forced.param_groups[0]["params"], 1)
 
