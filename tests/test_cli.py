@@ -116,7 +116,7 @@ def test_multirun_sweep_names_run_dirs_by_overrides(tmp_path):
 def test_list_shows_groups():
     result = CliRunner().invoke(app, ["list"])
     assert result.exit_code == 0
-    assert "tasks: digits, toy, toy10" in result.output
+    assert "tasks: cityscapes, digits, nyuv2, toy, toy10" in result.output
 
 
 # Presets of the standard benchmarks read data from tasks.root: tests/test_benchmark_presets.py runs them on
