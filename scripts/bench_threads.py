@@ -1,0 +1,260 @@
+"""Intra-op threads: `trainer.num_threads=auto` against torch's default, and where a second thread pays.
+
+    python scripts/bench_threads.py [--repeats 2] [--max-steps 1000] [--copies 1 2 4] [--pass-auto]
+    python scripts/bench_threads.py --sizes [--repeats 5] [--steps 40]
+    python scripts/bench_threads.py --table-from STDERR_LOG --max-steps N   (the table again from a run's log)
+
+Default mode: starts 1, 2 and 4 copies at once of `mtl-bench train` (the default experiment) and of
+`mtl-bench train experiment=gradnorm_toy`, both with trainer.max_steps=--max-steps, once with the threads
+`auto` chooses and once with torch's default (trainer.num_threads=null), and prints each copy's wall time
+(process start to exit, median over the copies and the repeats) in one markdown table. Settings alternate
+within each repeat so that load from elsewhere hits both alike. Until the CLI takes
+`trainer.num_threads=auto`, the count `choose_threads("auto", ...)` gives for the experiment's model is
+passed as a number; `--pass-auto` passes the word itself.
+
+--sizes: the threshold behind auto's small-model rule. For models of growing size (the MLP's width, LeNet's
+channels), one process times training steps of the real recipe (model, balancer, Adam) with 1 thread and
+with every core, alternating blocks of --steps steps, and prints the median step time of each and their
+ratio, for the median block and for the best one (the least disturbed by other processes). A model whose
+step is no faster with all cores even in its best block is "small".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+EXPERIMENTS = {"default": [], "gradnorm_toy": ["experiment=gradnorm_toy"]}
+
+# --sizes: (label, overrides) from small to large
+SIZES = [
+    ("mlp 4x100, 2 tasks (default)", []),
+    ("mlp 4x100, 10 tasks, gradnorm (gradnorm_toy)", ["experiment=gradnorm_toy"]),
+    ("mlp 4x200, 2 tasks", ["model.widths=[200,200,200,200]"]),
+    ("mlp 4x400, 2 tasks", ["model.widths=[400,400,400,400]"]),
+    ("mlp 4x800, 2 tasks", ["model.widths=[800,800,800,800]"]),
+    ("mlp 4x1600, 2 tasks", ["model.widths=[1600,1600,1600,1600]"]),
+    ("lenet [10,20] h50, digits (digits_lenet)", ["experiment=digits_lenet"]),
+    ("lenet [32,64] h256, digits", ["experiment=digits_lenet", "model.channels=[32,64]", "model.hidden=256"]),
+    ("lenet [64,128] h512, digits", ["experiment=digits_lenet", "model.channels=[64,128]", "model.hidden=512"]),
+]
+
+
+def compose(overrides: list[str]) -> Any:
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    import mtl_bench.config  # noqa: F401  (registers the schema)
+    from mtl_bench.catalog import conf_root
+
+    with initialize_config_dir(str(conf_root()), version_base="1.3"):
+        return hydra_compose("config", overrides=overrides)
+
+
+def model_numel(overrides: list[str]) -> int:
+    """Parameters of the experiment's model, built from its config as the recipe builds it."""
+    import torch
+
+    from mtl_bench.engine.builders import build
+    from mtl_bench.models import MultiTaskModel
+    from mtl_bench.tasks import TaskSet
+
+    cfg = compose(overrides)
+    taskset = build("tasks", cfg.tasks, TaskSet)
+    model = build("model", cfg.model, MultiTaskModel, input_shape=taskset.input_shape,
+                  heads={t.name: t.out_dim for t in taskset.tasks})
+    return sum(p.numel() for p in model.parameters() if isinstance(p, torch.Tensor))
+
+
+# ----------------------------------------------------------------------------- copies at once
+
+
+def run_copies(cli_args: list[str], copies: int, workdir: Path) -> list[tuple[float, float]]:
+    """Start `copies` runs at once; each one's (wall time, start to exit; CPU time, user + system)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    pending = {}
+    for i in range(copies):
+        run_dir = tempfile.mkdtemp(prefix=f"copy{i}-", dir=workdir)
+        cmd = [sys.executable, "-m", "mtl_bench", "train", *cli_args, "trainer.progress=log",
+               f"hydra.run.dir={run_dir}"]
+        err = open(Path(run_dir).with_suffix(".err"), "w+")
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        pending[proc.pid] = (time.perf_counter(), proc, err)
+    results = []
+    while pending:
+        pid, status, usage = os.wait4(-1, 0)  # whichever copy ends first, timed when it ends
+        if pid not in pending:
+            continue
+        started, proc, err = pending.pop(pid)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        results.append((time.perf_counter() - started, usage.ru_utime + usage.ru_stime))
+        with err:
+            if proc.returncode != 0:
+                err.seek(0)
+                raise SystemExit(f"run failed ({' '.join(cli_args)}):\n{err.read()[-2000:]}")
+    return results
+
+
+def copies_table(args: argparse.Namespace) -> None:
+    from mtl_bench.engine.threads import choose_threads
+
+    auto_value: dict[str, str] = {}
+    for name, overrides in EXPERIMENTS.items():
+        n, reason = choose_threads("auto", model_numel=model_numel(overrides), parallel_runs=1)
+        auto_value[name] = "auto" if args.pass_auto else str(n)
+        print(f"{name}: auto -> {reason}", file=sys.stderr)
+    settings = {"auto": auto_value, "torch default": {name: "null" for name in EXPERIMENTS}}
+    times: dict[tuple[str, int, str], list[float]] = {}
+    cpu: dict[tuple[str, int, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for name, overrides in EXPERIMENTS.items():
+                for copies in args.copies:
+                    order = list(settings) if rep % 2 == 0 else list(reversed(settings))
+                    for setting in order:
+                        cli_args = [*overrides, f"trainer.max_steps={args.max_steps}",
+                                    f"trainer.num_threads={settings[setting][name]}"]
+                        results = run_copies(cli_args, copies, Path(tmp))
+                        times.setdefault((name, copies, setting), []).extend(w for w, _ in results)
+                        cpu.setdefault((name, copies, setting), []).extend(c for _, c in results)
+                        print(f"repeat {rep}: {name} x{copies} {setting}: "
+                              + " ".join(f"{w:.1f}" for w, _ in results) + " | cpu "
+                              + " ".join(f"{c:.1f}" for _, c in results), file=sys.stderr)
+    print_copies_table(times, cpu, auto_value, args.max_steps, args.repeats, args.copies)
+
+
+def print_copies_table(times: dict[tuple[str, int, str], list[float]], cpu: dict[tuple[str, int, str], list[float]],
+                       auto_value: dict[str, str], max_steps: int, repeats: int, copies_list: list[int]) -> None:
+    from mtl_bench.analysis.machine import machine_description
+    from mtl_bench.engine.threads import available_cores
+
+    print(f"machine: {machine_description()}, Python {platform.python_version()}; "
+          f"{available_cores()} cores in this process's affinity")
+    print(f"trainer.max_steps={max_steps}; wall time of each copy, process start to exit, median over "
+          f"the copies and {repeats} repeat(s), and its CPU time (user + system); auto = trainer.num_threads="
+          + ", ".join(f"{v} ({k})" for k, v in auto_value.items()) + "\n")
+    print("| experiment | copies at once | auto: s per copy | torch default: s per copy | default / auto "
+          "| auto: vs 1 copy | default: vs 1 copy | auto: CPU s per copy | default: CPU s per copy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in EXPERIMENTS:
+        alone = {setting: statistics.median(times[(name, copies_list[0], setting)]) for setting in ("auto", "torch default")}
+        for copies in copies_list:
+            auto = statistics.median(times[(name, copies, "auto")])
+            default = statistics.median(times[(name, copies, "torch default")])
+            cpu_cells = [f"{statistics.median(cpu[(name, copies, s)]):.1f}" if cpu.get((name, copies, s)) else ""
+                         for s in ("auto", "torch default")]
+            print(f"| {name} | {copies} | {auto:.1f} | {default:.1f} | {default / auto:.2f}x | "
+                  f"{auto / alone['auto']:.2f}x | {default / alone['torch default']:.2f}x | {' | '.join(cpu_cells)} |")
+
+
+def table_from_log(path: str, max_steps: int) -> None:
+    """The table again from the progress lines a run wrote to stderr (e.g. a run stopped after its first repeat)."""
+    times: dict[tuple[str, int, str], list[float]] = {}
+    cpu: dict[tuple[str, int, str], list[float]] = {}
+    auto_value: dict[str, str] = {}
+    repeats: set[str] = set()
+    for line in Path(path).read_text().splitlines():
+        auto = re.match(r"(\S+): auto -> (\d+) ", line)
+        run = re.match(r"repeat (\d+): (\S+) x(\d+) (.+?): ([\d. ]+?)(?: \| cpu ([\d. ]+))?$", line)
+        if auto:
+            auto_value[auto.group(1)] = auto.group(2)
+        elif run:
+            rep, name, count, setting, walls, cpus = run.groups()
+            times.setdefault((name, int(count), setting), []).extend(float(w) for w in walls.split())
+            if cpus:
+                cpu.setdefault((name, int(count), setting), []).extend(float(c) for c in cpus.split())
+            repeats.add(rep)
+    copies_list = sorted({c for (_, c, _) in times})
+    complete = [c for c in copies_list if all((n, c, s) in times for n in EXPERIMENTS for s in ("auto", "torch default"))]
+    print_copies_table(times, cpu, auto_value, max_steps, len(repeats), complete)
+
+
+# ----------------------------------------------------------------------------- the size threshold
+
+
+def time_steps(recipe: Any, steps: int) -> float:
+    """Seconds per optimizer step over `steps` steps of the recipe's real step."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        recipe._optimizer_step(False)
+        recipe.step += 1
+    return (time.perf_counter() - start) / steps
+
+
+def sizes_table(args: argparse.Namespace) -> None:
+    import torch
+
+    from mtl_bench.analysis.machine import machine_description
+    from mtl_bench.engine.recipe import Recipe
+    from mtl_bench.engine.threads import available_cores
+
+    cores = available_cores()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, overrides in SIZES:
+            if args.match and not any(m in label for m in args.match):
+                continue
+            cfg = compose([*overrides, "trainer.max_steps=100000", "trainer.progress=log"])
+            recipe = Recipe(cfg, Path(tmp) / label.replace(" ", "_"))
+            recipe.setup()
+            try:
+                numel = sum(p.numel() for p in recipe.model.parameters())
+                recipe.model.train()
+                for threads in (cores, 1):  # warm-up: allocator, first-call costs
+                    torch.set_num_threads(threads)
+                    time_steps(recipe, max(3, args.steps // 4))
+                per: dict[int, list[float]] = {1: [], cores: []}
+                for rep in range(args.repeats):
+                    for threads in ((1, cores) if rep % 2 == 0 else (cores, 1)):
+                        torch.set_num_threads(threads)
+                        per[threads].append(time_steps(recipe, args.steps))
+            finally:
+                recipe.cleanup()
+            one, many = statistics.median(per[1]), statistics.median(per[cores])
+            rows.append((label, numel, one, many, min(per[1]), min(per[cores])))
+            print(f"{label}: {numel} parameters, {one * 1e3:.2f} ms (1 thread), {many * 1e3:.2f} ms ({cores})",
+                  file=sys.stderr)
+    print(f"machine: {machine_description()}, Python {platform.python_version()}")
+    print(f"ms per optimizer step (forward, balancer backward, Adam) over {args.repeats} blocks of {args.steps} "
+          "steps, thread counts alternating in one process: the median block, and the best block (the least "
+          "disturbed by other processes: the nearest to a quiet machine)\n")
+    print(f"| model | parameters | 1 thread ms | {cores} threads ms | {cores} / 1 | best 1 thread ms "
+          f"| best {cores} threads ms | best {cores} / best 1 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, numel, one, many, best_one, best_many in rows:
+        print(f"| {label} | {numel:,} | {one * 1e3:.2f} | {many * 1e3:.2f} | {many / one:.2f}x | {best_one * 1e3:.2f} "
+              f"| {best_many * 1e3:.2f} | {best_many / best_one:.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", action="store_true", help="time 1 thread against all cores by model size")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=40, help="--sizes: steps per timed block")
+    parser.add_argument("--match", nargs="+", help="--sizes: only the models whose label contains one of these")
+    parser.add_argument("--max-steps", type=int, default=1000, help="trainer.max_steps of each run")
+    parser.add_argument("--copies", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--pass-auto", action="store_true",
+                        help="pass trainer.num_threads=auto to the CLI instead of the number it chooses")
+    parser.add_argument("--table-from", metavar="STDERR_LOG", help="print the table from an earlier run's stderr")
+    args = parser.parse_args()
+    if args.table_from:
+        table_from_log(args.table_from, args.max_steps)
+    elif args.sizes:
+        args.repeats = args.repeats or 5
+        sizes_table(args)
+    else:
+        args.repeats = args.repeats or 2
+        copies_table(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""trainer.num_threads=auto (issue 13): threads from the cores this process may use, the runs its launcher
+starts at once and the model's size; an explicit number wins; null keeps torch's default."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mtl_bench.engine.threads import (SMALL_MODEL_NUMEL, available_cores, check_setting, choose_threads, cores_of,
+                                     parallel_runs_of)
+
+BIG = SMALL_MODEL_NUMEL * 4
+JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+SUBMITIT_LOCAL = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+SUBMITIT_SLURM = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+BASIC = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
+@pytest.fixture
+def cores(monkeypatch):
+    """Fake the CPU affinity of this process: cores(8) means 8 cores allowed."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+    def fake(n: int) -> None:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(n)), raising=False)
+
+    return fake
+
+
+def launcher(target: str, **keys):
+    return OmegaConf.create({"_target_": target, **keys})
+
+
+# ----------------------------------------------------------------------------- choose_threads
+
+
+def test_null_keeps_torchs_default():
+    n, reason = choose_threads(None, model_numel=BIG, parallel_runs=4)
+    assert n == torch.get_num_threads() and "torch's default" in reason
+
+
+@pytest.mark.parametrize("setting", [3, "3"])
+def test_an_explicit_number_wins(cores, setting):
+    cores(8)
+    assert choose_threads(setting, model_numel=10, parallel_runs=8) == (3, "3 intra-op threads (trainer.num_threads=3)")
+
+
+@pytest.mark.parametrize("setting", [0, -1, "0", "many", True, 2.5])
+def test_a_bad_setting_names_the_key(setting):
+    with pytest.raises(ValueError, match=r"trainer.num_threads: must be auto, null or an integer > 0"):
+        choose_threads(setting, model_numel=10, parallel_runs=1)
+
+
+@pytest.mark.parametrize("given, read", [(None, None), ("null", None), ("auto", "auto"), (" Auto ", "auto"),
+                                         (4, 4), ("4", 4)])
+def test_the_setting_as_the_config_gives_it(given, read):
+    assert check_setting(given) == read
+
+
+def test_auto_gives_a_small_model_one_thread_whatever_the_cores(cores):
+    cores(64)
+    n, reason = choose_threads("auto", model_numel=75_600, parallel_runs=1)
+    assert n == 1 and "75,600 parameters" in reason and "\n" not in reason
+
+
+@pytest.mark.parametrize("allowed, runs, expected", [(8, 1, 8), (8, 2, 4), (8, 3, 2), (8, 8, 1), (8, 16, 1),
+                                                     (2, 1, 2), (1, 1, 1)])
+def test_auto_divides_the_allowed_cores_among_the_runs_at_once(cores, allowed, runs, expected):
+    cores(allowed)
+    n, reason = choose_threads("auto", model_numel=BIG, parallel_runs=runs)
+    assert n == expected
+    assert f"{allowed} cores this process may use" in reason
+
+
+def test_auto_reads_the_affinity_not_the_machine(cores, monkeypatch):
+    cores(3)
+    monkeypatch.setattr(os, "cpu_count", lambda: 96)
+    assert available_cores() == 3
+    assert choose_threads("auto", model_numel=BIG, parallel_runs=1)[0] == 3
+
+
+def test_without_an_affinity_call_auto_counts_the_machines_cores(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert available_cores() == 6
+    assert choose_threads("auto", model_numel=BIG, parallel_runs=2)[0] == 3
+
+
+def test_a_jobs_allotted_cores_cap_the_affinity(cores):
+    cores(16)
+    assert choose_threads("auto", model_numel=BIG, parallel_runs=1, cores=4)[0] == 4
+    cores(2)  # SLURM pinned the job to 2 cores although cpus_per_task says 4
+    assert choose_threads("auto", model_numel=BIG, parallel_runs=1, cores=4)[0] == 2
+
+
+def test_torchrun_ranks_on_one_machine_share_its_cores(cores, monkeypatch):
+    cores(8)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    n, reason = choose_threads("auto", model_numel=BIG, parallel_runs=1)
+    assert n == 4 and "shared by 2 processes" in reason
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+@pytest.mark.parametrize("n_jobs, expected", [(3, 3), (1, 1), (-1, 8), (-2, 7), (-8, 1), (-20, 1), (None, 8)])
+def test_joblib_runs_n_jobs_at_once(cores, n_jobs, expected):
+    cores(8)
+    assert parallel_runs_of(launcher(JOBLIB, n_jobs=n_jobs)) == expected
+    assert cores_of(launcher(JOBLIB, n_jobs=n_jobs)) is None
+
+
+@pytest.mark.parametrize("target", [SUBMITIT_LOCAL, SUBMITIT_SLURM])
+def test_submitit_jobs_get_their_cpus_per_task(cores, target):
+    cores(16)
+    assert parallel_runs_of(launcher(target, cpus_per_task=4)) == 1
+    assert cores_of(launcher(target, cpus_per_task=4)) == 4
+    assert cores_of(launcher(target, cpus_per_task=None)) is None
+    run = launcher(target, cpus_per_task=4)
+    assert choose_threads("auto", model_numel=BIG, parallel_runs=parallel_runs_of(run), cores=cores_of(run))[0] == 4
+
+
+def test_the_basic_launcher_runs_one_job_at_a_time(cores):
+    cores(8)
+    assert parallel_runs_of(launcher(BASIC)) == 1 and cores_of(launcher(BASIC)) is None
+    assert parallel_runs_of(None) == 1
+
+
+def test_joblib_with_every_core_busy_gives_each_big_run_one_thread(cores):
+    cores(8)
+    run = launcher(JOBLIB, n_jobs=-1)
+    assert choose_threads("auto", model_numel=BIG, parallel_runs=parallel_runs_of(run), cores=cores_of(run))[0] == 1
+
+
+@pytest.mark.parametrize("option, expected_runs, expected_cores", [
+    ("joblib", 8, None), ("submitit_local", 1, None), ("submitit_slurm", 1, None), ("slurm", 1, 8), ("basic", 1, None)])
+def test_hydras_own_launcher_configs(cores, option, expected_runs, expected_cores):
+    """The launcher nodes as Hydra composes them (hydra.launcher), including this project's slurm preset."""
+    from hydra import compose, initialize_config_dir
+
+    from mtl_bench.catalog import conf_root
+
+    cores(8)
+    with initialize_config_dir(str(conf_root()), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra/launcher={option}"], return_hydra_config=True)
+    node = cfg.hydra.launcher
+    assert parallel_runs_of(node) == expected_runs and cores_of(node) == expected_cores
+
+
+# ----------------------------------------------------------------------------- through the recipe, once wired
+
+
+def test_the_recipe_chooses_one_thread_for_the_default_model(compose_cfg, tmp_path, caplog):
+    from mtl_bench.engine.recipe import Recipe
+
+    try:
+        cfg = compose_cfg("trainer=smoke", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32",
+                          "trainer.num_threads=auto")
+        OmegaConf.to_object(cfg.trainer)
+    except Exception:
+        pytest.skip("trainer.num_threads=auto is not wired yet")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    recipe = Recipe(cfg, tmp_path)
+    try:
+        with caplog.at_level(logging.INFO, logger="mtl_bench"):
+            recipe.setup()
+        assert torch.get_num_threads() == 1
+        assert "trainer.num_threads=auto" in caplog.text
+    finally:
+        recipe.cleanup()
+        torch.set_num_threads(before)
