@@ -7,15 +7,12 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.catalog import conf_root, config_options
-from mtl_bench.engine.builders import ENGINE_KEYS, build, check_part, node_dict, parameters, target_of
+from mtl_bench.engine.builders import ENGINE_KEYS, SUPPLIED, build, check_part, node_dict, parameters, target_of
 from mtl_bench.engine.run import check_config
 from mtl_bench.errors import ConfigError
 
 OPTIONS = [(group, option) for group, options in config_options().items() for option in options]
-PARTS = {"model": ("input_shape", "heads"), "tasks": (), "balancer": tuple(BUILD_ARGUMENTS), "optim": ("params",),
-         "optim.schedule": ("optimizer", "total_steps"), "precision": ("device",)}
 
 
 def test_every_yaml_under_conf_is_an_option_the_test_below_composes():
@@ -31,7 +28,7 @@ def test_every_option_keys_match_the_signature_of_its_class(compose_cfg, group, 
     """Each part's keys are parameters of its `_target_` with values of their types, and every option of the
     signature (what the engine does not supply) is in the YAML, so `--cfg job` shows it and overrides need no +."""
     cfg = compose_cfg(f"{group}={option}")
-    for key, supplied in PARTS.items():
+    for key, supplied in SUPPLIED.items():
         node = node_dict(OmegaConf.select(cfg, key))
         target = check_part(key, node, supplied, ENGINE_KEYS.get(key, ()))
         if not node["_target_"].startswith("mtl_bench."):

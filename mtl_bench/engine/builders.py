@@ -21,12 +21,18 @@ from hydra._internal.utils import _locate  # what hydra.utils.get_object uses, w
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.errors import ConfigError
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 # Keys of a part that the engine reads itself, whatever the class: the optimizer's schedule and parameter
 # groups; the balancer's gradient diagnostics (engine/diagnostics.py).
 ENGINE_KEYS = {"optim": ("schedule", "paramwise"), "balancer": ("diagnostics",)}
+# Each part's config key and the arguments the engine passes it by name at build time (Recipe.setup): these
+# are never config keys.
+SUPPLIED: dict[str, tuple[str, ...]] = {
+    "tasks": (), "model": ("input_shape", "heads"), "balancer": tuple(BUILD_ARGUMENTS), "optim": ("params",),
+    "precision": ("device",), "optim.schedule": ("optimizer", "total_steps")}
 
 
 def node_dict(node: Any) -> dict[str, Any]:

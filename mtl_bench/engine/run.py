@@ -16,7 +16,6 @@ from mtl_bench.engine.files import write_json
 log = logging.getLogger("mtl_bench")
 
 METRICS_FILE = "metrics.json"
-PARTS = ("tasks", "model", "balancer", "optim", "precision")
 
 
 def previous_status(run_dir: Path) -> str | None:
@@ -47,15 +46,10 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
     its new class takes or the command line set: the option's own keys (mlp's `widths`) belong to the class
     it was written for.
     """
-    from mtl_bench.engine.builders import ENGINE_KEYS, check_part, node_dict, parameters, target_of
+    from mtl_bench.engine.builders import ENGINE_KEYS, SUPPLIED, check_part, node_dict, parameters, target_of
 
-    supplied = {"model": ("input_shape", "heads"), "optim": ("params",), "optim.schedule": ("optimizer", "total_steps"),
-                "precision": ("device",)}
-    from mtl_bench.balancers.base import BUILD_ARGUMENTS
-
-    supplied["balancer"] = tuple(BUILD_ARGUMENTS)
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    for key in (*PARTS, "optim.schedule"):
+    for key, supplied in SUPPLIED.items():
         node = OmegaConf.select(cfg, key)
         if f"{key}._target_" in given and isinstance(node, DictConfig):
             params = parameters(target_of(key, node_dict(node)))
@@ -66,7 +60,7 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
                     node.pop(k)
             if dropped:
                 log.debug("%s._target_ set: the option's keys %s do not apply to it and were dropped", key, dropped)
-        check_part(key, node_dict(node), supplied.get(key, ()), ENGINE_KEYS.get(key, ()))
+        check_part(key, node_dict(node), supplied, ENGINE_KEYS.get(key, ()))
 
 
 def run_experiment(cfg: DictConfig) -> float:
