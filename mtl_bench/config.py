@@ -64,6 +64,9 @@ class TrainerConf:
     epochs: Optional[int] = None  # train for this many passes over the training split instead
     batch_size: int = 128
     eval_every: int = 250  # evaluate on val every N steps (and always at the end)
+    # samples per evaluation batch (image task sets read from disk: keep it small enough for the device's
+    # memory; dense task sets average errors per error_batch images and need a multiple of it)
+    eval_batch_size: int = 1024
     log_every: int = 50  # read losses/weights from the device and log them every N steps
     checkpoint_every: int = 500  # save checkpoints/last.pt every N steps (and always at the end); 0 = only at the end
     resume: Optional[str] = None  # null | auto (this run dir's checkpoint, if any) | a checkpoint or run-dir path
@@ -89,7 +92,7 @@ class TrainerConf:
     def __post_init__(self) -> None:
         _positive("trainer.max_steps", self.max_steps)
         _require(self.epochs is None or self.epochs > 0, "trainer.epochs", self.epochs, "null or > 0")
-        for key in ("batch_size", "eval_every", "log_every"):
+        for key in ("batch_size", "eval_every", "eval_batch_size", "log_every"):
             _positive(f"trainer.{key}", getattr(self, key))
         _non_negative("trainer.checkpoint_every", self.checkpoint_every)
         _require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),

@@ -24,6 +24,7 @@ NOT_TRAINING_KEYS = (
     "trainer.resume",
     "trainer.log_every",
     "trainer.eval_every",
+    "trainer.eval_batch_size",
     "trainer.checkpoint_every",
     "trainer.progress",
     "trainer.device",

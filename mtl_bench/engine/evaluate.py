@@ -10,18 +10,15 @@ from mtl_bench.engine.data import eval_batches
 from mtl_bench.models.base import MultiTaskModel
 from mtl_bench.tasks.base import Task
 
-EVAL_BATCH = 1024
-
-
 @torch.no_grad()
 def evaluate(model: MultiTaskModel, tasks: list[Task], split: Dataset, device: torch.device,
-             num_workers: int = 0) -> dict[str, dict[str, float]]:
+             batch_size: int = 1024, num_workers: int = 0) -> dict[str, dict[str, float]]:
     """{task: {"loss": ..., <metric>: ...}}: sums stay on the device until one transfer at the end."""
     was_training = model.training
     model.eval()
     sums: dict[str, dict[str, torch.Tensor]] = {t.name: {} for t in tasks}
     n = len(split)  # type: ignore[arg-type]
-    for inputs, targets in eval_batches(split, EVAL_BATCH, device, num_workers):
+    for inputs, targets in eval_batches(split, batch_size, device, num_workers):
         preds = model(inputs).preds
         for task in tasks:
             pred, target = preds[task.name], targets[task.name]

@@ -50,7 +50,7 @@ METRICS_FILE = "metrics.json"
 Metrics = dict[str, dict[str, float]]
 # What may change when a run resumes: how long it trains, how often it logs, evaluates and checkpoints, and
 # where and how fast it runs. Any other difference would train another config than the run records.
-RESUMABLE_KEYS = ("trainer.max_steps", "trainer.epochs", "trainer.log_every", "trainer.eval_every",
+RESUMABLE_KEYS = ("trainer.max_steps", "trainer.epochs", "trainer.log_every", "trainer.eval_every", "trainer.eval_batch_size",
                   "trainer.checkpoint_every", "trainer.resume", "trainer.device", "trainer.num_threads",
                   "trainer.num_workers", "trainer.progress", "trainer.profile", "trainer.max_skipped_fraction",
                   "trainer.skipped_window", "tag")
@@ -250,7 +250,7 @@ class Recipe:
 
     def evaluate(self, split: str) -> Metrics:
         return evaluate(self.model, self.taskset.tasks, getattr(self.taskset, split), self.device,
-                        self.conf.num_workers)
+                        self.conf.eval_batch_size, self.conf.num_workers)
 
     def train(self) -> TrainResult:
         total, conf, n = self.total_steps, self.conf, len(self.taskset.tasks)
