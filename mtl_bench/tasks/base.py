@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 LossFn = Callable[[Tensor, Tensor], Tensor]
 MetricsFn = Callable[[Tensor, Tensor], "dict[str, Tensor]"]
 SummarizeFn = Callable[["dict[str, Tensor]", int], "dict[str, Tensor]"]
+Splits = Union[Dataset, Mapping[str, Dataset]]  # one dataset, or one per task (multi-input)
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,26 @@ class TaskSet:
     `train`, `val`, `test`: a `Split` held in memory (the fast path: the loop indexes it on the device) or
     any map-style `torch.utils.data.Dataset` whose items are `(input, {task: target})`, served by a
     DataLoader (workers, pinned memory, per-rank slices under DDP). `input_shape` excludes the batch
-    dimension. `reference`: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
+    dimension.
+
+    Multi-input task sets (each task its own images: Office-31's domains) give every split as a dict
+    {task: dataset} whose items are `(input, {task: target})` for that task alone; they train with
+    `trainer.step_mode=per_task` (one batch per task per step) and each task is evaluated on its own data. `reference`: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
     """
 
-    def __init__(self, tasks: list[Task], input_shape: Sequence[int], train: Dataset, val: Dataset,
-                 test: Dataset, reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+    def __init__(self, tasks: list[Task], input_shape: Sequence[int], train: Splits, val: Splits,
+                 test: Splits, reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
         self.tasks, self.input_shape = list(tasks), tuple(int(n) for n in input_shape)
         self.train, self.val, self.test = train, val, test
+        for split in (train, val, test):
+            if isinstance(split, Mapping) and set(split) != set(self.task_names):
+                raise ValueError(f"a multi-input split must have one dataset per task ({', '.join(self.task_names)}); "
+                                 f"got {', '.join(split)}")
         self.reference = check_reference(reference, self.tasks)
+
+    @property
+    def multi_input(self) -> bool:
+        return isinstance(self.train, Mapping)
 
     @property
     def task_names(self) -> list[str]:
