@@ -33,6 +33,16 @@ def _non_negative(key: str, value: float | int) -> None:
 
 
 
+def _check_with(value: Any, module: str, function: str) -> None:
+    """The setting's own parser (imported when checked: this module stays free of torch) as a ConfigError."""
+    import importlib
+
+    try:
+        getattr(importlib.import_module(module), function)(value)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     _require(value in allowed, key, value, "allowed: " + ", ".join(allowed))
 
@@ -71,7 +81,10 @@ class TrainerConf:
     checkpoint_every: int = 500  # save checkpoints/last.pt every N steps (and always at the end); 0 = only at the end
     resume: Optional[str] = None  # null | auto (this run dir's checkpoint, if any) | a checkpoint or run-dir path
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_threads: Optional[int] = None  # torch intra-op threads; null keeps torch's default
+    # torch intra-op threads: auto (1 for a small model, else the cores this process may use over the runs
+    # started at once; engine/threads.py) | an integer | null (torch's default: one per core)
+    num_threads: Any = "auto"
+    compile: Any = False  # torch.compile the model's trunk: false | true | a mode (engine/compile.py)
     num_workers: int = 0  # DataLoader worker processes for task sets read from disk (in-memory sets ignore it)
     progress: str = "auto"  # auto (bar on a terminal, log lines otherwise) | bar | log
     grad_clip: GradClipConf = field(default_factory=GradClipConf)
@@ -97,8 +110,8 @@ class TrainerConf:
         _non_negative("trainer.checkpoint_every", self.checkpoint_every)
         _require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                  "trainer.device", self.device, "auto, cpu, cuda or cuda:N")
-        _require(self.num_threads is None or self.num_threads > 0, "trainer.num_threads", self.num_threads,
-                 "null or > 0")
+        _check_with(self.num_threads, "mtl_bench.engine.threads", "check_setting")
+        _check_with(self.compile, "mtl_bench.engine.compile", "compile_mode")
         _non_negative("trainer.num_workers", self.num_workers)
         _one_of("trainer.progress", self.progress, ("auto", "bar", "log"))
         _one_of("trainer.step_mode", self.step_mode, ("joint", "per_task"))

@@ -29,6 +29,7 @@ NOT_TRAINING_KEYS = (
     "trainer.progress",
     "trainer.device",
     "trainer.num_threads",
+    "trainer.compile",
     "trainer.num_workers",
     "trainer.profile",
     "tasks.reference",

@@ -24,6 +24,7 @@ from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.config import TrainerConf
 from mtl_bench.engine.anomalous import parameters_outside_graph
 from mtl_bench.engine.builders import ENGINE_KEYS, build, node_dict, pick_device
+from mtl_bench.engine.compile import maybe_compile
 from mtl_bench.engine.checkpoint import CHECKPOINT_NAME, find_checkpoint, load_checkpoint, rng_state, \
     save_checkpoint, set_rng_state
 from mtl_bench.engine.diagnostics import GRAD_COS_MATRIX, GradientDiagnostics, heatmap
@@ -36,7 +37,8 @@ from mtl_bench.engine.nonfinite import NonFinitePolicy, nonfinite_flag, step_unl
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.profile import maybe_profile
 from mtl_bench.engine.progress import Progress
-from mtl_bench.engine.step import StepResult, StepRunner, optimizer_steps_per_epoch
+from mtl_bench.engine.step import StepResult, StepRunner, optimizer_steps_per_epoch, samples_per_epoch
+from mtl_bench.engine.threads import choose_threads
 from mtl_bench.errors import ConfigError, Interrupted, ResumeError
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.optim import build_param_groups
@@ -51,7 +53,7 @@ Metrics = dict[str, dict[str, float]]
 # What may change when a run resumes: how long it trains, how often it logs, evaluates and checkpoints, and
 # where and how fast it runs. Any other difference would train another config than the run records.
 RESUMABLE_KEYS = ("trainer.max_steps", "trainer.epochs", "trainer.log_every", "trainer.eval_every", "trainer.eval_batch_size",
-                  "trainer.checkpoint_every", "trainer.resume", "trainer.device", "trainer.num_threads",
+                  "trainer.checkpoint_every", "trainer.resume", "trainer.device", "trainer.num_threads", "trainer.compile",
                   "trainer.num_workers", "trainer.progress", "trainer.profile", "trainer.max_skipped_fraction",
                   "trainer.skipped_window", "tag")
 
@@ -87,8 +89,12 @@ class Recipe:
     seed, tag). Rank 0 alone writes to `run_dir` under torchrun; the others train their slice of each batch."""
 
     def __init__(self, cfg: DictConfig, run_dir: Path, *, overrides: Optional[list[str]] = None,
-                 choices: Optional[dict[str, str]] = None, bar: bool = False) -> None:
+                 choices: Optional[dict[str, str]] = None, bar: bool = False, parallel_runs: int = 1,
+                 cores: Optional[int] = None) -> None:
+        """parallel_runs, cores: how many runs the launcher starts at once and the cores it allots each
+        (engine/threads.py: parallel_runs_of, cores_of), for trainer.num_threads=auto."""
         self.cfg, self.run_dir, self.bar = cfg, Path(run_dir), bar
+        self.parallel_runs, self.cores = parallel_runs, cores
         self.overrides, self.choices = overrides or [], choices or {}
         self.conf: TrainerConf = OmegaConf.to_object(cfg.trainer)  # type: ignore[assignment]  # value checks
         self.seed = int(cfg.seed)
@@ -106,8 +112,6 @@ class Recipe:
     def setup(self) -> None:
         """Build everything; on rank 0 open the run's TensorBoard writer."""
         conf, cfg = self.conf, self.cfg
-        if conf.num_threads:
-            torch.set_num_threads(conf.num_threads)
         device = pick_device(conf.device)
         self.dist = init_distributed(device)
         self.device = device = rank_device(device, self.dist)
@@ -120,6 +124,12 @@ class Recipe:
         tasks = self.taskset.tasks
         self.model: MultiTaskModel = build("model", cfg.model, MultiTaskModel, input_shape=self.taskset.input_shape,
                                            heads={t.name: t.out_dim for t in tasks}).to(device)
+        threads, why = choose_threads(conf.num_threads, model_numel=sum(p.numel() for p in self.model.parameters()),
+                                      parallel_runs=self.parallel_runs, cores=self.cores)
+        torch.set_num_threads(threads)
+        if self.taskset.multi_input and conf.step_mode != "per_task":
+            raise ConfigError(f"trainer.step_mode={conf.step_mode}: tasks={type(self.taskset).__name__} is "
+                              "multi-input (each task its own images); set trainer.step_mode=per_task")
         supplied = {"task_names": self.taskset.task_names, "shared_params": list(self.model.shared_parameters()),
                     "shared_layer": self.model.last_shared_layer, "world_size": self.dist.world_size,
                     "initial_losses_known": {t.name: t.initial_loss for t in tasks}}
@@ -137,11 +147,14 @@ class Recipe:
                                     optim.get("paramwise"))
         self.optimizer: torch.optim.Optimizer = build("optim", optim, torch.optim.Optimizer,
                                                       ignore=ENGINE_KEYS["optim"], params=groups)
-        self.total_steps = count_steps(conf, len(self.taskset.train), self.dist.world_size)
+        self.total_steps = count_steps(conf, samples_per_epoch(self.taskset), self.dist.world_size)
         self.scheduler = build("optim.schedule", optim["schedule"], None, optimizer=self.optimizer,
                                total_steps=self.total_steps)
         self.precision: Precision = build("precision", cfg.precision, Precision, device=device)
-        forward_model = wrap_ddp(self.model, device, self.dist, per_task=conf.step_mode == "per_task")
+        # Compiled after the balancer is built (it may hook the last shared layer); checkpoints and evaluation
+        # use the eager model, whose parameters the compiled forward shares.
+        forward_model = wrap_ddp(maybe_compile(self.model, conf.compile), device, self.dist,
+                                 per_task=conf.step_mode == "per_task")
         self.runner = StepRunner(forward_model, self.taskset, self.balancer, self.precision, conf, self.seed,
                                  device, self.dist.rank, self.dist.world_size)
         self.nonfinite = NonFinitePolicy(self.taskset.task_names, conf.on_nonfinite, device,
@@ -155,6 +168,7 @@ class Recipe:
             self.logger = RunLogger(self.run_dir, purge_step=self.step or None)
             if self.step == 0:
                 self._write_hparams()
+        log.info(why)  # after the build: a config error stays the one line a failed run prints
         ranks = f" x {self.dist.world_size} ranks" if self.dist.world_size > 1 else ""
         log.info("run dir %s | %d steps on %s%s (%d threads), %s, %s mode | tasks %s", self.run_dir,
                  self.total_steps, device, ranks, torch.get_num_threads(), self.precision.name, conf.step_mode,
@@ -452,12 +466,14 @@ class Recipe:
 
 
 def train(cfg: DictConfig, run_dir: Path, *, overrides: Optional[list[str]] = None,
-          choices: Optional[dict[str, str]] = None, bar: bool = False) -> TrainResult:
+          choices: Optional[dict[str, str]] = None, bar: bool = False, parallel_runs: int = 1,
+          cores: Optional[int] = None) -> TrainResult:
     """Set up, train and clean up one run with outputs in `run_dir`; usable without Hydra (tests, notebooks).
     Writes metrics.json (rank 0): the results, or `"status": "failed"` with the error."""
     from mtl_bench.engine.run import record_failure
 
-    recipe = Recipe(cfg, run_dir, overrides=overrides, choices=choices, bar=bar)
+    recipe = Recipe(cfg, run_dir, overrides=overrides, choices=choices, bar=bar, parallel_runs=parallel_runs,
+                    cores=cores)
     try:
         recipe.setup()
         result = recipe.train()

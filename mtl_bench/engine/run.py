@@ -72,6 +72,7 @@ def run_experiment(cfg: DictConfig) -> float:
 
     from mtl_bench.engine.progress import use_bar
     from mtl_bench.engine.recipe import loss_ratio_sum, train
+    from mtl_bench.engine.threads import cores_of, parallel_runs_of
 
     hydra_cfg = HydraConfig.get()
     choices = {group: option for group, option in hydra_cfg.runtime.choices.items()
@@ -88,10 +89,9 @@ def run_experiment(cfg: DictConfig) -> float:
         else:
             remove_if_only_hydras(run_dir)  # nothing was built: a typo leaves no run directory behind
         raise
-    if cfg.trainer.num_threads is None:
-        cfg.trainer.num_threads = threads_per_parallel_job(hydra_cfg.launcher)
     result = train(cfg, run_dir, overrides=overrides, choices=choices,
-                   bar=use_bar(cfg.trainer.progress, multirun) and int(os.environ.get("RANK", "0")) == 0)
+                   bar=use_bar(cfg.trainer.progress, multirun) and int(os.environ.get("RANK", "0")) == 0,
+                   parallel_runs=parallel_runs_of(hydra_cfg.launcher), cores=cores_of(hydra_cfg.launcher))
     return loss_ratio_sum(result.val, result.initial_test) / len(result.val)
 
 
@@ -101,14 +101,3 @@ def remove_if_only_hydras(run_dir: Path) -> None:
         return
     logging.shutdown()  # the job's log file handler
     shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def threads_per_parallel_job(launcher: Any) -> int | None:
-    """Under the joblib launcher, cores // parallel jobs torch threads per job, so jobs do not oversubscribe
-    the cores (each would otherwise start one thread per core); None (torch's default) for other launchers."""
-    if "joblib" not in str(launcher.get("_target_", "")):
-        return None
-    cores = os.cpu_count() or 1
-    n_jobs = launcher.get("n_jobs") or -1
-    jobs = cores + 1 + n_jobs if n_jobs < 0 else n_jobs  # joblib: -1 is every core, -2 all but one, ...
-    return max(1, cores // max(1, min(jobs, cores)))
