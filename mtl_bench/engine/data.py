@@ -6,14 +6,14 @@ uninterrupted run would have seen, with no sampler state to checkpoint.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from mtl_bench.errors import ConfigError
-from mtl_bench.tasks.base import Split
+from mtl_bench.tasks.base import Split, Splits
 
 
 class StepSampler:
@@ -40,6 +40,11 @@ class StepSampler:
             self._epoch = epoch
         start = position * self.batch_size
         return self._perm[start : start + self.batch_size]
+
+
+def task_split(split: Splits, task: str) -> Dataset:
+    """The data `task` trains or is evaluated on: its own dataset in a multi-input split, else the split."""
+    return split[task] if isinstance(split, Mapping) else split
 
 
 class BatchSource:

@@ -2,32 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
-from torch.utils.data import Dataset
-
-from mtl_bench.engine.data import eval_batches
+from mtl_bench.engine.data import eval_batches, task_split
 from mtl_bench.models.base import MultiTaskModel
-from mtl_bench.tasks.base import Task
+from mtl_bench.tasks.base import Splits, Task
+
 
 @torch.no_grad()
-def evaluate(model: MultiTaskModel, tasks: list[Task], split: Dataset, device: torch.device,
+def evaluate(model: MultiTaskModel, tasks: list[Task], split: Splits, device: torch.device,
              batch_size: int = 1024, num_workers: int = 0) -> dict[str, dict[str, float]]:
-    """{task: {"loss": ..., <metric>: ...}}: sums stay on the device until one transfer at the end."""
+    """{task: {"loss": ..., <metric>: ...}}: sums stay on the device until one transfer at the end.
+    A multi-input split ({task: dataset}) evaluates each task on its own data."""
     was_training = model.training
     model.eval()
     sums: dict[str, dict[str, torch.Tensor]] = {t.name: {} for t in tasks}
-    n = len(split)  # type: ignore[arg-type]
-    for inputs, targets in eval_batches(split, batch_size, device, num_workers):
-        preds = model(inputs).preds
-        for task in tasks:
-            pred, target = preds[task.name], targets[task.name]
-            batch_values = {"loss": task.loss(pred, target) * len(inputs), **task.metrics(pred, target)}
-            for name, value in batch_values.items():
-                sums[task.name][name] = sums[task.name].get(name, 0.0) + value.detach().float()
+    groups = ([([task], split[task.name]) for task in tasks] if isinstance(split, Mapping) else [(tasks, split)])
+    for group, data in groups:
+        names = [task.name for task in group] if isinstance(split, Mapping) else None
+        for inputs, targets in eval_batches(data, batch_size, device, num_workers):
+            preds = model(inputs, tasks=names).preds
+            for task in group:
+                pred, target = preds[task.name], targets[task.name]
+                batch_values = {"loss": task.loss(pred, target) * len(inputs), **task.metrics(pred, target)}
+                for name, value in batch_values.items():
+                    sums[task.name][name] = sums[task.name].get(name, 0.0) + value.detach().float()
     model.train(was_training)
     finals: dict[str, dict[str, torch.Tensor]] = {}
     for task in tasks:
+        n = len(task_split(split, task.name))  # type: ignore[arg-type]
         loss = sums[task.name].pop("loss") / n
         metrics = (task.summarize(sums[task.name], n) if task.summarize is not None
                    else {name: total / n for name, total in sums[task.name].items()})

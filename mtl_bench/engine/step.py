@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
 
 from mtl_bench.balancers import BackwardContext, Balancer
 from mtl_bench.config import TrainerConf
-from mtl_bench.engine.data import BatchSource, StepSampler
+from mtl_bench.engine.data import BatchSource, StepSampler, task_split
 from mtl_bench.engine.diagnostics import GradientDiagnostics
 from mtl_bench.engine.precision import Precision
 from mtl_bench.tasks.base import TaskSet
@@ -36,6 +36,14 @@ def optimizer_steps_per_epoch(conf: TrainerConf, n_train: int, world_size: int =
     return max(1, n_train // (conf.batch_size * world_size) // conf.grad_accumulation_steps)
 
 
+def samples_per_epoch(taskset: TaskSet) -> int:
+    """Samples of the training split; multi-input: of the largest task's (LibMTL's epoch for Office: as many
+    steps as the largest domain has batches, the smaller ones cycling through theirs)."""
+    train = taskset.train
+    splits = train.values() if isinstance(train, Mapping) else [train]
+    return max(len(split) for split in splits)  # type: ignore[arg-type]
+
+
 class StepRunner:
     """Runs the forwards and backwards of optimizer step `step`; the caller zeroes grads and steps the optimizer.
 
@@ -51,11 +59,14 @@ class StepRunner:
         self.k = conf.grad_accumulation_steps
         self.ctx = BackwardContext(precision.scaler, 1.0, self.k)
         global_batch = conf.batch_size * world_size
-        n = len(taskset.train)  # type: ignore[arg-type]  # map-style datasets have a length
-        streams = range(1, len(taskset.tasks) + 1) if conf.step_mode == "per_task" else [0]
-        self.sources = [BatchSource(taskset.train, StepSampler(n, global_batch, seed, stream=s), rank,
-                                    conf.batch_size, device, conf.num_workers) for s in streams]
-        self.steps_per_epoch = optimizer_steps_per_epoch(conf, n, world_size)
+        if conf.step_mode == "per_task":  # stream i + 1 draws task i's batches (from its own data if multi-input)
+            splits = [task_split(taskset.train, t.name) for t in taskset.tasks]
+            streams = list(range(1, len(splits) + 1))
+        else:
+            splits, streams = [taskset.train], [0]
+        self.sources = [BatchSource(split, StepSampler(len(split), global_batch, seed, stream=s), rank,  # type: ignore[arg-type]
+                                    conf.batch_size, device, conf.num_workers) for split, s in zip(splits, streams)]
+        self.steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)
         self.on_first_losses: Optional[Callable[[list[Tensor]], None]] = None  # detect_anomalous_params
 
     def _sync(self, last: bool) -> ContextManager[Any]:

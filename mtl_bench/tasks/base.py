@@ -89,8 +89,10 @@ class TaskSet:
 
     def to(self, device: torch.device) -> "TaskSet":
         """Move the in-memory splits to `device` (datasets stay where their loader reads them)."""
-        for split in (self.train, self.val, self.test):
-            if isinstance(split, Split):
+        for splits in (self.train, self.val, self.test):
+            for split in splits.values() if isinstance(splits, Mapping) else [splits]:
+                if not isinstance(split, Split):
+                    continue
                 split.inputs = split.inputs.to(device)
                 split.targets = {k: v.to(device) for k, v in split.targets.items()}
         return self
