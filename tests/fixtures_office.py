@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from PIL import Image
 from torch import nn
-from torchvision.io import encode_jpeg
 
 from mtl_bench.models import MultiTaskModel
 
@@ -17,12 +17,14 @@ OFFICE_HOME_DOMAINS = ("Art", "Clipart", "Product", "Real_World")
 
 
 def jpeg(path: Path, generator: torch.Generator, height: int = 12, width: int = 16, gray: bool = False) -> None:
-    """A real JPEG: smooth colours plus noise (any size: the task set resizes to 224x224)."""
+    """A real JPEG (baseline, by PIL's libjpeg): a colour plus noise, RGB or grayscale (any size: the task set
+    resizes to 224x224)."""
     channels = 1 if gray else 3
-    base = torch.rand(channels, 1, 1, generator=generator) * 200
-    noise = torch.rand(channels, height, width, generator=generator) * 55
+    base = torch.rand(1, 1, channels, generator=generator) * 200
+    noise = torch.rand(height, width, channels, generator=generator) * 55
+    pixels = (base + noise).to(torch.uint8).numpy()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(bytes(encode_jpeg((base + noise).to(torch.uint8), quality=90).numpy()))
+    Image.fromarray(pixels[..., 0] if gray else pixels, mode="L" if gray else "RGB").save(path, "JPEG", quality=90)
 
 
 def write_tree(root: Path, domains: dict[str, str], classes: Sequence[str], per_class: int, name: str,

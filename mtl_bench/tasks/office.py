@@ -19,10 +19,10 @@ Splits (per domain)
   number the classes in its own order (Office-31: back_pack 0, paper_notebook 1, ...): they are checked to
   name one class each, and replaced by the sorted-name labels (accuracy does not depend on the numbering).
 
-Transform (LibMTL's create_dataset.py, the same for every split: no augmentation): resize to 224x224 (both
-sides, aspect ratio not kept), scale to [0, 1], ImageNet mean/std normalization. LibMTL resizes PIL images
-(bilinear); here the decoded uint8 tensor is resized by torchvision's antialiased bilinear: pixel values
-differ by a few levels, not more.
+Transform (LibMTL's create_dataset.py, the same for every split: no augmentation): PIL decodes the file as
+RGB, resizes it to 224x224 (both sides, aspect ratio not kept; PIL's bilinear filter, as torchvision's
+`Resize` on a PIL image), then scale to [0, 1] and ImageNet mean/std normalization: LibMTL's pixels exactly.
+(PIL, not torchvision.io: torchvision 0.29 deprecates its image decoders.)
 
 Tasks: cross-entropy of the logits; metric `accuracy` (fraction of correct arg-max predictions, LibMTL's
 AccMetric), higher is better; initial loss log C.
@@ -40,11 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
+from PIL import Image, UnidentifiedImageError
 from torchvision.datasets.folder import IMG_EXTENSIONS
-from torchvision.io import ImageReadMode, decode_image, read_file
 from torchvision.transforms.v2 import functional as TF
 
 from mtl_bench.tasks.base import Task
@@ -238,16 +239,23 @@ def read_split_files(folder: Optional[str], layout: OfficeLayout, dirs: Mapping[
 
 
 def _reason(err: Exception) -> str:
-    """torchvision's message without its source location: 'Image is incomplete or truncated'."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return re.sub(r"^\w+, \S+:\d+, ", "", text).split(". ")[0]
+    """PIL's message, one line, without the path (the error names it): 'image file is truncated ...'."""
+    if isinstance(err, UnidentifiedImageError):
+        return "not an image format PIL reads"
+    text = str(err).strip()
+    if "truncated" in text.lower():  # "image file is truncated (...)", "Truncated File Read"
+        return "the file is truncated"
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def load_image(path: Path, size: Optional[int]) -> Tensor:
-    """(3, size, size) uint8: the file decoded as RGB (grayscale and CMYK converted), resized (antialiased);
-    size None: as decoded."""
-    image = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
-    return image if size is None else TF.resize(image, [size, size], antialias=True)
+    """(3, size, size) uint8: the file decoded by PIL as RGB (grayscale and CMYK converted), resized by PIL's
+    bilinear filter as LibMTL's `transforms.Resize((224, 224))` on a PIL image; size None: as decoded."""
+    with Image.open(path) as file:
+        image = file.convert("RGB")
+    if size is not None:
+        image = image.resize((size, size), Image.Resampling.BILINEAR)
+    return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).contiguous()
 
 
 def _try_load(path: Path, size: Optional[int]) -> tuple[Optional[Tensor], Optional[str]]:
@@ -258,7 +266,7 @@ def _try_load(path: Path, size: Optional[int]) -> tuple[Optional[Tensor], Option
 
 
 def decode_all(paths: Sequence[Path], size: int, layout: OfficeLayout, keep: bool) -> Optional[Tensor]:
-    """Decode every image (threads; torchvision's decoders release the GIL); the first that fails (in order) is a
+    """Decode every image (threads; PIL's decoders release the GIL); the first that fails (in order) is a
     one-line error naming it. keep: return them as one (N, 3, size, size) uint8 tensor."""
     out = torch.empty((len(paths), 3, size, size), dtype=torch.uint8) if keep else None
     workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
