@@ -1,6 +1,6 @@
 """Intra-op threads: `trainer.num_threads=auto` against torch's default, and where a second thread pays.
 
-    python scripts/bench_threads.py [--repeats 2] [--max-steps 1000] [--copies 1 2 4] [--pass-auto]
+    python scripts/bench_threads.py [--repeats 2] [--max-steps 1000] [--copies 1 2 4]
     python scripts/bench_threads.py --sizes [--repeats 5] [--steps 40]
     python scripts/bench_threads.py --table-from STDERR_LOG --max-steps N   (the table again from a run's log)
 
@@ -8,9 +8,7 @@ Default mode: starts 1, 2 and 4 copies at once of `mtl-bench train` (the default
 `mtl-bench train experiment=gradnorm_toy`, both with trainer.max_steps=--max-steps, once with the threads
 `auto` chooses and once with torch's default (trainer.num_threads=null), and prints each copy's wall time
 (process start to exit, median over the copies and the repeats) in one markdown table. Settings alternate
-within each repeat so that load from elsewhere hits both alike. Until the CLI takes
-`trainer.num_threads=auto`, the count `choose_threads("auto", ...)` gives for the experiment's model is
-passed as a number; `--pass-auto` passes the word itself.
+within each repeat so that load from elsewhere hits both alike.
 
 --sizes: the threshold behind auto's small-model rule. For models of growing size (the MLP's width, LeNet's
 channels), one process times training steps of the real recipe (model, balancer, Adam) with 1 thread and
@@ -109,7 +107,7 @@ def copies_table(args: argparse.Namespace) -> None:
     auto_value: dict[str, str] = {}
     for name, overrides in EXPERIMENTS.items():
         n, reason = choose_threads("auto", model_numel=model_numel(overrides), parallel_runs=1)
-        auto_value[name] = "auto" if args.pass_auto else str(n)
+        auto_value[name] = "auto"
         print(f"{name}: auto -> {reason}", file=sys.stderr)
     settings = {"auto": auto_value, "torch default": {name: "null" for name in EXPERIMENTS}}
     times: dict[tuple[str, int, str], list[float]] = {}
@@ -242,8 +240,6 @@ def main() -> None:
     parser.add_argument("--match", nargs="+", help="--sizes: only the models whose label contains one of these")
     parser.add_argument("--max-steps", type=int, default=1000, help="trainer.max_steps of each run")
     parser.add_argument("--copies", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--pass-auto", action="store_true",
-                        help="pass trainer.num_threads=auto to the CLI instead of the number it chooses")
     parser.add_argument("--table-from", metavar="STDERR_LOG", help="print the table from an earlier run's stderr")
     args = parser.parse_args()
     if args.table_from:
