@@ -17,6 +17,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from mtl_bench.engine.builders import build
+from mtl_bench.engine.recipe import train
+from mtl_bench.engine.run import check_config
 from mtl_bench.errors import ConfigError
 from mtl_bench.tasks.office31 import CLASSES as OFFICE31_CLASSES
 from mtl_bench.tasks.office31 import Office31
@@ -317,3 +319,45 @@ def test_presets_follow_libmtl(compose_cfg, preset, largest_train):
     # one evaluation per LibMTL epoch: the largest domain's training images (LibMTL's split files) // 64
     assert cfg.trainer.eval_every == largest_train // 64
     assert cfg.model._target_ == "mtl_bench.models.resnet18.ResNet18"
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+def short_run(compose_cfg, *overrides: str):
+    overrides = ("model._target_=fixtures_office.TinyClassifier", "trainer=smoke", "trainer.max_steps=2",
+                 "trainer.batch_size=2", "trainer.log_every=1", "trainer.eval_every=2", "trainer.eval_batch_size=4",
+                 "trainer.device=cpu", "trainer.step_mode=per_task", *overrides)
+    cfg = compose_cfg(*overrides)
+    check_config(cfg, list(overrides))  # as the CLI: drops the mlp option's keys that TinyClassifier does not take
+    return cfg
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_office31_trains_two_per_task_steps(compose_cfg, tmp_path, o31, workers):
+    cfg = short_run(compose_cfg, "tasks=office31", f"tasks.root={o31}", "tasks.image_size=32",
+                    f"trainer.num_workers={workers}")
+    result = train(cfg, tmp_path)
+    assert result.step == 2
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["status"] == "completed"
+    for split in ("val", "test"):
+        assert {task: sorted(values) for task, values in metrics[split].items()} == \
+            {task: ["accuracy", "loss"] for task in ("amazon", "dslr", "webcam")}
+        assert all(0 <= values["accuracy"] <= 1 and math.isfinite(values["loss"]) for values in metrics[split].values())
+    assert metrics["reference"]["dslr"] == {"accuracy": 0.9563}
+    assert metrics["higher_is_better"]["webcam"]["accuracy"] is True
+
+
+@pytest.mark.slow  # about a minute on 2 busy cores (ResNet-18 on CPU)
+def test_office_home_trains_with_the_preset_and_resnet18(compose_cfg, tmp_path, home):
+    """The preset's model, optimizer and step mode on a tiny tree (small images: the test is about the plumbing)."""
+    overrides = ["experiment=office_home_resnet18", f"tasks.root={home}", "tasks.image_size=32", "trainer.epochs=null",
+                 "trainer.max_steps=2", "trainer.eval_every=2", "trainer.batch_size=2", "trainer.eval_batch_size=4",
+                 "trainer.checkpoint_every=2", "trainer.num_workers=0", "trainer.device=cpu"]
+    cfg = compose_cfg(*overrides)
+    check_config(cfg, overrides)
+    train(cfg, tmp_path)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert sorted(metrics["test"]) == ["Art", "Clipart", "Product", "Real_World"]
+    assert all(math.isfinite(v) for values in metrics["test"].values() for v in values.values())
