@@ -263,7 +263,8 @@ def bad(message: str, **kwargs):
 
 def test_root_missing_not_set_or_a_file(tmp_path):
     bad(r"^root: not set: give the folder that holds img_align_celeba/")
-    bad(rf"^root: {tmp_path}/nowhere does not exist; expected torchvision's CelebA layout", root=str(tmp_path / "nowhere"))
+    bad(rf"^root: {tmp_path}/nowhere does not exist; expected torchvision's CelebA layout",
+        root=str(tmp_path / "nowhere"))
     (tmp_path / "file").write_text("")
     bad(rf"^root: {tmp_path}/file is not a directory", root=str(tmp_path / "file"))
 
@@ -338,7 +339,8 @@ def test_missing_unreadable_or_wrong_size_images(tmp_path):
     ({"image_size": [64, 0]}, r"^image_size: must be"),
     ({"attributes": ["Smiling", "Smile"]}, r"^attributes: unknown Smile; null \(all 40\) or names of 5_o_Clock_Shadow"),
     ({"attributes": []}, r"^attributes: empty or repeated"),
-    ({"metrics": ["accuracy", "auc"]}, r"^metrics: must be a non-empty list of distinct names among accuracy, error, f1"),
+    ({"metrics": ["accuracy", "auc"]},
+     r"^metrics: must be a non-empty list of distinct names among accuracy, error, f1"),
 ])
 def test_bad_options_name_their_argument(root, kwargs, message):
     bad(message, root=str(root), **kwargs)
