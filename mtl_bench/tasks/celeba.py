@@ -17,10 +17,11 @@ Checked when the task set is built: the layout, both text files in full (count l
 values of -1/1 per image, the same images in both files, partitions 0/1/2, no empty split), that every listed
 JPEG exists, and the first image of each split (decodable, 218x178). Every image is checked again when loaded.
 
-Inputs (FAMO's `transforms.Resize((64, 64))` + `ToTensor()` on the PIL image): decoded as RGB (grayscale
-converted, as PIL's `.convert('RGB')`), resized as uint8 bilinear with antialiasing (torchvision.transforms.v2;
-PIL's resize differs by at most a few 1/255 steps), scaled to [0, 1] float32. No normalisation, no
-augmentation (FAMO has none).
+Inputs: FAMO's exactly (the same numbers): `PIL.Image.open(...).convert('RGB')` (grayscale converted),
+resized by torchvision.transforms.v2 on the PIL image (PIL's bilinear with antialiasing, as FAMO's
+`transforms.Resize((64, 64))`), scaled to [0, 1] float32 as `ToTensor()`. No normalisation, no augmentation (FAMO
+has none). PIL rather than torchvision.io: torchvision 0.29 deprecates its decoders, and its tensor resize differs
+from PIL's by up to one 1/255 step. Pillow is a dependency of torchvision.
 
 Tasks: one per attribute, named as in the file's header (`5_o_Clock_Shadow`, ..., `Young`), target (1,) float32
 in {0, 1} (the file's -1 -> 0). The head gives one logit. Loss: binary cross-entropy of the logit, as FAMO's
@@ -49,10 +50,10 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 from torch.nn import functional as F
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_image, read_file
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
@@ -224,17 +225,18 @@ def read_partition(path: Path, names: Sequence[str], attr_path: Path) -> Tensor:
 
 
 def load_image(path: Path, size: Sequence[int]) -> Tensor:
-    """(3, *size) float32 in [0, 1]: decoded as RGB, checked to be 218x178, resized as FAMO (bilinear, antialiased)."""
+    """(3, *size) float32 in [0, 1], as FAMO's `Image.open(...).convert('RGB')`, `Resize(size)`, `ToTensor()`:
+    checked to be 178x218, resized by PIL (bilinear, antialiased), scaled by 1/255."""
     try:
-        image = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
-    except (RuntimeError, ValueError) as err:
+        with Image.open(path) as file:
+            if file.size != (WIDTH, HEIGHT):
+                raise _fail(f"{path} is {file.size[0]}x{file.size[1]} ({file.mode}), not {WIDTH}x{HEIGHT}")
+            image = file.convert("RGB")
+    except (OSError, SyntaxError) as err:  # PIL: UnidentifiedImageError, truncated file; SyntaxError: broken header
         raise _fail(f"{path} is not a readable image ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
                     ) from None
-    if tuple(image.shape) != (3, HEIGHT, WIDTH) or image.dtype != torch.uint8:
-        raise _fail(f"{path} is {image.shape[-1]}x{image.shape[-2]} ({tuple(image.shape)} {image.dtype}), "
-                    f"not {WIDTH}x{HEIGHT} (3, {HEIGHT}, {WIDTH}) uint8")
     image = TF.resize(image, list(size), interpolation=InterpolationMode.BILINEAR, antialias=True)
-    return image.float().div_(255)
+    return TF.pil_to_tensor(image).float().div_(255)
 
 
 class CelebAImages(Dataset):
