@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-import torch
-from torchvision.io import encode_jpeg, write_file
+from PIL import Image
 
 from mtl_bench.tasks.celeba import ATTRIBUTES, HEIGHT, WIDTH
 
@@ -19,13 +18,13 @@ ORIGINAL = {"images": "Img/img_align_celeba", "attr": "Anno/list_attr_celeba.txt
 FLAT = {"images": "img_align_celeba", "attr": "list_attr_celeba.txt", "partition": "list_eval_partition.txt"}
 
 
-def image(rng: np.random.Generator) -> torch.Tensor:
-    """(3, 218, 178) uint8: a smooth colour gradient plus noise (so resizing has something to average)."""
+def image(rng: np.random.Generator) -> Image.Image:
+    """178x218 RGB: a smooth colour gradient plus noise (so resizing has something to average)."""
     y, x = np.mgrid[0:HEIGHT, 0:WIDTH]
     base = np.stack([(x * rng.uniform(0.5, 1.4)) % 256, (y * rng.uniform(0.5, 1.1)) % 256,
                      np.full_like(x, rng.integers(0, 256), dtype=float)])
     noisy = base + rng.normal(0, 25, base.shape)
-    return torch.from_numpy(np.clip(noisy, 0, 255).astype(np.uint8))
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8).transpose(1, 2, 0), mode="RGB")
 
 
 def write_celeba(root: Path, n: int = 6, seed: int = 0, layout: str = "flat",
@@ -49,5 +48,5 @@ def write_celeba(root: Path, n: int = 6, seed: int = 0, layout: str = "flat",
     paths["attr"].write_text(newline.join([str(n), " ".join(ATTRIBUTES) + " ", *rows]) + newline)
     paths["partition"].write_text(newline.join(f"{name} {p}" for name, p in zip(names, partition)) + newline)
     for name in names:
-        write_file(str(paths["images"] / name), encode_jpeg(image(rng), quality=90))
+        image(rng).save(paths["images"] / name, format="JPEG", quality=90)
     return folder

@@ -309,7 +309,7 @@ def test_a_split_with_no_images(tmp_path):
 
 
 def test_missing_unreadable_or_wrong_size_images(tmp_path):
-    from torchvision.io import encode_jpeg, encode_png, write_file
+    from PIL import Image
 
     folder = write_celeba(tmp_path, n=6)
     images = folder / "img_align_celeba"
@@ -318,15 +318,15 @@ def test_missing_unreadable_or_wrong_size_images(tmp_path):
         root=str(folder))
     (images / "000005.jpg").write_bytes(b"not a jpeg")  # 000005.jpg is the first test image: read in full
     bad(rf"^root: {images}/000005.jpg is not a readable image \(", root=str(folder))
-    write_file(str(images / "000005.jpg"), encode_jpeg(torch.zeros(3, 64, 64, dtype=torch.uint8)))
+    Image.new("RGB", (64, 64)).save(images / "000005.jpg", format="JPEG")
     bad(rf"^root: {images}/000005.jpg is 64x64 \(RGB\), not 178x218; expected", root=str(folder))
     (images / "000005.jpg").write_bytes((images / "000001.jpg").read_bytes()[:2000])
     bad(rf"^root: {images}/000005.jpg is not a readable image \(image file is truncated", root=str(folder))
-    write_file(str(images / "000005.jpg"), encode_png(torch.zeros(1, 218, 178, dtype=torch.uint8)))
+    Image.new("L", (178, 218)).save(images / "000005.jpg", format="PNG")
     gray, _ = CelebA(str(folder)).test[0]  # grayscale converted to RGB, as PIL's .convert('RGB')
     assert gray.shape == (3, 64, 64)
     # an image that is not the first of its split fails when loaded, with the same one line
-    write_file(str(images / "000002.jpg"), encode_jpeg(torch.zeros(3, 218, 218, dtype=torch.uint8)))
+    Image.new("RGB", (218, 218)).save(images / "000002.jpg", format="JPEG")
     tasks = CelebA(str(folder))
     with pytest.raises(ValueError, match=rf"^root: {images}/000002.jpg is 218x218"):
         tasks.train[1]
