@@ -1,6 +1,7 @@
-"""resnet_dilated and resnet18 against LibMTL (median-research-group/LibMTL 4336804, installed as LibMTL 1.1.5): parameter
-counts, the forward on the same weights (LibMTL's encoders loaded from the installed files, its example-only heads
-rebuilt below from their source), `model.weights` (a local torchvision state dict) and the nyuv2_resnet_dilated preset."""
+"""resnet_dilated and resnet18 against LibMTL (median-research-group/LibMTL 4336804, installed as LibMTL 1.1.5):
+parameter counts, the forward on the same weights (LibMTL's encoders loaded from the installed files, its example-only
+heads rebuilt below from their source), `model.weights` (a local torchvision state dict) and the
+nyuv2_resnet_dilated preset."""
 
 from __future__ import annotations
 
@@ -209,7 +210,8 @@ def test_resnet18_parameter_counts_match_libmtl(heads, total):
 
 
 def test_the_counts_above_are_what_libmtls_modules_give():
-    assert n_params(libmtl_model("resnet_dilated").resnet_dilated("resnet50", pretrained=False).parameters()) == 23_508_032
+    encoder = libmtl_model("resnet_dilated").resnet_dilated("resnet50", pretrained=False)
+    assert n_params(encoder.parameters()) == 23_508_032
     assert n_params(RefDeepLabHead(2048, 13).parameters()) == 16_125_440 + 257 * 13
     office = RefOffice(OFFICE31)
     assert n_params(office.parameters()) - n_params(office.decoders.parameters()) == 11_440_192
@@ -349,11 +351,12 @@ def test_bad_weight_files_are_one_line_naming_weights_and_the_path(tmp_path, res
     cases["list.pth"] = "weights: {path} is not a state dict (a mapping of parameter names to tensors), got list"
     partial = {k: v for k, v in state.items() if not k.startswith("layer4.")}
     torch.save(partial | {"extra.weight": torch.zeros(1)}, tmp_path / "partial.pth")
-    cases["partial.pth"] = ("weights: {path} does not fit torchvision's resnet18: 30 missing keys (layer4.0.conv1.weight, "
-                            "layer4.0.bn1.weight, layer4.0.bn1.bias, ... (30 in all)); 1 unexpected keys (extra.weight)")
+    cases["partial.pth"] = ("weights: {path} does not fit torchvision's resnet18: 30 missing keys "
+                            "(layer4.0.conv1.weight, layer4.0.bn1.weight, layer4.0.bn1.bias, ... (30 in all)); "
+                            "1 unexpected keys (extra.weight)")
     torch.save(state | {"conv1.weight": torch.zeros(64, 3, 3, 3)}, tmp_path / "shape.pth")
-    cases["shape.pth"] = ("weights: {path} does not fit torchvision's resnet18: 1 mis-shaped (conv1.weight (64, 3, 3, 3) "
-                          "for (64, 3, 7, 7))")
+    cases["shape.pth"] = ("weights: {path} does not fit torchvision's resnet18: 1 mis-shaped "
+                          "(conv1.weight (64, 3, 3, 3) for (64, 3, 7, 7))")
     for name, message in cases.items():
         with pytest.raises(ValueError) as info:
             ResNet18((3, 224, 224), OFFICE31, weights=str(tmp_path / name))
@@ -391,8 +394,8 @@ def test_preset_is_libmtls_recipe_with_the_stl_reference(compose_cfg):
 @pytest.mark.slow
 def test_preset_trains_two_steps_at_full_resolution(compose_cfg, tmp_path):
     root = write_nyuv2(tmp_path / "nyuv2", n_train=4, n_val=2)
-    overrides = ["experiment=nyuv2_resnet_dilated", f"tasks.root={root}", "trainer.epochs=null", "trainer.max_steps=2",
-                 "trainer.batch_size=2", "trainer.eval_every=2", "trainer.eval_batch_size=2",
+    overrides = ["experiment=nyuv2_resnet_dilated", f"tasks.root={root}", "trainer.epochs=null",
+                 "trainer.max_steps=2", "trainer.batch_size=2", "trainer.eval_every=2", "trainer.eval_batch_size=2",
                  "trainer.checkpoint_every=2", "trainer.num_workers=0", "trainer.device=cpu"]
     cfg = compose_cfg(*overrides)
     check_config(cfg, overrides)
