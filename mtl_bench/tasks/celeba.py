@@ -15,7 +15,7 @@ the layout FAMO's data.py reads) are accepted too. Splits are the release's: 162
 
 Checked when the task set is built: the layout, both text files in full (count line, the 40 names, one row of 40
 values of -1/1 per image, the same images in both files, partitions 0/1/2, no empty split), that every listed
-JPEG exists, and the first image of each split (decodable, 218x178). Every image is checked again when loaded.
+JPEG exists, and the first image of each split (readable, 178x218). Every image is checked again when loaded.
 
 Inputs: FAMO's exactly (the same numbers): `PIL.Image.open(...).convert('RGB')` (grayscale converted),
 resized by torchvision.transforms.v2 on the PIL image (PIL's bilinear with antialiasing, as FAMO's
