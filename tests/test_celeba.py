@@ -416,7 +416,7 @@ def test_the_preset_trains_two_steps_with_every_metric(compose_cfg, tmp_path, or
                  "trainer.log_every=1", "trainer.checkpoint_every=0", "trainer.num_workers=0", "trainer.device=cpu"]
     cfg = compose_cfg(*overrides)
     check_config(cfg, overrides)
-    assert cfg.optim.lr == 3.0e-4 and cfg.model._target_ == "mtl_bench.models.celeba_cnn.CelebACNN"
+    assert cfg.optim.lr == 3.0e-4 and cfg.model._target_ == "mtl_bench.models.CelebACNN"
     result = train(cfg, tmp_path)
     assert result.step == 2
     metrics = json.loads((tmp_path / "metrics.json").read_text())

@@ -67,7 +67,7 @@ def test_cfg_job_prints_the_composed_config():
         (["optim.lr=-1"], "mtl-bench: error: optim: Invalid learning rate: -1"),
         (["balancer.weights={t0:1.0,t7:2.0}"], "mtl-bench: error: balancer.weights: weights for unknown tasks"),
         (["balancer.name=gradnorm"], "mtl-bench: error: balancer.name: no such key; choose an option with balancer=<option>"),
-        (["model.name=lenet"], "mtl-bench: error: model.name: no such key; choose an option with model=<option> (lenet, mlp, "),
+        (["model.name=lenet"], "mtl-bench: error: model.name: no such key; choose an option with model=<option> (celeba_cnn, lenet, mlp, "),
         (["model._target_=no.such.Class"], "mtl-bench: error: model._target_: cannot import 'no.such.Class' (No module named 'no')"),
         (["model._target_=mtl_bench.tasks.Digits"], "mtl-bench: error: model._target_: mtl_bench.tasks.Digits built a Digits, not a mtl_bench.models.base.MultiTaskModel"),
         (["model._target_=torch.nn.Linear"], "mtl-bench: error: model.in_features: torch.nn.Linear needs it"),
@@ -116,7 +116,7 @@ def test_multirun_sweep_names_run_dirs_by_overrides(tmp_path):
 def test_list_shows_groups():
     result = CliRunner().invoke(app, ["list"])
     assert result.exit_code == 0
-    assert "tasks: cityscapes, digits, nyuv2, toy, toy10" in result.output
+    assert "tasks: celeba, cityscapes, digits, nyuv2, office31, office_home, toy, toy10" in result.output
 
 
 # Presets of the standard benchmarks read data from tasks.root: tests/test_benchmark_presets.py runs them on

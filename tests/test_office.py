@@ -318,7 +318,7 @@ def test_presets_follow_libmtl(compose_cfg, preset, largest_train):
     assert cfg.optim.schedule._target_ == "mtl_bench.optim.Constant"
     # one evaluation per LibMTL epoch: the largest domain's training images (LibMTL's split files) // 64
     assert cfg.trainer.eval_every == largest_train // 64
-    assert cfg.model._target_ == "mtl_bench.models.resnet18.ResNet18"
+    assert cfg.model._target_ == "mtl_bench.models.ResNet18"
 
 
 # ----------------------------------------------------------------------------------------------- training

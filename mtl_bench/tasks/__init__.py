@@ -1,9 +1,12 @@
 """Task sets: data made, shipped or read locally, with each task's loss and metrics (see `TaskSet`)."""
 
 from mtl_bench.tasks.base import Split, Task, TaskSet
+from mtl_bench.tasks.celeba import CelebA
 from mtl_bench.tasks.cityscapes import Cityscapes
 from mtl_bench.tasks.digits import Digits
 from mtl_bench.tasks.nyuv2 import NYUv2
+from mtl_bench.tasks.office31 import Office31
+from mtl_bench.tasks.office_home import OfficeHome
 from mtl_bench.tasks.toy import ToyRegression
 
-__all__ = ["Cityscapes", "Digits", "NYUv2", "Split", "Task", "TaskSet", "ToyRegression"]
+__all__ = ["CelebA", "Cityscapes", "Digits", "NYUv2", "Office31", "OfficeHome", "Split", "Task", "TaskSet", "ToyRegression"]
