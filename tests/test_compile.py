@@ -14,7 +14,6 @@ from torch._dynamo.utils import counters
 
 from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
-from mtl_bench.config import TrainerConf
 from mtl_bench.engine.builders import ENGINE_KEYS, build
 from mtl_bench.engine.compile import CompiledForward, compile_mode, maybe_compile
 from mtl_bench.engine.precision import Precision
@@ -262,10 +261,9 @@ def test_a_model_with_its_own_forward_runs_eagerly_with_a_warning(caplog):
     torch.testing.assert_close(forward(x).preds["a"], model(x).preds["a"], rtol=0, atol=0)
 
 
-# ----------------------------------------------------------------------------- through the recipe, once wired
+# ----------------------------------------------------------------------------- through the recipe
 
 
-@pytest.mark.skipif("compile" not in TrainerConf.__dataclass_fields__, reason="trainer.compile is not wired yet")
 def test_recipe_trains_the_same_with_trainer_compile(compose_cfg, tmp_path: Path):
     from mtl_bench.engine.recipe import train
 
@@ -280,17 +278,13 @@ def test_recipe_trains_the_same_with_trainer_compile(compose_cfg, tmp_path: Path
 # ----------------------------------------------------------------------------- DDP (2 CPU processes, gloo)
 
 
-def ddp_worker(rank: int, world: int, port: int, conf, run_dir: str, setting) -> None:
-    """A rank of a run whose forward model is DDP(maybe_compile(model, setting)), as Recipe.setup builds it
-    once trainer.compile is wired."""
+def ddp_worker(rank: int, world: int, port: int, conf, run_dir: str) -> None:
+    """A rank of a run: Recipe.setup wraps DDP(maybe_compile(model, trainer.compile))."""
     from processes import join_torchrun_env
 
     join_torchrun_env(rank, world, port)
-    torch.set_num_threads(1)
     from mtl_bench.engine import recipe
 
-    wrap = recipe.wrap_ddp
-    recipe.wrap_ddp = lambda model, *args, **kwargs: wrap(maybe_compile(model, setting), *args, **kwargs)
     recipe.train(conf, Path(run_dir) if rank == 0 else Path(run_dir).with_name("ignored"))
 
 
@@ -299,10 +293,11 @@ def ddp_worker(rank: int, world: int, port: int, conf, run_dir: str, setting) ->
 def test_compiled_ddp_trains_the_same_as_eager_ddp(compose_cfg, tmp_path, mode, balancer):
     from processes import free_port, spawn_and_wait
 
-    conf = compose_cfg(*SMALL, "model.widths=[32,32]", "optim=sgd", f"trainer.step_mode={mode}",
-                       f"balancer={balancer}", "trainer.batch_size=16")
     for setting in (False, True):
-        spawn_and_wait(ddp_worker, (2, free_port(), conf, str(tmp_path / f"ddp_{setting}"), setting),
+        conf = compose_cfg(*SMALL, "model.widths=[32,32]", "optim=sgd", f"trainer.step_mode={mode}",
+                           f"balancer={balancer}", "trainer.batch_size=16", "trainer.num_threads=1",
+                           f"trainer.compile={setting}")
+        spawn_and_wait(ddp_worker, (2, free_port(), conf, str(tmp_path / f"ddp_{setting}")),
                        nprocs=2, timeout_s=300, what="DDP workers did not finish")
     a, b = (torch.load(tmp_path / f"ddp_{s}" / "checkpoints" / "last.pt", weights_only=True) for s in (True, False))
     for key in a["model"]:

@@ -151,18 +151,13 @@ def test_hydras_own_launcher_configs(cores, option, expected_runs, expected_core
     assert parallel_runs_of(node) == expected_runs and cores_of(node) == expected_cores
 
 
-# ----------------------------------------------------------------------------- through the recipe, once wired
+# ----------------------------------------------------------------------------- through the recipe
 
 
 def test_the_recipe_chooses_one_thread_for_the_default_model(compose_cfg, tmp_path, caplog):
     from mtl_bench.engine.recipe import Recipe
 
-    try:
-        cfg = compose_cfg("trainer=smoke", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32",
-                          "trainer.num_threads=auto")
-        OmegaConf.to_object(cfg.trainer)
-    except Exception:
-        pytest.skip("trainer.num_threads=auto is not wired yet")
+    cfg = compose_cfg("trainer=smoke", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32")  # auto: the default
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     recipe = Recipe(cfg, tmp_path)
