@@ -347,17 +347,3 @@ def test_office31_trains_two_per_task_steps(compose_cfg, tmp_path, o31, workers)
         assert all(0 <= values["accuracy"] <= 1 and math.isfinite(values["loss"]) for values in metrics[split].values())
     assert metrics["reference"]["dslr"] == {"accuracy": 0.9563}
     assert metrics["higher_is_better"]["webcam"]["accuracy"] is True
-
-
-@pytest.mark.slow  # about a minute on 2 busy cores (ResNet-18 on CPU)
-def test_office_home_trains_with_the_preset_and_resnet18(compose_cfg, tmp_path, home):
-    """The preset's model, optimizer and step mode on a tiny tree (small images: the test is about the plumbing)."""
-    overrides = ["experiment=office_home_resnet18", f"tasks.root={home}", "tasks.image_size=32", "trainer.epochs=null",
-                 "trainer.max_steps=2", "trainer.eval_every=2", "trainer.batch_size=2", "trainer.eval_batch_size=4",
-                 "trainer.checkpoint_every=2", "trainer.num_workers=0", "trainer.device=cpu"]
-    cfg = compose_cfg(*overrides)
-    check_config(cfg, overrides)
-    train(cfg, tmp_path)
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert sorted(metrics["test"]) == ["Art", "Clipart", "Product", "Real_World"]
-    assert all(math.isfinite(v) for values in metrics["test"].values() for v in values.values())

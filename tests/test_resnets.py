@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
-import math
 import sys
 import types
 from pathlib import Path
@@ -18,12 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from fixtures_dense import write_nyuv2
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from mtl_bench.engine.recipe import train
-from mtl_bench.engine.run import check_config
 from mtl_bench.models.resnet18 import ResNet18
 from mtl_bench.models.resnet_dilated import ResNetDilated
 
@@ -389,19 +384,3 @@ def test_preset_is_libmtls_recipe_with_the_stl_reference(compose_cfg):
             ref["normal"]["within_11_25"] * 100, ref["normal"]["within_22_5"] * 100, ref["normal"]["within_30"] * 100]
     assert ours == pytest.approx(PRINTED_STL, abs=1e-9)
     assert sorted(ref["normal"]) == sorted(["angle_mean", "angle_median", "within_11_25", "within_22_5", "within_30"])
-
-
-@pytest.mark.slow
-def test_preset_trains_two_steps_at_full_resolution(compose_cfg, tmp_path):
-    root = write_nyuv2(tmp_path / "nyuv2", n_train=4, n_val=2)
-    overrides = ["experiment=nyuv2_resnet_dilated", f"tasks.root={root}", "trainer.epochs=null",
-                 "trainer.max_steps=2", "trainer.batch_size=2", "trainer.eval_every=2", "trainer.eval_batch_size=2",
-                 "trainer.checkpoint_every=2", "trainer.num_workers=0", "trainer.device=cpu"]
-    cfg = compose_cfg(*overrides)
-    check_config(cfg, overrides)
-    result = train(cfg, tmp_path / "run")
-    assert result.step == 2
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["status"] == "completed"
-    assert all(math.isfinite(v) for values in metrics["test"].values() for v in values.values())
-    assert metrics["reference"]["normal"]["angle_median"] == 15.16
