@@ -184,34 +184,20 @@ def _torchjd(aggregator_name: str, **options) -> Callable:
     return make
 
 
-def _load_libmtl(name: str):
-    """A LibMTL 1.1.5 weighting class from its installed file (its package __init__ imports a torchvision
-    module that no longer exists, so the package and subpackage are stand-ins)."""
-    import importlib.util
+def _libmtl_class(name: str) -> type:
+    """LibMTL 1.1.5's weighting class, loaded from its file as the exactness tests load it (tests/balancer_kit.py)."""
     import sys
-    import types
     from pathlib import Path
 
-    spec = importlib.util.find_spec("LibMTL") if "LibMTL" not in sys.modules else None
-    root = Path(sys.modules["LibMTL"].__path__[0] if spec is None else list(spec.submodule_search_locations)[0])
-    for package, path in (("LibMTL", root), ("LibMTL.weighting", root / "weighting")):
-        if package not in sys.modules:
-            module = types.ModuleType(package)
-            module.__path__ = [str(path)]
-            sys.modules[package] = module
-    for module_name in ("abstract_weighting", name):
-        full = f"LibMTL.weighting.{module_name}"
-        if full not in sys.modules:
-            module_spec = importlib.util.spec_from_file_location(full, root / "weighting" / f"{module_name}.py")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[full] = module
-            module_spec.loader.exec_module(module)
-    return getattr(sys.modules[f"LibMTL.weighting.{name}"], name)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from balancer_kit import load_libmtl
+
+    return load_libmtl(name)
 
 
 def _libmtl(name: str, rep_grad: bool = False, **kwargs) -> Callable:
     def make(model: MultiTaskModel, names: list[str]) -> Callable:
-        base = _load_libmtl(name)
+        base = _libmtl_class(name)
 
         class Weighting(base):
             def __init__(self) -> None:

@@ -349,24 +349,25 @@ def _libmtl_root() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def libmtl_module(name: str) -> types.ModuleType:
-    """A module of LibMTL 1.1.5's `weighting` package, from its installed file; LibMTL's package __init__
-    imports a torchvision module that no longer exists (so `pytest.importorskip("LibMTL")` would always
-    skip), so the package and subpackage are stand-ins."""
+def libmtl_module(name: str, package: str = "weighting", needs: Sequence[str] = ("abstract_weighting",)
+                  ) -> types.ModuleType:
+    """LibMTL 1.1.5's module `LibMTL.<package>.<name>` from its installed file, after the modules it imports
+    (`needs`). LibMTL's package __init__ imports a torchvision module that no longer exists (so
+    `pytest.importorskip("LibMTL")` would always skip), so the package and subpackage are stand-ins."""
     root = _libmtl_root()
-    for package, path in (("LibMTL", root), ("LibMTL.weighting", root / "weighting")):
-        if package not in sys.modules or not hasattr(sys.modules[package], "__path__"):
-            module = types.ModuleType(package)
+    for stand_in, path in (("LibMTL", root), (f"LibMTL.{package}", root / package)):
+        if stand_in not in sys.modules or not hasattr(sys.modules[stand_in], "__path__"):
+            module = types.ModuleType(stand_in)
             module.__path__ = [str(path)]
-            sys.modules[package] = module
-    for module_name in ("abstract_weighting", name):
-        full = f"LibMTL.weighting.{module_name}"
+            sys.modules[stand_in] = module
+    for module_name in (*needs, name):
+        full = f"LibMTL.{package}.{module_name}"
         if full not in sys.modules:
-            module_spec = importlib.util.spec_from_file_location(full, root / "weighting" / f"{module_name}.py")
+            module_spec = importlib.util.spec_from_file_location(full, root / package / f"{module_name}.py")
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[full] = module
             module_spec.loader.exec_module(module)
-    return sys.modules[f"LibMTL.weighting.{name}"]
+    return sys.modules[f"LibMTL.{package}.{name}"]
 
 
 def load_libmtl(name: str):

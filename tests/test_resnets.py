@@ -6,7 +6,6 @@ nyuv2_resnet_dilated preset."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import sys
 import types
@@ -16,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
+from balancer_kit import libmtl_module
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
@@ -49,29 +49,10 @@ def _old_torchvision_utils():
 
 
 def libmtl_model(name: str) -> types.ModuleType:
-    """A module of LibMTL's `model` package from its installed file (the package __init__ fails to import with
-    current torchvision; tests/balancer_kit.py loads the weighting modules the same way)."""
-    if "LibMTL" in sys.modules:  # the real package or the stub below (or balancer_kit's)
-        root = Path(list(sys.modules["LibMTL"].__path__)[0])
-    else:
-        spec = importlib.util.find_spec("LibMTL")
-        if spec is None or not spec.submodule_search_locations:
-            pytest.skip("LibMTL (the peers extra) is not installed")
-        root = Path(list(spec.submodule_search_locations)[0])
-    for package, path in (("LibMTL", root), ("LibMTL.model", root / "model")):
-        if package not in sys.modules or not hasattr(sys.modules[package], "__path__"):
-            module = types.ModuleType(package)
-            module.__path__ = [str(path)]
-            sys.modules[package] = module
+    """A module of LibMTL's `model` package from its installed file (balancer_kit.libmtl_module); its files
+    import torchvision.models.utils, which current torchvision no longer has."""
     with _old_torchvision_utils():
-        for module_name in ("resnet", "resnet_dilated"):  # resnet_dilated imports LibMTL.model.resnet
-            full = f"LibMTL.model.{module_name}"
-            if full not in sys.modules:
-                module_spec = importlib.util.spec_from_file_location(full, root / "model" / f"{module_name}.py")
-                module = importlib.util.module_from_spec(module_spec)
-                sys.modules[full] = module
-                module_spec.loader.exec_module(module)
-    return sys.modules[f"LibMTL.model.{name}"]
+        return libmtl_module(name, package="model", needs=("resnet",))  # resnet_dilated imports LibMTL.model.resnet
 
 
 # LibMTL 4336804 examples/nyu/aspp.py (not part of the installed package), rebuilt from its source.
