@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
@@ -117,3 +118,19 @@ def check_reference(reference: Optional[Mapping[str, Mapping[str, float]]],
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"reference.{task}.{name}: must be a number, got {value!r}")
     return {task: {name: float(v) for name, v in values.items()} for task, values in reference.items()}
+
+
+def root_folder(root: Optional[str], holds: str, option: str, expected: str) -> Path:
+    """`tasks.root` as an existing folder, else ValueError("root: <what is wrong>; <expected>"): `holds` says what
+    the folder holds (for the error when it is not set), `option` the task set's option (for its example)."""
+    def fail(message: str) -> ValueError:
+        return ValueError(f"root: {message}; {expected}")
+
+    if root is None or str(root).strip() == "":
+        raise fail(f"not set: give the folder that holds {holds}, e.g. tasks.root=/data/{option}")
+    path = Path(root).expanduser()
+    if not path.exists():
+        raise fail(f"{path} does not exist")
+    if not path.is_dir():
+        raise fail(f"{path} is not a directory")
+    return path

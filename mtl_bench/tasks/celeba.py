@@ -57,7 +57,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from mtl_bench.tasks.base import Task, TaskSet
+from mtl_bench.tasks.base import Task, TaskSet, root_folder
 
 ATTRIBUTES = (
     "5_o_Clock_Shadow", "Arched_Eyebrows", "Attractive", "Bags_Under_Eyes", "Bald", "Bangs", "Big_Lips", "Big_Nose",
@@ -128,14 +128,7 @@ def attribute_task(name: str, metrics: Sequence[str]) -> Task:
 
 def find_files(root: Optional[str]) -> dict[str, Path]:
     """{IMAGES: folder, ATTR: file, PARTITION: file} in the first layout that holds them, or a one-line error."""
-    if root is None or str(root).strip() == "":
-        raise _fail("not set: give the folder that holds img_align_celeba/ (or its parent with celeba/), "
-                    "e.g. tasks.root=/data/celeba")
-    path = Path(root).expanduser()
-    if not path.exists():
-        raise _fail(f"{path} does not exist")
-    if not path.is_dir():
-        raise _fail(f"{path} is not a directory")
+    path = root_folder(root, "img_align_celeba/ (or its parent with celeba/)", "celeba", EXPECTED)
     folder = path / "celeba" if (path / "celeba").is_dir() and not (path / ATTR).exists() else path
     layouts = [{k: folder / k for k in ORIGINAL}, {k: folder / v for k, v in ORIGINAL.items()}]
     for files in layouts:

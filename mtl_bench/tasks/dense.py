@@ -57,7 +57,7 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from mtl_bench.tasks.base import Task
+from mtl_bench.tasks.base import Task, root_folder
 
 IGNORE_INDEX = -1
 ANGLE_THRESHOLDS = {"within_11_25": 11.25, "within_22_5": 22.5, "within_30": 30.0}
@@ -439,18 +439,6 @@ def _guess_layout(folders: Sequence[str]) -> str:
     return ""
 
 
-def resolve_root(root: Optional[str], layout: Layout) -> Path:
-    if root is None or str(root).strip() == "":
-        raise _fail(f"not set: give the folder that holds train/ and val/, e.g. tasks.root=/data/{layout.option}",
-                    layout)
-    path = Path(root).expanduser()
-    if not path.exists():
-        raise _fail(f"{path} does not exist", layout)
-    if not path.is_dir():
-        raise _fail(f"{path} is not a directory", layout)
-    return path
-
-
 class DenseTree(Dataset):
     """Items `(image (3, H, W) float32, {"segmentation": (H, W) int64, "depth": (1, H, W) float32,
     ["normal": (3, H, W) float32]})` of samples `indices` of one split folder, MTAN-augmented if `augment`."""
@@ -492,7 +480,7 @@ def build_splits(root: Optional[str], layout: Layout, augment: bool, val_fractio
     """
     if isinstance(val_fraction, bool) or not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction: must be in [0, 1), got {val_fraction!r}")
-    path = resolve_root(root, layout)
+    path = root_folder(root, "train/ and val/", layout.option, f"expected {layout.describe()}")
     n_train = scan_split(path / "train", layout)
     n_test = scan_split(path / "val", layout)
     test = DenseTree(path / "val", layout, range(n_test))

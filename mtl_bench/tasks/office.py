@@ -48,7 +48,7 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2 import functional as TF
 
-from mtl_bench.tasks.base import Task
+from mtl_bench.tasks.base import Task, root_folder
 from mtl_bench.tasks.losses import accuracy_metrics, cross_entropy_loss
 
 MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics, LibMTL's Normalize
@@ -95,18 +95,6 @@ def _files_fail(message: str, layout: OfficeLayout) -> ValueError:
 
 
 # --------------------------------------------------------------------------- the tree
-
-
-def resolve_root(root: Optional[str], layout: OfficeLayout) -> Path:
-    if root is None or str(root).strip() == "":
-        raise _fail(f"not set: give the folder that holds the domain folders, e.g. tasks.root=/data/{layout.option}",
-                    layout)
-    path = Path(root).expanduser()
-    if not path.exists():
-        raise _fail(f"{path} does not exist", layout)
-    if not path.is_dir():
-        raise _fail(f"{path} is not a directory", layout)
-    return path
 
 
 def _domain_dir(root: Path, candidates: Sequence[str]) -> Optional[Path]:
@@ -330,7 +318,7 @@ def build_office(layout: OfficeLayout, root: Optional[str], split_files: Optiona
                  ) -> tuple[list[Task], dict[str, dict[str, OfficeDomain]]]:
     """The tasks and {split: {task: OfficeDomain}}; every check runs here, before training."""
     check_options(split_seed, image_size)
-    path = resolve_root(root, layout)
+    path = root_folder(root, "the domain folders", layout.option, f"expected {layout.describe()}")
     dirs = domain_dirs(path, layout)
     images = {task: scan_domain(d, layout) for task, d in dirs.items()}
     if split_files is None or str(split_files).strip() == "":
