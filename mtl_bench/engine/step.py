@@ -13,6 +13,7 @@ from typing import Any, Callable, ContextManager, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import Dataset
 
 from mtl_bench.balancers import BackwardContext, Balancer
 from mtl_bench.config import TrainerConf
@@ -59,11 +60,12 @@ class StepRunner:
         self.k = conf.grad_accumulation_steps
         self.ctx = BackwardContext(precision.scaler, 1.0, self.k)
         global_batch = conf.batch_size * world_size
+        splits: list[Dataset]
         if conf.step_mode == "per_task":  # stream i + 1 draws task i's batches (from its own data if multi-input)
             splits = [task_split(taskset.train, t.name) for t in taskset.tasks]
             streams = list(range(1, len(splits) + 1))
         else:
-            splits, streams = [taskset.train], [0]
+            splits, streams = [taskset.train], [0]  # type: ignore[list-item]  # not multi-input: the recipe checked
         self.sources = [BatchSource(split, StepSampler(len(split), global_batch, seed, stream=s), rank,  # type: ignore[arg-type]
                                     conf.batch_size, device, conf.num_workers) for split, s in zip(splits, streams)]
         self.steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)

@@ -615,6 +615,7 @@ class ScaledAdam(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in b.params]
         step = states[0]["step"]
+        assert b.stats is not None  # set by this step's statistics pass
         dev = b.stats.device
         n = len(b.params)
         bias2 = 1 - beta2 ** (step + 1)

@@ -183,7 +183,8 @@ def read_split_files(folder: Optional[str], layout: OfficeLayout, dirs: Mapping[
     label_of: dict[str, tuple[int, str]] = {}  # class -> (LibMTL's label, where first seen)
     out: dict[str, dict[str, list[tuple[Path, str]]]] = {}
     for task in layout.domains:
-        out[task], seen = {}, {}
+        out[task] = {}
+        seen: dict[Path, str] = {}  # image -> the line that listed it
         for split in SPLITS:
             txt = path / f"{task}_{split}.txt"
             if not txt.is_file():
@@ -262,7 +263,7 @@ def decode_all(paths: Sequence[Path], size: int, layout: OfficeLayout, keep: boo
     try:
         for i, (image, reason) in enumerate(pool.map(functools.partial(_try_load, size=size if keep else None),
                                                      paths)):
-            if reason is not None:
+            if image is None:
                 raise _fail(f"{paths[i]} cannot be decoded as an image ({reason})", layout)
             if out is not None:
                 out[i] = image
@@ -292,9 +293,10 @@ class OfficeDomain(Dataset):
         if self.images is not None:
             image = self.images[i]
         else:
-            image, reason = _try_load(self.paths[i], self.size)
-            if image is None:  # changed since the constructor's check, or check_images was off
+            loaded, reason = _try_load(self.paths[i], self.size)
+            if loaded is None:  # changed since the constructor's check, or check_images was off
                 raise _fail(f"{self.paths[i]} cannot be decoded as an image ({reason})", self.layout)
+            image = loaded
         return normalize(image), {self.task: self.labels[i]}
 
 
@@ -323,8 +325,8 @@ def build_office(layout: OfficeLayout, root: Optional[str], split_files: Optiona
     images = {task: scan_domain(d, layout) for task, d in dirs.items()}
     if split_files is None or str(split_files).strip() == "":
         chosen = {task: seeded_split(by_class, task, split_seed) for task, by_class in images.items()}
-        for task, splits in chosen.items():
-            for split, rows in splits.items():
+        for task, by_split in chosen.items():
+            for split, rows in by_split.items():
                 if not rows:
                     count = sum(len(v) for v in images[task].values())
                     raise _fail(f"the seeded split leaves no {split} images in {dirs[task]} ({count} images in "
