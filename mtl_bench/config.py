@@ -32,7 +32,6 @@ def _non_negative(key: str, value: float | int) -> None:
     _require(value >= 0, key, value, "must be >= 0")
 
 
-
 def _check_with(value: Any, module: str, function: str) -> None:
     """The setting's own parser (imported when checked: this module stays free of torch) as a ConfigError."""
     import importlib

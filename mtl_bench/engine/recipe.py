@@ -24,9 +24,9 @@ from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.config import TrainerConf
 from mtl_bench.engine.anomalous import parameters_outside_graph
 from mtl_bench.engine.builders import ENGINE_KEYS, build, node_dict, pick_device
-from mtl_bench.engine.compile import maybe_compile
 from mtl_bench.engine.checkpoint import CHECKPOINT_NAME, find_checkpoint, load_checkpoint, rng_state, \
     save_checkpoint, set_rng_state
+from mtl_bench.engine.compile import maybe_compile
 from mtl_bench.engine.diagnostics import GRAD_COS_MATRIX, GradientDiagnostics, heatmap
 from mtl_bench.engine.distributed import DistInfo, broadcast_text, init_distributed, rank_device, \
     shutdown_distributed, wrap_ddp
@@ -52,10 +52,10 @@ METRICS_FILE = "metrics.json"
 Metrics = dict[str, dict[str, float]]
 # What may change when a run resumes: how long it trains, how often it logs, evaluates and checkpoints, and
 # where and how fast it runs. Any other difference would train another config than the run records.
-RESUMABLE_KEYS = ("trainer.max_steps", "trainer.epochs", "trainer.log_every", "trainer.eval_every", "trainer.eval_batch_size",
-                  "trainer.checkpoint_every", "trainer.resume", "trainer.device", "trainer.num_threads", "trainer.compile",
-                  "trainer.num_workers", "trainer.progress", "trainer.profile", "trainer.max_skipped_fraction",
-                  "trainer.skipped_window", "tag")
+RESUMABLE_KEYS = ("trainer.max_steps", "trainer.epochs", "trainer.log_every", "trainer.eval_every",
+                  "trainer.eval_batch_size", "trainer.checkpoint_every", "trainer.resume", "trainer.device",
+                  "trainer.num_threads", "trainer.compile", "trainer.num_workers", "trainer.progress",
+                  "trainer.profile", "trainer.max_skipped_fraction", "trainer.skipped_window", "tag")
 
 
 @dataclass
@@ -122,14 +122,14 @@ class Recipe:
         seed_everything(self.seed)
         self.taskset: TaskSet = build("tasks", cfg.tasks, TaskSet).to(device)
         tasks = self.taskset.tasks
+        if self.taskset.multi_input and conf.step_mode != "per_task":
+            raise ConfigError(f"trainer.step_mode={conf.step_mode}: tasks={type(self.taskset).__name__} is "
+                              "multi-input (each task its own images); set trainer.step_mode=per_task")
         self.model: MultiTaskModel = build("model", cfg.model, MultiTaskModel, input_shape=self.taskset.input_shape,
                                            heads={t.name: t.out_dim for t in tasks}).to(device)
         threads, why = choose_threads(conf.num_threads, model_numel=sum(p.numel() for p in self.model.parameters()),
                                       parallel_runs=self.parallel_runs, cores=self.cores)
         torch.set_num_threads(threads)
-        if self.taskset.multi_input and conf.step_mode != "per_task":
-            raise ConfigError(f"trainer.step_mode={conf.step_mode}: tasks={type(self.taskset).__name__} is "
-                              "multi-input (each task its own images); set trainer.step_mode=per_task")
         supplied = {"task_names": self.taskset.task_names, "shared_params": list(self.model.shared_parameters()),
                     "shared_layer": self.model.last_shared_layer, "world_size": self.dist.world_size,
                     "initial_losses_known": {t.name: t.initial_loss for t in tasks}}
