@@ -65,9 +65,11 @@ class StepRunner:
             splits = [task_split(taskset.train, t.name) for t in taskset.tasks]
             streams = list(range(1, len(splits) + 1))
         else:
-            splits, streams = [taskset.train], [0]  # type: ignore[list-item]  # not multi-input: the recipe checked
-        self.sources = [BatchSource(split, StepSampler(len(split), global_batch, seed, stream=s), rank,  # type: ignore[arg-type]
-                                    conf.batch_size, device, conf.num_workers) for split, s in zip(splits, streams)]
+            # not multi-input (the recipe checked)
+            splits, streams = [taskset.train], [0]  # type: ignore[list-item]
+        self.sources = [BatchSource(split, StepSampler(len(split), global_batch, seed, stream=s),  # type: ignore[arg-type]
+                                    rank, conf.batch_size, device, conf.num_workers)
+                        for split, s in zip(splits, streams)]
         self.steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)
         self.on_first_losses: Optional[Callable[[list[Tensor]], None]] = None  # detect_anomalous_params
 

@@ -63,11 +63,11 @@ class TaskSet:
     `train`, `val`, `test`: a `Split` held in memory (the fast path: the loop indexes it on the device) or
     any map-style `torch.utils.data.Dataset` whose items are `(input, {task: target})`, served by a
     DataLoader (workers, pinned memory, per-rank slices under DDP). `input_shape` excludes the batch
-    dimension.
+    dimension. `reference`: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
 
     Multi-input task sets (each task its own images: Office-31's domains) give every split as a dict
     {task: dataset} whose items are `(input, {task: target})` for that task alone; they train with
-    `trainer.step_mode=per_task` (one batch per task per step) and each task is evaluated on its own data. `reference`: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
+    `trainer.step_mode=per_task` (one batch per task per step) and each task is evaluated on its own data.
     """
 
     def __init__(self, tasks: list[Task], input_shape: Sequence[int], train: Splits, val: Splits,
