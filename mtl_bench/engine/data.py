@@ -47,6 +47,30 @@ def task_split(split: Splits, task: str) -> Dataset:
     return split[task] if isinstance(split, Mapping) else split
 
 
+class SampleIndex(int):
+    """A sample's index in its split, carrying `key`: a number that is a pure function of the draw (the run's
+    seed, the sample stream, the loader step and the position in the global batch). A dataset with random
+    augmentation seeds it from `key` (tasks/dense.py), so that a draw is augmented alike whatever the number of
+    loader workers and whether the run was resumed."""
+
+    key: int
+
+    def __new__(cls, index: int, key: int) -> "SampleIndex":
+        self = super().__new__(cls, index)
+        self.key = key
+        return self
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:  # to DataLoader workers and back
+        return SampleIndex, (int(self), self.key)
+
+
+def draw_key(seed: int, stream: int, step: int, position: int) -> int:
+    """Mixes the four into 63 bits (splitmix64-style odd multipliers): distinct draws get unrelated keys."""
+    mixed = (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB
+             + position * 0xD6E8FEB86659FD93)
+    return mixed % 2**63
+
+
 class BatchSource:
     """This rank's batches of one sample stream: step → the sampler's global batch → this rank's slice.
 
@@ -64,6 +88,12 @@ class BatchSource:
 
     def indices(self, loader_step: int) -> Tensor:
         return self.sampler.indices(loader_step)[self.rows]
+
+    def keyed_indices(self, loader_step: int) -> list[SampleIndex]:
+        """This rank's indices of the step, each with the key of its draw."""
+        s, first = self.sampler, self.rows.start
+        return [SampleIndex(i, draw_key(s.seed, s.stream, loader_step, first + j))
+                for j, i in enumerate(self.indices(loader_step).tolist())]
 
     def batch(self, loader_step: int) -> tuple[Tensor, dict[str, Tensor]]:
         if isinstance(self.split, Split):
@@ -85,7 +115,7 @@ class _Replay:
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start
         while True:
-            yield self.source.indices(step).tolist()
+            yield self.source.keyed_indices(step)
             step += 1
 
 

@@ -299,17 +299,18 @@ def hflip(image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor]
     return image.flip(-1), label.flip(-1), depth.flip(-1), normal
 
 
-def mtan_augment(image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor]
-            ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+def mtan_augment(image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor],
+                 generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """MTAN's training augmentation: random scale-crop (scale 1, 1.2 or 1.5, uniform window), then a
-    horizontal flip with probability 1/2. The draws come from torch's generator (MTAN draws the crop from
-    Python's `random`, same distributions), which PyTorch seeds in every DataLoader worker from the run's seed."""
+    horizontal flip with probability 1/2. The draws come from `generator` (torch's global one when None; MTAN
+    draws the crop from Python's `random`, same distributions)."""
     height, width = image.shape[-2:]
-    scale = SCALES[int(torch.randint(len(SCALES), ()))]
+    scale = SCALES[int(torch.randint(len(SCALES), (), generator=generator))]
     h, w = int(height / scale), int(width / scale)
-    top, left = int(torch.randint(height - h + 1, ())), int(torch.randint(width - w + 1, ()))
+    top = int(torch.randint(height - h + 1, (), generator=generator))
+    left = int(torch.randint(width - w + 1, (), generator=generator))
     image, label, depth, normal = scale_crop(image, label, depth, normal, scale, top, left)
-    if torch.rand(1) < 0.5:
+    if torch.rand(1, generator=generator) < 0.5:
         image, label, depth, normal = hflip(image, label, depth, normal)
     return image, label, depth, normal
 
@@ -463,7 +464,11 @@ class DenseTree(Dataset):
         depth = torch.from_numpy(self._load("depth", i)).permute(2, 0, 1).float()
         normal = torch.from_numpy(self._load("normal", i)).permute(2, 0, 1).float() if self.layout.normal else None
         if self.augment:
-            image, label, depth, normal = mtan_augment(image, label, depth, normal)
+            # The engine's indices carry the key of their draw (engine/data.py SampleIndex): the same draw is
+            # augmented alike with any number of loader workers and across a resume.
+            key = getattr(k, "key", None)
+            generator = None if key is None else torch.Generator().manual_seed(key)
+            image, label, depth, normal = mtan_augment(image, label, depth, normal, generator)
         targets = {"segmentation": label.long(), "depth": depth.contiguous()}
         if normal is not None:
             targets["normal"] = normal.contiguous()
