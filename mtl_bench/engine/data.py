@@ -112,7 +112,7 @@ class _Replay:
     def __init__(self, source: BatchSource, start: int) -> None:
         self.source, self.start = source, start
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[SampleIndex]]:
         step = self.start
         while True:
             yield self.source.keyed_indices(step)
