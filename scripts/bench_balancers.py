@@ -184,36 +184,21 @@ def _torchjd(aggregator_name: str, **options) -> Callable:
     return make
 
 
-def _libmtl_class(name: str) -> type:
-    """LibMTL 1.1.5's weighting class, loaded from its file as the exactness tests load it (tests/balancer_kit.py)."""
+def _libmtl_weighting(name: str, model: MultiTaskModel, names: list[str], rep_grad: bool):
+    """LibMTL 1.1.5's weighting mixed into `model` as its trainer does, loaded from its file as the exactness
+    tests load it (tests/balancer_kit.py)."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from balancer_kit import load_libmtl
+    from balancer_kit import libmtl_weighting
 
-    return load_libmtl(name)
+    return libmtl_weighting(name, model, names, rep_grad)
 
 
 def _libmtl(name: str, rep_grad: bool = False, **kwargs) -> Callable:
     def make(model: MultiTaskModel, names: list[str]) -> Callable:
-        base = _libmtl_class(name)
-
-        class Weighting(base):
-            def __init__(self) -> None:
-                super().__init__()
-                self.task_num, self.task_name, self.rep_grad = len(names), list(names), rep_grad
-                self.device = next(model.parameters()).device
-                self.__dict__["encoder"] = model.trunk
-
-            def get_share_params(self):
-                return model.trunk.parameters()
-
-            def zero_grad_share_params(self):
-                model.trunk.zero_grad(set_to_none=False)
-
-        weighting = Weighting()
-        weighting.init_param()
+        weighting = _libmtl_weighting(name, model, names, rep_grad)
 
         def backward(model: MultiTaskModel, x: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
             rep = model.trunk(x)

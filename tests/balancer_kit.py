@@ -383,7 +383,7 @@ def libmtl_weighting(name: str, model: MultiTaskModel, tasks: Sequence[str], rep
         def __init__(self) -> None:
             super().__init__()
             self.task_num, self.task_name, self.rep_grad = len(tasks), list(tasks), rep_grad
-            self.device = torch.device("cpu")
+            self.device = next(model.parameters()).device
             self.__dict__["encoder"] = model.trunk
 
         def get_share_params(self):
