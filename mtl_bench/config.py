@@ -11,7 +11,7 @@ This module imports nothing of ours but the error type, and no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -32,12 +32,10 @@ def _non_negative(key: str, value: float | int) -> None:
     _require(value >= 0, key, value, "must be >= 0")
 
 
-def _check_with(value: Any, module: str, function: str) -> None:
-    """The setting's own parser (imported when checked: this module stays free of torch) as a ConfigError."""
-    import importlib
-
+def _check_with(parse: Callable[[Any], Any], value: Any) -> None:
+    """A setting's own parser (its ValueError names the key) as a ConfigError."""
     try:
-        getattr(importlib.import_module(module), function)(value)
+        parse(value)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -109,8 +107,12 @@ class TrainerConf:
         _non_negative("trainer.checkpoint_every", self.checkpoint_every)
         _require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                  "trainer.device", self.device, "auto, cpu, cuda or cuda:N")
-        _check_with(self.num_threads, "mtl_bench.engine.threads", "check_setting")
-        _check_with(self.compile, "mtl_bench.engine.compile", "compile_mode")
+        # imported here: the parsers live with the engine code that uses them, and this module stays free of torch
+        from mtl_bench.engine.compile import compile_mode
+        from mtl_bench.engine.threads import check_setting
+
+        _check_with(check_setting, self.num_threads)
+        _check_with(compile_mode, self.compile)
         _non_negative("trainer.num_workers", self.num_workers)
         _one_of("trainer.progress", self.progress, ("auto", "bar", "log"))
         _one_of("trainer.step_mode", self.step_mode, ("joint", "per_task"))

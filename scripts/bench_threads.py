@@ -106,7 +106,7 @@ def copies_table(args: argparse.Namespace) -> None:
 
     auto_value: dict[str, str] = {}
     for name, overrides in EXPERIMENTS.items():
-        n, reason = choose_threads("auto", model_numel=model_numel(overrides), parallel_runs=1)
+        _, reason = choose_threads("auto", model_numel=model_numel(overrides), parallel_runs=1)
         auto_value[name] = "auto"
         print(f"{name}: auto -> {reason}", file=sys.stderr)
     settings = {"auto": auto_value, "torch default": {name: "null" for name in EXPERIMENTS}}
