@@ -144,6 +144,9 @@ def test_hydras_own_launcher_configs(cores, option, expected_runs, expected_core
 
     from mtl_bench.catalog import conf_root
 
+    if option != "basic":  # the launchers of the sweep extra (pip install -e ".[sweep]")
+        pytest.importorskip("hydra_plugins.hydra_joblib_launcher" if option == "joblib"
+                            else "hydra_plugins.hydra_submitit_launcher")
     cores(8)
     with initialize_config_dir(str(conf_root()), version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra/launcher={option}"], return_hydra_config=True)
