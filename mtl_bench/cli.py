@@ -59,11 +59,15 @@ def report(
     fmt: str = typer.Option("table", "--format", "-f", help="table (terminal), markdown, csv or json."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
     baseline: Optional[str] = typer.Option(
-        None, "--baseline", "-b",
-        help="Δm against the group with these values (e.g. balancer=fixed), or 'reference' (tasks.reference)."),
+        None,
+        "--baseline",
+        "-b",
+        help="Δm against the group with these values (e.g. balancer=fixed), or 'reference' (tasks.reference).",
+    ),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Write PNG plots here (needs matplotlib)."),
 ) -> None:
-    """Compare runs: mean ± 95% CI over seeds of each final test metric per group of equal configs, Δm, mean rank, time per step."""
+    """Compare runs: mean ± 95% CI over seeds of each final test metric per group of equal configs, Δm, mean
+    rank, time per step."""
     from mtl_bench.errors import ConfigError
     from mtl_bench.report.main import make_report
 

@@ -56,12 +56,19 @@ class GradClipConf:
     clip_value: Optional[float] = None  # clamp every gradient element to [-clip_value, clip_value]
 
     def __post_init__(self) -> None:
-        _require(self.max_norm is None or self.max_norm > 0, "trainer.grad_clip.max_norm", self.max_norm,
-                 "null or > 0")
-        _require(self.clip_value is None or self.clip_value > 0, "trainer.grad_clip.clip_value", self.clip_value,
-                 "null or > 0")
-        _require(self.max_norm is None or self.clip_value is None, "trainer.grad_clip", "max_norm and clip_value",
-                 "one of max_norm or clip_value")
+        _require(self.max_norm is None or self.max_norm > 0, "trainer.grad_clip.max_norm", self.max_norm, "null or > 0")
+        _require(
+            self.clip_value is None or self.clip_value > 0,
+            "trainer.grad_clip.clip_value",
+            self.clip_value,
+            "null or > 0",
+        )
+        _require(
+            self.max_norm is None or self.clip_value is None,
+            "trainer.grad_clip",
+            "max_norm and clip_value",
+            "one of max_norm or clip_value",
+        )
         _positive("trainer.grad_clip.norm_type", self.norm_type)
 
 
@@ -96,7 +103,9 @@ class TrainerConf:
     # skipped for non-finite losses or gradients (checked at log points); null: never
     max_skipped_fraction: Optional[float] = 0.1
     skipped_window: int = 100
-    diagnostics_every: int = 100  # with balancer.diagnostics=true: gradient diagnostics at every N-th step (a log point)
+    diagnostics_every: int = (
+        100  # with balancer.diagnostics=true: gradient diagnostics at every N-th step (a log point)
+    )
     profile: bool = False  # write a torch profiler trace of a few steps (TensorBoard's profile tab)
 
     def __post_init__(self) -> None:
@@ -105,8 +114,12 @@ class TrainerConf:
         for key in ("batch_size", "eval_every", "eval_batch_size", "log_every"):
             _positive(f"trainer.{key}", getattr(self, key))
         _non_negative("trainer.checkpoint_every", self.checkpoint_every)
-        _require(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
-                 "trainer.device", self.device, "auto, cpu, cuda or cuda:N")
+        _require(
+            self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+            "trainer.device",
+            self.device,
+            "auto, cpu, cuda or cuda:N",
+        )
         # imported here: the parsers live with the engine code that uses them, and this module stays free of torch
         from mtl_bench.engine.compile import compile_mode
         from mtl_bench.engine.threads import check_setting
@@ -118,8 +131,12 @@ class TrainerConf:
         _one_of("trainer.step_mode", self.step_mode, ("joint", "per_task"))
         _positive("trainer.grad_accumulation_steps", self.grad_accumulation_steps)
         _one_of("trainer.on_nonfinite", self.on_nonfinite, ("skip", "raise"))
-        _require(self.max_skipped_fraction is None or 0 <= self.max_skipped_fraction <= 1,
-                 "trainer.max_skipped_fraction", self.max_skipped_fraction, "null or 0..1")
+        _require(
+            self.max_skipped_fraction is None or 0 <= self.max_skipped_fraction <= 1,
+            "trainer.max_skipped_fraction",
+            self.max_skipped_fraction,
+            "null or 0..1",
+        )
         _positive("trainer.skipped_window", self.skipped_window)
         _positive("trainer.diagnostics_every", self.diagnostics_every)
 

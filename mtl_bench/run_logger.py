@@ -1,7 +1,8 @@
 """TensorBoard output of one run: tag names, the custom-scalars dashboard, hyper-parameters.
 
 Tags (DESIGN.md): loss/<task>, weight/<task>, ratio/<task>, grad_norm/<task>, gradnorm/target/<task>,
-gradnorm/loss_ratio/<task>, gradnorm/L_grad, metric/<split>/<task>/<name>, lr/<group>, perf/steps_per_s. The task is always the last path component so one regex collects all tasks.
+gradnorm/loss_ratio/<task>, gradnorm/L_grad, metric/<split>/<task>/<name>, lr/<group>, perf/steps_per_s.
+The task is always the last path component so one regex collects all tasks.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any, Mapping
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
-def dashboard_layout(metric_names: Mapping[str, list[str]], train_tags: list[str],
-                     splits: tuple[str, ...] = ("val", "test")) -> dict:
+
+def dashboard_layout(
+    metric_names: Mapping[str, list[str]], train_tags: list[str], splits: tuple[str, ...] = ("val", "test")
+) -> dict:
     """Custom-scalars layout: one multi-line chart per family of per-task tags and per (split, metric).
 
     `train_tags` are the tags the training loop logs; a tag `<family>/<task>` joins its family's chart
@@ -36,8 +39,12 @@ def dashboard_layout(metric_names: Mapping[str, list[str]], train_tags: list[str
         for name in names:
             metrics[f"{split} {name} (all tasks)"] = ["Multiline", [rf"^metric/{split}/({tasks})/{re.escape(name)}$"]]
     optim = {"learning rate": ["Multiline", [r"^lr/"]], "momentum": ["Multiline", [r"^momentum/"]]}
-    return {"tasks": per_task, "metrics": metrics, "optim": optim,
-            "train": {tag: ["Multiline", [rf"^{re.escape(tag)}$"]] for tag in singles}}
+    return {
+        "tasks": per_task,
+        "metrics": metrics,
+        "optim": optim,
+        "train": {tag: ["Multiline", [rf"^{re.escape(tag)}$"]] for tag in singles},
+    }
 
 
 def flatten_hparams(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -13,8 +13,8 @@ import hydra
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from mtl_bench.catalog import conf_root, format_config_options
 import mtl_bench.config  # noqa: F401  (registers the structured-config schemas before Hydra composes)
+from mtl_bench.catalog import conf_root, format_config_options
 from mtl_bench.errors import ConfigError
 from mtl_bench.hydra_errors import describe
 
@@ -49,8 +49,12 @@ def run_hydra_app() -> None:
     """
     if int(os.environ.get("RANK", "0")) > 0:
         # torchrun: ranks other than 0 write nothing (rank 0's run dir is shared with them by broadcast).
-        sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=disabled",
-                     "hydra/hydra_logging=disabled"]
+        sys.argv += [
+            "hydra.run.dir=.",
+            "hydra.output_subdir=null",
+            "hydra/job_logging=disabled",
+            "hydra/hydra_logging=disabled",
+        ]
     saved = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
@@ -59,13 +63,18 @@ def run_hydra_app() -> None:
         print(f"mtl-bench: error: {describe(err)}", file=sys.stderr)
         raise SystemExit(2) from None
     except ConfigError as err:  # a sweep's failed job, raised by Hydra after every job of the sweep ran
-        print(f"mtl-bench: error: a job of the sweep failed ({err}); the other jobs ran: "
-              "mtl-bench report <sweep dir> lists them all", file=sys.stderr)
+        print(
+            f"mtl-bench: error: a job of the sweep failed ({err}); the other jobs ran: "
+            "mtl-bench report <sweep dir> lists them all",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
     except OSError as err:  # the run directory (Hydra creates it) or a file in it cannot be written
         where = f" {err.filename}" if err.filename else ""
-        print(f"mtl-bench: error: cannot write{where}: {err.strerror or err} (set hydra.run.dir to a writable "
-              "directory)", file=sys.stderr)
+        print(
+            f"mtl-bench: error: cannot write{where}: {err.strerror or err} (set hydra.run.dir to a writable directory)",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
     except ValueError as err:
         if not str(err).startswith("Only one of --run"):  # Hydra's check of its own flags

@@ -56,8 +56,10 @@ VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer]] = {
     "gradnorm shared_rep": lambda model, names: GradNorm(names, grad_source="shared_rep"),
     "gradnorm last_shared": lambda model, names: GradNorm(names, shared_layer=model.last_shared_layer),
 }
-GENERIC = ("gradnorm last_shared (generic autograd)",
-           lambda model, names: GradNorm(names, shared_params=model.last_shared_layer.parameters()))
+GENERIC = (
+    "gradnorm last_shared (generic autograd)",
+    lambda model, names: GradNorm(names, shared_params=model.last_shared_layer.parameters()),
+)
 
 
 class Runner:
@@ -66,8 +68,13 @@ class Runner:
     `make` returns a Balancer, or (for a peer library) a function `backward(model, x, targets)` that runs the
     forward and that library's backward."""
 
-    def __init__(self, model: MultiTaskModel, make: Callable[[MultiTaskModel, list[str]], Balancer | Callable],
-                 x: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        model: MultiTaskModel,
+        make: Callable[[MultiTaskModel, list[str]], Balancer | Callable],
+        x: torch.Tensor,
+        targets: dict[str, torch.Tensor],
+    ) -> None:
         self.model = copy.deepcopy(model)
         made = make(self.model, list(targets))
         self.balancer = made.to(x.device) if isinstance(made, Balancer) else None
@@ -134,8 +141,16 @@ def peak_step_memory(runner: Runner, device: torch.device) -> float:
     return float(peak)
 
 
-def bench_config(label: str, model: MultiTaskModel, batch: int, head_dim: int, variants: dict,
-                 rounds: int, steps: int, device: torch.device) -> list[dict]:
+def bench_config(
+    label: str,
+    model: MultiTaskModel,
+    batch: int,
+    head_dim: int,
+    variants: dict,
+    rounds: int,
+    steps: int,
+    device: torch.device,
+) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     names = list(model.heads)
     x = torch.randn(batch, 250, generator=g).to(device)
@@ -153,18 +168,30 @@ def bench_config(label: str, model: MultiTaskModel, batch: int, head_dim: int, v
     rows = []
     for name in runners:
         t = statistics.median(times[name])
-        rows.append({"model": label, "T": len(names), "head": head_dim, "balancer": name, "ms": 1e3 * t,
-                     "x_time": t / base_t, "mb": memory[name] / 2**20, "x_mem": memory[name] / base_m})
+        rows.append(
+            {
+                "model": label,
+                "T": len(names),
+                "head": head_dim,
+                "balancer": name,
+                "ms": 1e3 * t,
+                "x_time": t / base_t,
+                "mb": memory[name] / 2**20,
+                "x_mem": memory[name] / base_m,
+            }
+        )
     return rows
 
 
 # ---------------------------------------------------------------------------------------------- --peers (issue 11)
+
 
 def _ours(cls_name: str, **options) -> Callable[[MultiTaskModel, list[str]], Balancer]:
     import mtl_bench.balancers as balancers
 
     def make(model: MultiTaskModel, names: list[str]) -> Balancer:
         return getattr(balancers, cls_name)(names, list(model.shared_parameters()), **options)
+
     return make
 
 
@@ -180,7 +207,9 @@ def _torchjd(aggregator_name: str, **options) -> Callable:
             out = model(x)
             autojac.mtl_backward([F.mse_loss(out.preds[n], y) for n, y in targets.items()], features=out.shared)
             autojac.jac_to_grad(shared, aggregator)
+
         return backward
+
     return make
 
 
@@ -210,7 +239,9 @@ def _libmtl(name: str, rep_grad: bool = False, **kwargs) -> Callable:
                 inputs = {n: rep for n in names}
             losses = torch.stack([F.mse_loss(model.heads[n](inputs[n]), targets[n]) for n in names])
             weighting.backward(losses, **kwargs)
+
         return backward
+
     return make
 
 
@@ -274,11 +305,19 @@ def bench_peers(tasks: list[int], rounds: int, steps: int, device: torch.device,
             for name in variants:
                 if name == "fixed":
                     continue
-                rows.append({"T": t, "method": method, "variant": name, "ms": 1e3 * med[name],
-                             "x_fixed": med[name] / base, "fixed_ms": 1e3 * base,
-                             "x_torchjd": med[name] / med["torchjd"] if "torchjd" in med else None,
-                             "x_libmtl": med[name] / med["LibMTL"] if "LibMTL" in med else None,
-                             "mb": mem.get(name, float("nan")) / 2**20})
+                rows.append(
+                    {
+                        "T": t,
+                        "method": method,
+                        "variant": name,
+                        "ms": 1e3 * med[name],
+                        "x_fixed": med[name] / base,
+                        "fixed_ms": 1e3 * base,
+                        "x_torchjd": med[name] / med["torchjd"] if "torchjd" in med else None,
+                        "x_libmtl": med[name] / med["LibMTL"] if "LibMTL" in med else None,
+                        "mb": mem.get(name, float("nan")) / 2**20,
+                    }
+                )
             print(f"T={t} {method}: " + ", ".join(f"{n} {v / base:.2f}x" for n, v in med.items()), flush=True)
     return rows
 
@@ -288,8 +327,10 @@ def print_peers(rows: list[dict]) -> None:
     print("|---:|---|---|---:|---:|---:|---:|---:|")
     fmt = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
     for r in rows:
-        print(f"| {r['T']} | {r['method']} | {r['variant']} | {r['ms']:.1f} | {r['x_fixed']:.2f} | "
-              f"{fmt(r['x_torchjd'])} | {fmt(r['x_libmtl'])} | {r['mb']:.1f} |")
+        print(
+            f"| {r['T']} | {r['method']} | {r['variant']} | {r['ms']:.1f} | {r['x_fixed']:.2f} | "
+            f"{fmt(r['x_torchjd'])} | {fmt(r['x_libmtl'])} | {r['mb']:.1f} |"
+        )
 
 
 def main() -> None:
@@ -297,13 +338,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; times are medians over them")
     parser.add_argument("--steps", type=int, default=4, help="steps timed per round")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (1: steadier ratios on a small shared machine; 0: torch's default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (1: steadier ratios on a small shared machine; 0: torch's default)",
+    )
     parser.add_argument("--tasks", default="2,10,40", help="task counts of the wide MLP")
     parser.add_argument("--head-dims", default="100,1", help="output sizes of the wide MLP's heads")
     parser.add_argument("--generic", action="store_true", help="also GradNorm's generic per-parameter path")
-    parser.add_argument("--peers", action="store_true",
-                        help="the gradient methods against torchjd and LibMTL (scalar heads; --tasks default 2,10)")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="the gradient methods against torchjd and LibMTL (scalar heads; --tasks default 2,10)",
+    )
     parser.add_argument("--no-memory", action="store_true", help="--peers: skip the peak-memory measurement")
     args = parser.parse_args()
     if args.threads:
@@ -313,8 +361,10 @@ def main() -> None:
         started = time.perf_counter()
         tasks = [int(t) for t in (args.tasks if args.tasks != "2,10,40" else "2,10").split(",")]
         rows = bench_peers(tasks, args.rounds, args.steps, device, not args.no_memory)
-        print(f"\n{machine_description()}; on {device.type}, {args.rounds} rounds x {args.steps} steps, "
-              f"{time.perf_counter() - started:.0f} s in all\n")
+        print(
+            f"\n{machine_description()}; on {device.type}, {args.rounds} rounds x {args.steps} steps, "
+            f"{time.perf_counter() - started:.0f} s in all\n"
+        )
         print_peers(rows)
         return
     variants = dict(VARIANTS)
@@ -331,13 +381,17 @@ def main() -> None:
     rows = []
     for label, model, batch, head_dim in configs:
         rows += bench_config(label, model, batch, head_dim, variants, args.rounds, args.steps, device)
-    print(f"{machine_description()}; on {device.type}, {args.rounds} rounds x {args.steps} steps, "
-          f"{time.perf_counter() - started:.0f} s in all\n")
+    print(
+        f"{machine_description()}; on {device.type}, {args.rounds} rounds x {args.steps} steps, "
+        f"{time.perf_counter() - started:.0f} s in all\n"
+    )
     print("| model | T | head out | balancer | ms/step | x fixed | peak MB/step | x fixed |")
     print("|---|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['T']} | {r['head']} | {r['balancer']} | {r['ms']:.1f} | {r['x_time']:.2f} "
-              f"| {r['mb']:.1f} | {r['x_mem']:.2f} |")
+        print(
+            f"| {r['model']} | {r['T']} | {r['head']} | {r['balancer']} | {r['ms']:.1f} | {r['x_time']:.2f} "
+            f"| {r['mb']:.1f} | {r['x_mem']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,14 @@ from mtl_bench.analysis.machine import machine_description
 
 def timed(cmd: list[str], cwd: str, env: dict[str, str] | None = None) -> float:
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   env={**os.environ, **(env or {})})
+    subprocess.run(
+        cmd,
+        cwd=cwd,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     return time.perf_counter() - start
 
 
@@ -42,8 +48,10 @@ def before_and_after(ref: str, repeats: int, cwd: str) -> list[tuple[str, float,
             after.append(timed(cmd, cwd))
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", tree], check=True, capture_output=True)
-    return [(f"mtl-bench train (default) at {ref}", statistics.median(before), repeats),
-            ("mtl-bench train (default) now", statistics.median(after), repeats)]
+    return [
+        (f"mtl-bench train (default) at {ref}", statistics.median(before), repeats),
+        ("mtl-bench train (default) now", statistics.median(after), repeats),
+    ]
 
 
 def main() -> None:

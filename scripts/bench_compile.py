@@ -52,7 +52,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     def step(recipe: Any) -> None:
-        recipe._optimizer_step(False)
+        recipe.optimizer_step(False)
         recipe.step += 1
         if recipe.device.type == "cuda":
             torch.cuda.synchronize()
@@ -101,10 +101,14 @@ def main() -> None:
                 device = recipe.device
             finally:
                 recipe.cleanup()
-    print(f"machine: {machine_description()}, Python {platform.python_version()}; device {device}, "
-          f"{args.threads} intra-op thread(s); inductor cache {'warm' if args.warm_cache else 'empty at start'}")
-    print(f"steps/s: median of {args.repeats} blocks of {args.steps} optimizer steps, variants alternating in one "
-          "process; first step: the first optimizer step of each variant (compilation included)\n")
+    print(
+        f"machine: {machine_description()}, Python {platform.python_version()}; device {device}, "
+        f"{args.threads} intra-op thread(s); inductor cache {'warm' if args.warm_cache else 'empty at start'}"
+    )
+    print(
+        f"steps/s: median of {args.repeats} blocks of {args.steps} optimizer steps, variants alternating in one "
+        "process; first step: the first optimizer step of each variant (compilation included)\n"
+    )
     print("| experiment | forward | first step s | steps/s | vs eager |")
     print("|---|---|---:|---:|---:|")
     for name, label, first_s, rate, ratio in rows:

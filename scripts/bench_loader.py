@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,8 +52,12 @@ def write_tree(root: Path, n_train: int, n_val: int = 2, seed: int = 0) -> None:
         for i in range(n):
             normal = rng.normal(size=(288, 384, 3))
             normal /= np.linalg.norm(normal, axis=-1, keepdims=True)
-            arrays = {"image": rng.random((288, 384, 3)), "label": rng.integers(-1, 13, (288, 384)),
-                      "depth": rng.uniform(0.5, 8, (288, 384, 1)), "normal": normal}
+            arrays = {
+                "image": rng.random((288, 384, 3)),
+                "label": rng.integers(-1, 13, (288, 384)),
+                "depth": rng.uniform(0.5, 8, (288, 384, 1)),
+                "normal": normal,
+            }
             for kind, array in arrays.items():
                 np.save(root / split / kind / f"{i}.npy", array.astype(np.float32))
 
@@ -68,8 +72,9 @@ def build_model(option: str, tasks: NYUv2) -> MultiTaskModel:
 
     with initialize_config_dir(str(conf_root()), version_base="1.3"):
         node = compose("config", overrides=[f"model={option}"]).model
-    model: MultiTaskModel = build("model", node, MultiTaskModel, input_shape=tasks.input_shape,
-                                  heads={t.name: t.out_dim for t in tasks.tasks})
+    model: MultiTaskModel = build(
+        "model", node, MultiTaskModel, input_shape=tasks.input_shape, heads={t.name: t.out_dim for t in tasks.tasks}
+    )
     return model
 
 
@@ -114,8 +119,9 @@ def compute_alone(step: Any, tasks: NYUv2, batch: int, steps: int, device: torch
     return batch / statistics.median(times)
 
 
-def loop_with_loader(step: Any, tasks: NYUv2, batch: int, workers: int, steps: int, device: torch.device
-                     ) -> tuple[float, float]:
+def loop_with_loader(
+    step: Any, tasks: NYUv2, batch: int, workers: int, steps: int, device: torch.device
+) -> tuple[float, float]:
     source = BatchSource(tasks.train, StepSampler(n_items(tasks.train), batch, seed=0), 0, batch, device, workers)
     step(*source.batch(0))  # warm-up: workers started, first step done
     waiting = 0.0
@@ -152,10 +158,12 @@ def main(argv: list[str] | None = None) -> None:
         tasks = NYUv2(str(root))
         check_s = time.perf_counter() - start
         n_files = 4 * (n_items(tasks.train) + n_items(tasks.test))
-        print(f"torch {torch.__version__}, {platform.machine()}, device {device}, {torch.get_num_threads()} intra-op "
-              f"threads, {os.cpu_count()} CPUs, load average {load_before:.1f}; batch {args.batch_size}; tasks=nyuv2 "
-              f"(augment on), {n_items(tasks.train)} training images at 288x384; constructor checks of {n_files} "
-              f"file headers: {1000 * check_s:.0f} ms\n")
+        print(
+            f"torch {torch.__version__}, {platform.machine()}, device {device}, {torch.get_num_threads()} intra-op "
+            f"threads, {os.cpu_count()} CPUs, load average {load_before:.1f}; batch {args.batch_size}; tasks=nyuv2 "
+            f"(augment on), {n_items(tasks.train)} training images at 288x384; constructor checks of {n_files} "
+            f"file headers: {1000 * check_s:.0f} ms\n"
+        )
         print("| measured | samples/s | note |\n|---|---:|---|", flush=True)
 
         def row(*cells: str) -> None:  # one line at a time: a long run shows its progress
@@ -173,11 +181,18 @@ def main(argv: list[str] | None = None) -> None:
             row(f"model={option}: training step alone, batches in memory", f"{consumed:.3f}", "")
             for w in args.workers:
                 rate, waiting = loop_with_loader(step, tasks, args.batch_size, w, args.steps, device)
-                row(f"model={option}: training loop with the loader, {w} workers", f"{rate:.3f}",
-                    f"{100 * waiting:.1f}% of the wall time waiting for data")
-            row(f"model={option}: best loader alone / training step", f"{best / consumed:.0f}x",
-                "goal >= 3x: " + ("met" if best >= 3 * consumed else "NOT met"))
+                row(
+                    f"model={option}: training loop with the loader, {w} workers",
+                    f"{rate:.3f}",
+                    f"{100 * waiting:.1f}% of the wall time waiting for data",
+                )
+            row(
+                f"model={option}: best loader alone / training step",
+                f"{best / consumed:.0f}x",
+                "goal >= 3x: " + ("met" if best >= 3 * consumed else "NOT met"),
+            )
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
+
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,6 @@ from typing import Any, Callable
 import torch
 
 from mtl_bench.analysis.machine import machine_description
-
 from mtl_bench.optim import ScaledAdam
 
 
@@ -51,8 +50,9 @@ def copy_params(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
     return out
 
 
-def scaled_adam(params: list[torch.nn.Parameter], compile: bool, stack_max_numel: int | None,
-                native: bool = True) -> ScaledAdam:
+def scaled_adam(
+    params: list[torch.nn.Parameter], compile: bool, stack_max_numel: int | None, native: bool = True
+) -> ScaledAdam:
     opt = ScaledAdam(params, lr=0.02, clipping_scale=2.0, compile=compile)
     if stack_max_numel is not None:
         opt.stack_max_numel = stack_max_numel
@@ -62,6 +62,7 @@ def scaled_adam(params: list[torch.nn.Parameter], compile: bool, stack_max_numel
 
 def timed_passes(opt: ScaledAdam, spent: dict[str, float]) -> None:
     """Make `opt` add the wall time of its statistics pass and of its update pass to `spent`."""
+
     def timed(method: Callable[..., Any], key: str) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
             t = time.perf_counter()
@@ -69,6 +70,7 @@ def timed_passes(opt: ScaledAdam, spent: dict[str, float]) -> None:
                 return method(*args)
             finally:
                 spent[key] += time.perf_counter() - t
+
         return run
 
     opt._group_stats = timed(opt._group_stats, "stats")  # type: ignore[method-assign]
@@ -82,8 +84,13 @@ def breakdown(params: list[torch.nn.Parameter], rounds: int, native: bool) -> No
     opt = scaled_adam(copy_params(params), True, None, native)
     spent = {"stats": 0.0, "update": 0.0}
     timed_passes(opt, spent)
-    rows: dict[str, list[float]] = {"Adam fused=True step": [], "ScaledAdam step": [], "statistics pass": [],
-                                    "update pass": [], "rest": []}
+    rows: dict[str, list[float]] = {
+        "Adam fused=True step": [],
+        "ScaledAdam step": [],
+        "statistics pass": [],
+        "update pass": [],
+        "rest": [],
+    }
     with torch.no_grad():
         for _ in range(2):
             adam.step(), opt.step()
@@ -128,10 +135,17 @@ def main() -> None:
     ap.add_argument("--scalars", type=int, default=4, help="one-element parameters")
     ap.add_argument("--rounds", type=int, default=10, help="timed steps per variant, interleaved")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    ap.add_argument("--cold-cache", action="store_true", help="compile into fresh cache directories (inductor's and "
-                    "the C kernel's), so the first-step column shows a cold compile")
-    ap.add_argument("--eager-stacked", action="store_true", help="also time the eager path with every bucket "
-                    "stacked (the layout non-CPU devices use)")
+    ap.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="compile into fresh cache directories (inductor's and "
+        "the C kernel's), so the first-step column shows a cold compile",
+    )
+    ap.add_argument(
+        "--eager-stacked",
+        action="store_true",
+        help="also time the eager path with every bucket stacked (the layout non-CPU devices use)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -3,7 +3,7 @@
     python scripts/bench_precision.py [--steps 200] [--threads 2] [--device auto]
 
 For each experiment (toy + mlp, the default; digits + lenet) it times the engine's own optimizer step
-(`Recipe._optimizer_step`: forwards, balancer backward, non-finite checks, grad scaler for fp16, optimizer)
+(`Recipe.optimizer_step`: forwards, balancer backward, non-finite checks, grad scaler for fp16, optimizer)
 and prints steps/s with the ratio to fp32 in the same run. A first row per experiment, "fp32, bare loop", is
 a hand-written step without the engine's non-finite checks: it shows what they cost.
 """
@@ -31,8 +31,16 @@ def make_recipe(overrides: list[str], device: torch.device, run_dir: Path) -> Re
     """The engine's own run, set up (parts built from config, seed 0) but not trained; the schedule spans
     10**6 steps, so the lr stays where it starts over the timed steps."""
     with initialize_config_dir(str(conf_root()), version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides, "seed=0", "trainer.max_steps=1000000", "trainer.epochs=null",
-                                           f"trainer.device={device}"])
+        cfg = compose(
+            "config",
+            overrides=[
+                *overrides,
+                "seed=0",
+                "trainer.max_steps=1000000",
+                "trainer.epochs=null",
+                f"trainer.device={device}",
+            ],
+        )
     recipe = Recipe(cfg, run_dir)
     recipe.setup()
     return recipe
@@ -45,11 +53,11 @@ def sync(device: torch.device) -> None:
 
 def time_recipe(recipe: Recipe, steps: int, device: torch.device) -> float:
     for _ in range(10):  # warm-up: allocator, autocast caches
-        recipe._optimizer_step(False)
+        recipe.optimizer_step(False)
     sync(device)
     start = time.perf_counter()
     for _ in range(steps):
-        recipe._optimizer_step(False)
+        recipe.optimizer_step(False)
         recipe.step += 1
     sync(device)
     return steps / (time.perf_counter() - start)
@@ -95,8 +103,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
 
-    print(f"machine: {machine_description()}, Python {platform.python_version()}, device {device}, "
-          f"{args.steps} timed steps each")
+    print(
+        f"machine: {machine_description()}, Python {platform.python_version()}, device {device}, "
+        f"{args.steps} timed steps each"
+    )
     print("| experiment | precision | steps/s | ratio to fp32 |")
     print("|---|---|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:

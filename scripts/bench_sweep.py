@@ -15,12 +15,25 @@ import sys
 import tempfile
 
 from bench_cli import timed  # scripts/ is on sys.path when a script runs
+
 from mtl_bench.analysis.machine import machine_description
 
 
 def sweep(extra: list[str], steps: int, cwd: str) -> float:
-    return timed([sys.executable, "-m", "mtl_bench", "train", "-m", "seed=0,1,2,3", f"trainer.max_steps={steps}",
-                  "trainer.progress=log", *extra], cwd)
+    return timed(
+        [
+            sys.executable,
+            "-m",
+            "mtl_bench",
+            "train",
+            "-m",
+            "seed=0,1,2,3",
+            f"trainer.max_steps={steps}",
+            "trainer.progress=log",
+            *extra,
+        ],
+        cwd,
+    )
 
 
 def main() -> None:
@@ -28,8 +41,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--n-jobs", type=int, default=2)
     args = parser.parse_args()
-    cases = [("basic (sequential, torch's default threads)", []),
-             (f"joblib, n_jobs={args.n_jobs}", ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.n_jobs}"])]
+    cases = [
+        ("basic (sequential, torch's default threads)", []),
+        (f"joblib, n_jobs={args.n_jobs}", ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.n_jobs}"]),
+    ]
     with tempfile.TemporaryDirectory() as cwd:
         rows = [(name, sweep(extra, args.steps, cwd)) for name, extra in cases]
     print(f"machine: {machine_description()}, Python {platform.python_version()}; 4 jobs x {args.steps} steps")

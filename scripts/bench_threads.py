@@ -48,7 +48,8 @@ SIZES = [
 
 
 def compose(overrides: list[str]) -> Any:
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     import mtl_bench.config  # noqa: F401  (registers the schema)
     from mtl_bench.catalog import conf_root
@@ -67,8 +68,13 @@ def model_numel(overrides: list[str]) -> int:
 
     cfg = compose(overrides)
     taskset = build("tasks", cfg.tasks, TaskSet)
-    model = build("model", cfg.model, MultiTaskModel, input_shape=taskset.input_shape,
-                  heads={t.name: t.out_dim for t in taskset.tasks})
+    model = build(
+        "model",
+        cfg.model,
+        MultiTaskModel,
+        input_shape=taskset.input_shape,
+        heads={t.name: t.out_dim for t in taskset.tasks},
+    )
     return sum(p.numel() for p in model.parameters() if isinstance(p, torch.Tensor))
 
 
@@ -81,8 +87,15 @@ def run_copies(cli_args: list[str], copies: int, workdir: Path) -> list[tuple[fl
     pending = {}
     for i in range(copies):
         run_dir = tempfile.mkdtemp(prefix=f"copy{i}-", dir=workdir)
-        cmd = [sys.executable, "-m", "mtl_bench", "train", *cli_args, "trainer.progress=log",
-               f"hydra.run.dir={run_dir}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mtl_bench",
+            "train",
+            *cli_args,
+            "trainer.progress=log",
+            f"hydra.run.dir={run_dir}",
+        ]
         err = open(Path(run_dir).with_suffix(".err"), "w+")
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=err)
         pending[proc.pid] = (time.perf_counter(), proc, err)
@@ -118,39 +131,65 @@ def copies_table(args: argparse.Namespace) -> None:
                 for copies in args.copies:
                     order = list(settings) if rep % 2 == 0 else list(reversed(settings))
                     for setting in order:
-                        cli_args = [*overrides, f"trainer.max_steps={args.max_steps}",
-                                    f"trainer.num_threads={settings[setting][name]}"]
+                        cli_args = [
+                            *overrides,
+                            f"trainer.max_steps={args.max_steps}",
+                            f"trainer.num_threads={settings[setting][name]}",
+                        ]
                         results = run_copies(cli_args, copies, Path(tmp))
                         times.setdefault((name, copies, setting), []).extend(w for w, _ in results)
                         cpu.setdefault((name, copies, setting), []).extend(c for _, c in results)
-                        print(f"repeat {rep}: {name} x{copies} {setting}: "
-                              + " ".join(f"{w:.1f}" for w, _ in results) + " | cpu "
-                              + " ".join(f"{c:.1f}" for _, c in results), file=sys.stderr)
+                        print(
+                            f"repeat {rep}: {name} x{copies} {setting}: "
+                            + " ".join(f"{w:.1f}" for w, _ in results)
+                            + " | cpu "
+                            + " ".join(f"{c:.1f}" for _, c in results),
+                            file=sys.stderr,
+                        )
     print_copies_table(times, cpu, auto_value, args.max_steps, args.repeats, args.copies)
 
 
-def print_copies_table(times: dict[tuple[str, int, str], list[float]], cpu: dict[tuple[str, int, str], list[float]],
-                       auto_value: dict[str, str], max_steps: int, repeats: int, copies_list: list[int]) -> None:
+def print_copies_table(
+    times: dict[tuple[str, int, str], list[float]],
+    cpu: dict[tuple[str, int, str], list[float]],
+    auto_value: dict[str, str],
+    max_steps: int,
+    repeats: int,
+    copies_list: list[int],
+) -> None:
     from mtl_bench.analysis.machine import machine_description
     from mtl_bench.engine.threads import available_cores
 
-    print(f"machine: {machine_description()}, Python {platform.python_version()}; "
-          f"{available_cores()} cores in this process's affinity")
-    print(f"trainer.max_steps={max_steps}; wall time of each copy, process start to exit, median over "
-          f"the copies and {repeats} repeat(s), and its CPU time (user + system); auto = trainer.num_threads="
-          + ", ".join(f"{v} ({k})" for k, v in auto_value.items()) + "\n")
-    print("| experiment | copies at once | auto: s per copy | torch default: s per copy | default / auto "
-          "| auto: vs 1 copy | default: vs 1 copy | auto: CPU s per copy | default: CPU s per copy |")
+    print(
+        f"machine: {machine_description()}, Python {platform.python_version()}; "
+        f"{available_cores()} cores in this process's affinity"
+    )
+    print(
+        f"trainer.max_steps={max_steps}; wall time of each copy, process start to exit, median over "
+        f"the copies and {repeats} repeat(s), and its CPU time (user + system); auto = trainer.num_threads="
+        + ", ".join(f"{v} ({k})" for k, v in auto_value.items())
+        + "\n"
+    )
+    print(
+        "| experiment | copies at once | auto: s per copy | torch default: s per copy | default / auto "
+        "| auto: vs 1 copy | default: vs 1 copy | auto: CPU s per copy | default: CPU s per copy |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in EXPERIMENTS:
-        alone = {setting: statistics.median(times[(name, copies_list[0], setting)]) for setting in ("auto", "torch default")}
+        alone = {
+            setting: statistics.median(times[(name, copies_list[0], setting)]) for setting in ("auto", "torch default")
+        }
         for copies in copies_list:
             auto = statistics.median(times[(name, copies, "auto")])
             default = statistics.median(times[(name, copies, "torch default")])
-            cpu_cells = [f"{statistics.median(cpu[(name, copies, s)]):.1f}" if cpu.get((name, copies, s)) else ""
-                         for s in ("auto", "torch default")]
-            print(f"| {name} | {copies} | {auto:.1f} | {default:.1f} | {default / auto:.2f}x | "
-                  f"{auto / alone['auto']:.2f}x | {default / alone['torch default']:.2f}x | {' | '.join(cpu_cells)} |")
+            cpu_cells = [
+                f"{statistics.median(cpu[(name, copies, s)]):.1f}" if cpu.get((name, copies, s)) else ""
+                for s in ("auto", "torch default")
+            ]
+            print(
+                f"| {name} | {copies} | {auto:.1f} | {default:.1f} | {default / auto:.2f}x | "
+                f"{auto / alone['auto']:.2f}x | {default / alone['torch default']:.2f}x | {' | '.join(cpu_cells)} |"
+            )
 
 
 def table_from_log(path: str, max_steps: int) -> None:
@@ -171,7 +210,9 @@ def table_from_log(path: str, max_steps: int) -> None:
                 cpu.setdefault((name, int(count), setting), []).extend(float(c) for c in cpus.split())
             repeats.add(rep)
     copies_list = sorted({c for (_, c, _) in times})
-    complete = [c for c in copies_list if all((n, c, s) in times for n in EXPERIMENTS for s in ("auto", "torch default"))]
+    complete = [
+        c for c in copies_list if all((n, c, s) in times for n in EXPERIMENTS for s in ("auto", "torch default"))
+    ]
     print_copies_table(times, cpu, auto_value, max_steps, len(repeats), complete)
 
 
@@ -182,7 +223,7 @@ def time_steps(recipe: Any, steps: int) -> float:
     """Seconds per optimizer step over `steps` steps of the recipe's real step."""
     start = time.perf_counter()
     for _ in range(steps):
-        recipe._optimizer_step(False)
+        recipe.optimizer_step(False)
         recipe.step += 1
     return (time.perf_counter() - start) / steps
 
@@ -211,25 +252,33 @@ def sizes_table(args: argparse.Namespace) -> None:
                     time_steps(recipe, max(3, args.steps // 4))
                 per: dict[int, list[float]] = {1: [], cores: []}
                 for rep in range(args.repeats):
-                    for threads in ((1, cores) if rep % 2 == 0 else (cores, 1)):
+                    for threads in (1, cores) if rep % 2 == 0 else (cores, 1):
                         torch.set_num_threads(threads)
                         per[threads].append(time_steps(recipe, args.steps))
             finally:
                 recipe.cleanup()
             one, many = statistics.median(per[1]), statistics.median(per[cores])
             rows.append((label, numel, one, many, min(per[1]), min(per[cores])))
-            print(f"{label}: {numel} parameters, {one * 1e3:.2f} ms (1 thread), {many * 1e3:.2f} ms ({cores})",
-                  file=sys.stderr)
+            print(
+                f"{label}: {numel} parameters, {one * 1e3:.2f} ms (1 thread), {many * 1e3:.2f} ms ({cores})",
+                file=sys.stderr,
+            )
     print(f"machine: {machine_description()}, Python {platform.python_version()}")
-    print(f"ms per optimizer step (forward, balancer backward, Adam) over {args.repeats} blocks of {args.steps} "
-          "steps, thread counts alternating in one process: the median block, and the best block (the least "
-          "disturbed by other processes: the nearest to a quiet machine)\n")
-    print(f"| model | parameters | 1 thread ms | {cores} threads ms | {cores} / 1 | best 1 thread ms "
-          f"| best {cores} threads ms | best {cores} / best 1 |")
+    print(
+        f"ms per optimizer step (forward, balancer backward, Adam) over {args.repeats} blocks of {args.steps} "
+        "steps, thread counts alternating in one process: the median block, and the best block (the least "
+        "disturbed by other processes: the nearest to a quiet machine)\n"
+    )
+    print(
+        f"| model | parameters | 1 thread ms | {cores} threads ms | {cores} / 1 | best 1 thread ms "
+        f"| best {cores} threads ms | best {cores} / best 1 |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, numel, one, many, best_one, best_many in rows:
-        print(f"| {label} | {numel:,} | {one * 1e3:.2f} | {many * 1e3:.2f} | {many / one:.2f}x | {best_one * 1e3:.2f} "
-              f"| {best_many * 1e3:.2f} | {best_many / best_one:.2f}x |")
+        print(
+            f"| {label} | {numel:,} | {one * 1e3:.2f} | {many * 1e3:.2f} | {many / one:.2f}x | {best_one * 1e3:.2f} "
+            f"| {best_many * 1e3:.2f} | {best_many / best_one:.2f}x |"
+        )
 
 
 def main() -> None:

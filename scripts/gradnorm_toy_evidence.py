@@ -26,8 +26,16 @@ TASKS = [f"t{i}" for i in range(len(SIGMAS))]
 
 
 def run_sweep(sweep_dir: Path, seeds: list[int]) -> None:
-    command = [sys.executable, "-m", "mtl_bench", "train", "-m", "experiment=gradnorm_toy,gradnorm_toy_equal",
-               "seed=" + ",".join(map(str, seeds)), f"hydra.sweep.dir={sweep_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "mtl_bench",
+        "train",
+        "-m",
+        "experiment=gradnorm_toy,gradnorm_toy_equal",
+        "seed=" + ",".join(map(str, seeds)),
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     print("running:", " ".join(command[2:]), flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
 
@@ -41,8 +49,10 @@ def table(runs: list[Run]) -> tuple[str, dict[str, float]]:
     by_seed: dict[int, dict[str, Run]] = {}
     for run in runs:
         by_seed.setdefault(int(run.metrics["seed"]), {})[run.overrides["experiment"]] = run
-    lines = ["| seed | equal weights: test Σ L_i/L_i(0) | GradNorm α=0.12: test Σ L_i/L_i(0) | Spearman(σ_i, w_i) |",
-             "|---:|---:|---:|---:|"]
+    lines = [
+        "| seed | equal weights: test Σ L_i/L_i(0) | GradNorm α=0.12: test Σ L_i/L_i(0) | Spearman(σ_i, w_i) |",
+        "|---:|---:|---:|---:|",
+    ]
     equal, gradnorm, rho = [], [], []
     for seed, pair in sorted(by_seed.items()):
         equal.append(pair["gradnorm_toy_equal"].metrics["summary"]["test_loss_ratio_sum"])

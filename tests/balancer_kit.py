@@ -23,12 +23,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from processes import spawn_and_wait
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from mtl_bench.balancers import BackwardContext
 from mtl_bench.models.base import MultiTaskModel
-from processes import spawn_and_wait
 
 Metrics = dict[str, torch.Tensor]
 
@@ -36,8 +36,10 @@ Metrics = dict[str, torch.Tensor]
 @contextlib.contextmanager
 def no_host_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Any tensor -> Python value conversion (a device sync on GPU) raises inside the block."""
+
     def boom(*args, **kwargs):
         raise AssertionError("host sync in the hot path")
+
     with monkeypatch.context() as m:
         for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
             m.setattr(torch.Tensor, name, boom)
@@ -74,16 +76,31 @@ def assert_state_is(bal: nn.Module, state: dict) -> None:
 # ---------------------------------------------------------------------------------------------- two tasks, fixed
 
 TASKS = ("a", "b")
-X = torch.tensor([[0.5, -1.0, 0.3], [1.2, 0.4, -0.7], [-0.6, 0.9, 1.1], [0.2, -0.3, -1.4],
-                  [-1.3, 0.8, 0.1], [0.7, 1.5, -0.2], [-0.4, -1.1, 0.6], [1.0, 0.2, 0.9]])
-Y = {"a": torch.tensor([[0.4], [-1.0], [0.8], [0.3], [-0.5], [1.2], [-0.9], [0.6]]),
-     "b": torch.tensor([[2.0, -1.5], [0.5, 3.0], [-2.5, 1.0], [1.5, 0.5], [-1.0, -2.0], [3.0, 0.2], [0.1, -3.0],
-                        [-0.8, 2.2]])}
+X = torch.tensor(
+    [
+        [0.5, -1.0, 0.3],
+        [1.2, 0.4, -0.7],
+        [-0.6, 0.9, 1.1],
+        [0.2, -0.3, -1.4],
+        [-1.3, 0.8, 0.1],
+        [0.7, 1.5, -0.2],
+        [-0.4, -1.1, 0.6],
+        [1.0, 0.2, 0.9],
+    ]
+)
+Y = {
+    "a": torch.tensor([[0.4], [-1.0], [0.8], [0.3], [-0.5], [1.2], [-0.9], [0.6]]),
+    "b": torch.tensor(
+        [[2.0, -1.5], [0.5, 3.0], [-2.5, 1.0], [1.5, 0.5], [-1.0, -2.0], [3.0, 0.2], [0.1, -3.0], [-0.8, 2.2]]
+    ),
+}
 PARAMS = {
     "trunk.0.weight": [[0.3, -0.2, 0.5], [-0.4, 0.1, 0.25], [0.15, 0.35, -0.3], [-0.1, -0.45, 0.2]],
     "trunk.0.bias": [0.05, -0.1, 0.2, 0.0],
-    "heads.a.weight": [[0.4, -0.3, 0.2, 0.5]], "heads.a.bias": [0.1],
-    "heads.b.weight": [[-0.2, 0.35, 0.45, -0.15], [0.3, 0.1, -0.4, 0.25]], "heads.b.bias": [-0.05, 0.15],
+    "heads.a.weight": [[0.4, -0.3, 0.2, 0.5]],
+    "heads.a.bias": [0.1],
+    "heads.b.weight": [[-0.2, 0.35, 0.45, -0.15], [0.3, 0.1, -0.4, 0.25]],
+    "heads.b.bias": [-0.05, 0.15],
 }
 
 
@@ -114,8 +131,12 @@ def constant_losses(a: float, b: float, items: int = 1):
     return {"a": a + shared.sum(), "b": b + shared.sum()}, shared
 
 
-def assert_resume_continues(make: Callable[[MultiTaskModel], nn.Module], first: range, then: range,
-                            remake: Callable[[MultiTaskModel], nn.Module] | None = None) -> tuple[dict, list]:
+def assert_resume_continues(
+    make: Callable[[MultiTaskModel], nn.Module],
+    first: range,
+    then: range,
+    remake: Callable[[MultiTaskModel], nn.Module] | None = None,
+) -> tuple[dict, list]:
     """Train `first`, save model and balancer, train `then`; a fresh pair (balancer from `remake`, by default
     `make`) loaded from the save trains `then` to the same metrics (every step's), state and parameters.
     The saved balancer state and the metrics of each step of `then`."""
@@ -198,22 +219,29 @@ def ddp_worker(rank: int, world: int, init_file: str, out_dir: str, make: Callab
         bal = make(list(TASKS) if rank == 0 else list(reversed(TASKS)), model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         for step in range(steps):
-            idx = pair_rows(step)[2 * rank:2 * rank + 2]
+            idx = pair_rows(step)[2 * rank : 2 * rank + 2]
             opt.zero_grad()
             out = ddp(X[idx])
             bal.backward({t: F.mse_loss(out.preds[t], Y[t][idx]) for t in TASKS}, out.shared, BackwardContext())
             opt.step()
             bal.step()
-        torch.save({"state": bal.state_dict(), "params": [p.detach() for p in model.parameters()]},
-                   Path(out_dir) / f"rank{rank}.pt")
+        torch.save(
+            {"state": bal.state_dict(), "params": [p.detach() for p in model.parameters()]},
+            Path(out_dir) / f"rank{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()
 
 
 def run_ddp(tmp_path: Path, make: Callable, steps: int) -> tuple[dict, dict]:
     """Two gloo ranks (`ddp_worker`): what each saved, after checking that both hold the same state and parameters."""
-    spawn_and_wait(ddp_worker, (2, str(tmp_path / "init"), str(tmp_path), make, steps), nprocs=2, timeout_s=120,
-                   what="DDP workers did not finish (a collective mismatch hangs)")
+    spawn_and_wait(
+        ddp_worker,
+        (2, str(tmp_path / "init"), str(tmp_path), make, steps),
+        nprocs=2,
+        timeout_s=120,
+        what="DDP workers did not finish (a collective mismatch hangs)",
+    )
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
     for key in r0["state"]:
         if key == "_extra_state":
@@ -265,8 +293,9 @@ def task_losses(model: MultiTaskModel, x: torch.Tensor, y: dict[str, torch.Tenso
     return out, {t: F.mse_loss(out.preds[t], y[t]) for t in y}
 
 
-def train_ours(model: MultiTaskModel, balancer, steps: int, tasks: Sequence[str] = TASKS3, lr: float = 0.1,
-               ctx=None, opt=None) -> list[Metrics]:
+def train_ours(
+    model: MultiTaskModel, balancer, steps: int, tasks: Sequence[str] = TASKS3, lr: float = 0.1, ctx=None, opt=None
+) -> list[Metrics]:
     opt = opt or torch.optim.SGD(model.parameters(), lr=lr)
     history = []
     for step in range(steps):
@@ -287,12 +316,15 @@ def assert_same_parameters(ours: nn.Module, reference: nn.Module, rtol: float = 
 
 def shared_lr_groups(model: MultiTaskModel, lr: float, shared_factor: float) -> list[dict]:
     """SGD groups with the trunk's learning rate times `shared_factor` (a reference scaled by a constant)."""
-    return [{"params": list(model.trunk.parameters()), "lr": lr * shared_factor},
-            {"params": list(model.heads.parameters()), "lr": lr}]
+    return [
+        {"params": list(model.trunk.parameters()), "lr": lr * shared_factor},
+        {"params": list(model.heads.parameters()), "lr": lr},
+    ]
 
 
-def assert_per_task_is_the_joint_step(build: Callable, order: Sequence[str], ctx=None, scale: float = 1.0,
-                                      step: bool = True) -> None:
+def assert_per_task_is_the_joint_step(
+    build: Callable, order: Sequence[str], ctx=None, scale: float = 1.0, step: bool = True
+) -> None:
     """Per-task backwards (tasks in `order`, each on its own forward) give the joint step's gradients (divided
     by the GradScaler's `scale`, if `ctx` has one) and metrics."""
     joint, per_task = make_model(), make_model()
@@ -313,8 +345,9 @@ def assert_per_task_is_the_joint_step(build: Callable, order: Sequence[str], ctx
         torch.testing.assert_close(metrics[key], expected[key], rtol=1e-5, atol=1e-6)
 
 
-def assert_resume_and_skip_keep_the_state(build: Callable, first: int = 2, then: int = 2,
-                                          resumed_seed: int = 3) -> dict:
+def assert_resume_and_skip_keep_the_state(
+    build: Callable, first: int = 2, then: int = 2, resumed_seed: int = 3
+) -> dict:
     """Train `first` steps, save, train `then`; a model of another seed loaded from the save trains `then` to
     the same parameters; a skipped step leaves the balancer's state. The saved balancer state."""
     model = make_model()
@@ -340,6 +373,7 @@ def assert_resume_and_skip_keep_the_state(build: Callable, first: int = 2, then:
 
 # ---------------------------------------------------------------------------------------------- references
 
+
 def _libmtl_root() -> Path:
     if "LibMTL" in sys.modules:
         return Path(sys.modules["LibMTL"].__path__[0])
@@ -349,8 +383,9 @@ def _libmtl_root() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def libmtl_module(name: str, package: str = "weighting", needs: Sequence[str] = ("abstract_weighting",)
-                  ) -> types.ModuleType:
+def libmtl_module(
+    name: str, package: str = "weighting", needs: Sequence[str] = ("abstract_weighting",)
+) -> types.ModuleType:
     """LibMTL 1.1.5's module `LibMTL.<package>.<name>` from its installed file, after the modules it imports
     (`needs`). LibMTL's package __init__ imports a torchvision module that no longer exists (so
     `pytest.importorskip("LibMTL")` would always skip), so the package and subpackage are stand-ins."""
@@ -397,8 +432,15 @@ def libmtl_weighting(name: str, model: MultiTaskModel, tasks: Sequence[str], rep
     return weighting
 
 
-def train_libmtl(model: MultiTaskModel, weighting, steps: int, tasks: Sequence[str] = TASKS3, lr: float = 0.1,
-                 params: Callable | None = None, **kwargs) -> list:
+def train_libmtl(
+    model: MultiTaskModel,
+    weighting,
+    steps: int,
+    tasks: Sequence[str] = TASKS3,
+    lr: float = 0.1,
+    params: Callable | None = None,
+    **kwargs,
+) -> list:
     opt = torch.optim.SGD(params() if params else model.parameters(), lr=lr)
     returned = []
     for step in range(steps):
@@ -417,8 +459,9 @@ def train_libmtl(model: MultiTaskModel, weighting, steps: int, tasks: Sequence[s
     return returned
 
 
-def train_torchjd(model: MultiTaskModel, aggregator, steps: int, tasks: Sequence[str] = TASKS3, lr: float = 0.1,
-                  opt=None) -> list:
+def train_torchjd(
+    model: MultiTaskModel, aggregator, steps: int, tasks: Sequence[str] = TASKS3, lr: float = 0.1, opt=None
+) -> list:
     autojac = pytest.importorskip("torchjd.autojac")
     opt = opt or torch.optim.SGD(model.parameters(), lr=lr)
     returned = []

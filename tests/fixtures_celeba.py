@@ -13,22 +13,36 @@ from PIL import Image
 
 from mtl_bench.tasks.celeba import ATTRIBUTES, HEIGHT, WIDTH
 
-ORIGINAL = {"images": "Img/img_align_celeba", "attr": "Anno/list_attr_celeba.txt",
-            "partition": "Eval/list_eval_partition.txt"}
+ORIGINAL = {
+    "images": "Img/img_align_celeba",
+    "attr": "Anno/list_attr_celeba.txt",
+    "partition": "Eval/list_eval_partition.txt",
+}
 FLAT = {"images": "img_align_celeba", "attr": "list_attr_celeba.txt", "partition": "list_eval_partition.txt"}
 
 
 def image(rng: np.random.Generator) -> Image.Image:
     """178x218 RGB: a smooth colour gradient plus noise (so resizing has something to average)."""
     y, x = np.mgrid[0:HEIGHT, 0:WIDTH]
-    base = np.stack([(x * rng.uniform(0.5, 1.4)) % 256, (y * rng.uniform(0.5, 1.1)) % 256,
-                     np.full_like(x, rng.integers(0, 256), dtype=float)])
+    base = np.stack(
+        [
+            (x * rng.uniform(0.5, 1.4)) % 256,
+            (y * rng.uniform(0.5, 1.1)) % 256,
+            np.full_like(x, rng.integers(0, 256), dtype=float),
+        ]
+    )
     noisy = base + rng.normal(0, 25, base.shape)
     return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8).transpose(1, 2, 0), mode="RGB")
 
 
-def write_celeba(root: Path, n: int = 6, seed: int = 0, layout: str = "flat",
-                 partition: Optional[Sequence[int]] = None, newline: str = "\n") -> Path:
+def write_celeba(
+    root: Path,
+    n: int = 6,
+    seed: int = 0,
+    layout: str = "flat",
+    partition: Optional[Sequence[int]] = None,
+    newline: str = "\n",
+) -> Path:
     """`n` images 000001.jpg... with random attributes; partition 0 (train) for the first half, then 1 (val),
     then 2 (test), unless given. layout: "flat" (files in root), "torchvision" (root/celeba/...), "original"
     (Img/, Anno/, Eval/). Returns the folder that holds the files."""

@@ -15,8 +15,9 @@ NYUV2 = {"height": 288, "width": 384, "classes": 13, "label": "label", "normal":
 CITYSCAPES = {"height": 128, "width": 256, "classes": 7, "label": "label_7", "normal": False}
 
 
-def sample(rng: np.random.Generator, height: int, width: int, classes: int, normal: bool,
-           dtype: type = np.float32) -> dict[str, np.ndarray]:
+def sample(
+    rng: np.random.Generator, height: int, width: int, classes: int, normal: bool, dtype: type = np.float32
+) -> dict[str, np.ndarray]:
     """One sample: image in [0, 1], labels -1..classes-1 (some ignored), depth > 0 with invalid zeros, unit
     normals with invalid all-zero pixels."""
     image = rng.random((height, width, 3)).astype(dtype)
@@ -32,8 +33,9 @@ def sample(rng: np.random.Generator, height: int, width: int, classes: int, norm
     return arrays
 
 
-def write_tree(root: Path, spec: dict, n_train: int = 4, n_val: int = 2, seed: int = 0,
-               dtype: type = np.float32) -> Path:
+def write_tree(
+    root: Path, spec: dict, n_train: int = 4, n_val: int = 2, seed: int = 0, dtype: type = np.float32
+) -> Path:
     rng = np.random.default_rng(seed)
     for split, n in (("train", n_train), ("val", n_val)):
         for i in range(n):

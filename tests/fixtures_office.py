@@ -27,8 +27,9 @@ def jpeg(path: Path, generator: torch.Generator, height: int = 12, width: int = 
     Image.fromarray(pixels[..., 0] if gray else pixels, mode="L" if gray else "RGB").save(path, "JPEG", quality=90)
 
 
-def write_tree(root: Path, domains: dict[str, str], classes: Sequence[str], per_class: int, name: str,
-               seed: int) -> Path:
+def write_tree(
+    root: Path, domains: dict[str, str], classes: Sequence[str], per_class: int, name: str, seed: int
+) -> Path:
     """domains: domain -> its folder of class folders relative to root; name: file name pattern ({i} from 1)."""
     generator = torch.Generator().manual_seed(seed)
     for k, folder in enumerate(domains.values()):
@@ -39,15 +40,25 @@ def write_tree(root: Path, domains: dict[str, str], classes: Sequence[str], per_
     return root
 
 
-def write_office31(root: Path, per_class: int = 5, classes: Sequence[str] = ("back_pack", "bike", "mug"),
-                   domains: Sequence[str] = OFFICE31_DOMAINS, seed: int = 0) -> Path:
+def write_office31(
+    root: Path,
+    per_class: int = 5,
+    classes: Sequence[str] = ("back_pack", "bike", "mug"),
+    domains: Sequence[str] = OFFICE31_DOMAINS,
+    seed: int = 0,
+) -> Path:
     """`<root>/<domain>/images/<class>/frame_NNNN.jpg`, as domain_adaptation_images.tar.gz unpacks."""
     return write_tree(root, {d: f"{d}/images" for d in domains}, classes, per_class, "frame_{i:04d}.jpg", seed)
 
 
-def write_office_home(root: Path, per_class: int = 5, classes: Sequence[str] = ("Alarm_Clock", "TV", "Table"),
-                      domains: Sequence[str] = OFFICE_HOME_DOMAINS, real_world: str = "Real World",
-                      seed: int = 0) -> Path:
+def write_office_home(
+    root: Path,
+    per_class: int = 5,
+    classes: Sequence[str] = ("Alarm_Clock", "TV", "Table"),
+    domains: Sequence[str] = OFFICE_HOME_DOMAINS,
+    real_world: str = "Real World",
+    seed: int = 0,
+) -> Path:
     """`<root>/<domain>/<class>/NNNNN.jpg`, as OfficeHomeDataset_10072016.zip unpacks (`Real World` with a space;
     real_world="Real_World" for LibMTL's renamed copy)."""
     folders = {d: (real_world if d == "Real_World" else d) for d in domains}
@@ -66,8 +77,7 @@ def write_split_files(folder: Path, rows: dict[str, dict[str, list[tuple[str, in
 class TinyClassifier(MultiTaskModel):
     """Average-pooled image -> Linear trunk -> one Linear head per task (a few hundred parameters)."""
 
-    def __init__(self, input_shape: Sequence[int], heads: dict[str, int], width: int = 8,
-                 pool: int = 4) -> None:
+    def __init__(self, input_shape: Sequence[int], heads: dict[str, int], width: int = 8, pool: int = 4) -> None:
         linear = nn.Linear(input_shape[0] * pool * pool, width)
         trunk = nn.Sequential(nn.AdaptiveAvgPool2d(pool), nn.Flatten(), linear, nn.ReLU())
         super().__init__(trunk, {task: nn.Linear(width, out) for task, out in heads.items()}, last_shared_layer=linear)

@@ -19,8 +19,9 @@ def free_port() -> int:
 
 def join_torchrun_env(rank: int, world: int, port: int) -> None:
     """The environment torchrun gives each process (read by mtl_bench.engine.distributed)."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
 
 
 def spawn_and_wait(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, timeout_s: float, what: str) -> None:

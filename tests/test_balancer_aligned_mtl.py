@@ -5,11 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from balancer_kit import (
+    TASKS3,
+    assert_same_parameters,
+    batch,
+    make_model,
+    no_host_sync,
+    shared_lr_groups,
+    task_losses,
+    train_ours,
+    train_torchjd,
+)
 
 from mtl_bench.balancers import AlignedMTL, BackwardContext
 from mtl_bench.balancers.aligned_mtl import aligned_weights
-from balancer_kit import (TASKS3, assert_same_parameters, batch, make_model, no_host_sync,
-                          shared_lr_groups, task_losses, train_ours, train_torchjd)
 
 LR = 0.1
 
@@ -52,7 +61,8 @@ def test_shared_rep_and_scaler(monkeypatch: pytest.MonkeyPatch):
     out, losses = task_losses(scaled, x, y)
     with no_host_sync(monkeypatch):
         metrics = build(scaled, grad_source="shared_rep").backward(
-            losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu", init_scale=8.0)))
+            losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu", init_scale=8.0))
+        )
     for p, q in zip(plain.parameters(), scaled.parameters()):
         torch.testing.assert_close(q.grad / 8, p.grad, rtol=1e-5, atol=1e-7)
     for key in expected:

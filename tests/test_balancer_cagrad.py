@@ -6,11 +6,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from balancer_kit import (
+    TASKS3,
+    assert_same_parameters,
+    batch,
+    libmtl_weighting,
+    make_model,
+    no_host_sync,
+    shared_lr_groups,
+    task_losses,
+    train_libmtl,
+    train_ours,
+)
 
-from mtl_bench.balancers import CAGrad, BackwardContext
+from mtl_bench.balancers import BackwardContext, CAGrad
 from mtl_bench.balancers.cagrad import cagrad_weights
-from balancer_kit import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
-                          no_host_sync, shared_lr_groups, task_losses, train_libmtl, train_ours)
 
 LR = 0.1
 
@@ -35,7 +45,10 @@ def test_dual_solution_is_optimal_for_four_tasks():
     weights, lam = cagrad_weights(gram, 0.5, 0)
     w = (weights / 4 - 0.25) / lam
     radius = 0.5 * np.sqrt(gram.mean() + 1e-8)
-    value = lambda x: x @ gram @ np.full(4, 0.25) + radius * np.sqrt(x @ gram @ x + 1e-8)
+
+    def value(x):
+        return x @ gram @ np.full(4, 0.25) + radius * np.sqrt(x @ gram @ x + 1e-8)
+
     for _ in range(200):
         other = rng.dirichlet(np.ones(4))
         assert value(w) <= value(other) + 1e-6
@@ -78,7 +91,9 @@ def test_scaler_and_no_host_sync(monkeypatch: pytest.MonkeyPatch):
     expected = build(plain).backward(losses, out.shared)
     out, losses = task_losses(scaled, x, y)
     with no_host_sync(monkeypatch):
-        metrics = build(scaled).backward(losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu", init_scale=4.0)))
+        metrics = build(scaled).backward(
+            losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu", init_scale=4.0))
+        )
     for p, q in zip(plain.parameters(), scaled.parameters()):
         torch.testing.assert_close(q.grad / 4, p.grad, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(metrics["cagrad/lambda"], expected["cagrad/lambda"], rtol=1e-4, atol=0)

@@ -8,10 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from balancer_kit import (
+    TASKS,
+    X,
+    Y,
+    assert_resume_continues,
+    assert_scaler_is_fp32_and_a_skip_changes_nothing,
+    metrics_without_host_sync,
+    pair_losses,
+    pair_model,
+    pair_rows,
+    run_ddp,
+    train,
+)
 from torch import nn
 
-from balancer_kit import (TASKS, X, Y, assert_resume_continues, assert_scaler_is_fp32_and_a_skip_changes_nothing,
-                          metrics_without_host_sync, pair_losses, pair_model, pair_rows, run_ddp, train)
 from mtl_bench.balancers import BackwardContext, DualBalancing
 from mtl_bench.models.base import MultiTaskModel
 
@@ -21,6 +32,7 @@ def db(model: MultiTaskModel, **options) -> DualBalancing:
 
 
 # ---------------------------------------------------------------------------------------------- the formula
+
 
 def square_case(theta: nn.Parameter) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """L_a = θ0², L_b = 4θ1²: at θ = (1, 2), ∇ log L_a = (2/θ0, 0) = (2, 0), ∇ log L_b = (0, 2/θ1) = (0, 1)."""
@@ -53,25 +65,72 @@ def test_two_steps_by_hand(beta_sigma: float, second_ema: tuple[float, float]):
 # encoder, zero_grad_share_params = encoder.zero_grad(set_to_none=False)), these batches, SGD lr 0.1, 5 steps of
 # zero_grad(set_to_none=False); backward(losses, DB_beta=0.9, DB_beta_sigma=0.5); step().
 DB_MTL_PARAMS_AFTER_5 = {
-    "trunk.0.weight": [0.33501338958740234, -0.03307186812162399, 0.501179575920105, -0.3151718080043793,
-                       0.045149121433496475, 0.18854425847530365, 0.11013064533472061, 0.27446940541267395,
-                       -0.31334388256073, -0.07743512094020844, -0.304720014333725, 0.22150875627994537],
+    "trunk.0.weight": [
+        0.33501338958740234,
+        -0.03307186812162399,
+        0.501179575920105,
+        -0.3151718080043793,
+        0.045149121433496475,
+        0.18854425847530365,
+        0.11013064533472061,
+        0.27446940541267395,
+        -0.31334388256073,
+        -0.07743512094020844,
+        -0.304720014333725,
+        0.22150875627994537,
+    ],
     "trunk.0.bias": [-0.007069111336022615, -0.06741658598184586, 0.21949005126953125, -0.03337201848626137],
     "heads.a.weight": [0.34172308444976807, -0.17841562628746033, 0.25942346453666687, 0.3676469922065735],
     "heads.a.bias": [-0.030510589480400085],
-    "heads.b.weight": [-0.2026347815990448, 0.2856766879558563, 0.475089967250824, -0.15520566701889038,
-                       0.2897907495498657, 0.03313278406858444, -0.32530224323272705, 0.17661184072494507],
+    "heads.b.weight": [
+        -0.2026347815990448,
+        0.2856766879558563,
+        0.475089967250824,
+        -0.15520566701889038,
+        0.2897907495498657,
+        0.03313278406858444,
+        -0.32530224323272705,
+        0.17661184072494507,
+    ],
     "heads.b.bias": [-0.015316978096961975, 0.1389695256948471],
 }
 DB_MTL_GRAD_BUFFER_AFTER_5 = [  # LibMTL's grad_buffer: one row per task, the trunk's weight then bias
-    [-0.11196303367614746, -0.43114814162254333, -0.0031042098999023438, 0.05229407548904419, 0.18767113983631134,
-     0.002892516553401947, -0.0576157420873642, -0.17978164553642273, -0.017072342336177826, -0.14197754859924316,
-     -0.40617209672927856, -0.03756479173898697, -0.014883510768413544, 0.007679430767893791,
-     0.0010643086861819029, -0.02772653102874756],
-    [-0.055138420313596725, -0.03779688477516174, 0.00819442979991436, -0.06754077225923538, -0.01940752938389778,
-     0.039413318037986755, 0.04444266855716705, 0.06862320005893707, 0.03278833627700806, -0.04496415704488754,
-     -0.028049025684595108, -0.006867539137601852, 0.03459394723176956, -0.004853619262576103,
-     -0.019055809825658798, 0.007667917758226395],
+    [
+        -0.11196303367614746,
+        -0.43114814162254333,
+        -0.0031042098999023438,
+        0.05229407548904419,
+        0.18767113983631134,
+        0.002892516553401947,
+        -0.0576157420873642,
+        -0.17978164553642273,
+        -0.017072342336177826,
+        -0.14197754859924316,
+        -0.40617209672927856,
+        -0.03756479173898697,
+        -0.014883510768413544,
+        0.007679430767893791,
+        0.0010643086861819029,
+        -0.02772653102874756,
+    ],
+    [
+        -0.055138420313596725,
+        -0.03779688477516174,
+        0.00819442979991436,
+        -0.06754077225923538,
+        -0.01940752938389778,
+        0.039413318037986755,
+        0.04444266855716705,
+        0.06862320005893707,
+        0.03278833627700806,
+        -0.04496415704488754,
+        -0.028049025684595108,
+        -0.006867539137601852,
+        0.03459394723176956,
+        -0.004853619262576103,
+        -0.019055809825658798,
+        0.007667917758226395,
+    ],
 ]
 
 
@@ -82,11 +141,13 @@ def test_matches_libmtl_main_reference_numbers():
     torch.testing.assert_close(bal.grad_ema, torch.tensor(DB_MTL_GRAD_BUFFER_AFTER_5), rtol=1e-5, atol=1e-6)
     assert bal.steps.item() == 5
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.detach().flatten(), torch.tensor(DB_MTL_PARAMS_AFTER_5[name]), rtol=1e-5,
-                                   atol=1e-6, msg=name)
+        torch.testing.assert_close(
+            p.detach().flatten(), torch.tensor(DB_MTL_PARAMS_AFTER_5[name]), rtol=1e-5, atol=1e-6, msg=name
+        )
 
 
 # ---------------------------------------------------------------------------------------------- the contract
+
 
 def grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
@@ -197,13 +258,16 @@ def test_ddp_ranks_hold_the_same_state(tmp_path: Path):
     assert r0["state"]["steps"].item() == DDP_STEPS and r0["state"]["grad_ema"].abs().sum() > 0
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"beta": 1.0}, "beta: must be in [0, 1), got 1.0"),
-    ({"beta_sigma": -1.0}, "beta_sigma: must be >= 0"),
-    ({"eps": 0.0}, "eps: must be > 0"),
-    ({"grad_source": "shared_rep"}, "grad_source: 'shared_rep' is not supported by DB-MTL"),
-    ({"shared_params": []}, "shared_params: DB-MTL needs the model's shared parameters"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"beta": 1.0}, "beta: must be in [0, 1), got 1.0"),
+        ({"beta_sigma": -1.0}, "beta_sigma: must be >= 0"),
+        ({"eps": 0.0}, "eps: must be > 0"),
+        ({"grad_source": "shared_rep"}, "grad_source: 'shared_rep' is not supported by DB-MTL"),
+        ({"shared_params": []}, "shared_params: DB-MTL needs the model's shared parameters"),
+    ],
+)
 def test_bad_options_name_their_argument(options, message):
     options = {"shared_params": pair_model().shared_parameters(), **options}
     with pytest.raises(ValueError) as info:

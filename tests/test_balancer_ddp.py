@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from processes import spawn_and_wait
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from mtl_bench.balancers import GradNorm, RescaledNormBalancer
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.models.base import MultiTaskModel
-from processes import spawn_and_wait
 
 TASKS = ("a", "b", "c")
 STEPS = 3
@@ -36,8 +36,9 @@ def make_model() -> MultiTaskModel:
 def rank_batch(rank: int, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(100 * rank + step)
     n = 4 + 2 * rank  # different batch sizes: the rescaled-norm mean is weighted by them
-    return torch.randn(n, 3, generator=g), {k: s * torch.randn(n, 2 if k == "b" else 1, generator=g)
-                                            for k, s in (("a", 1.0), ("b", 5.0), ("c", 0.3 + rank))}
+    return torch.randn(n, 3, generator=g), {
+        k: s * torch.randn(n, 2 if k == "b" else 1, generator=g) for k, s in (("a", 1.0), ("b", 5.0), ("c", 0.3 + rank))
+    }
 
 
 def local_norms(losses: dict[str, torch.Tensor], shared: torch.Tensor, layer: nn.Module) -> dict[str, torch.Tensor]:
@@ -83,9 +84,16 @@ def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         assert (mean["x"].item(), mean["y"].item()) == (0.5, 10.5)
         with pytest.raises(RuntimeError, match="different statistics"):
             average_by_name({f"only_on_rank_{rank}": torch.ones(())})
-        torch.save({"state": {k: b.state_dict() for k, b in balancers.items()}, "first": first,
-                    "order": balancers["gn"].task_names, "batch": len(rank_batch(rank, 0)[0]),
-                    "params": [p.detach() for p in model.parameters()]}, Path(out_dir) / f"rank{rank}.pt")
+        torch.save(
+            {
+                "state": {k: b.state_dict() for k, b in balancers.items()},
+                "first": first,
+                "order": balancers["gn"].task_names,
+                "batch": len(rank_batch(rank, 0)[0]),
+                "params": [p.detach() for p in model.parameters()],
+            },
+            Path(out_dir) / f"rank{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()
 
@@ -96,14 +104,24 @@ def by_name(result: dict, balancer: str, buffer: str) -> dict[str, float]:
 
 
 def test_two_gloo_ranks_hold_identical_weights(tmp_path: Path):
-    spawn_and_wait(worker, (2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, timeout_s=90,
-                   what="DDP workers did not finish (a collective mismatch hangs)")
+    spawn_and_wait(
+        worker,
+        (2, str(tmp_path / "init"), str(tmp_path)),
+        nprocs=2,
+        timeout_s=90,
+        what="DDP workers did not finish (a collective mismatch hangs)",
+    )
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
 
     for p0, p1 in zip(r0["params"], r1["params"]):
         assert torch.equal(p0, p1)  # DDP sanity: one model
-    for balancer, buffer in (("gn", "weights"), ("gn", "exp_avg_sq"), ("gn", "initial_losses"), ("rn", "ema_sum"),
-                             ("rn", "weights")):
+    for balancer, buffer in (
+        ("gn", "weights"),
+        ("gn", "exp_avg_sq"),
+        ("gn", "initial_losses"),
+        ("rn", "ema_sum"),
+        ("rn", "weights"),
+    ):
         assert by_name(r0, balancer, buffer) == by_name(r1, balancer, buffer), (balancer, buffer)
     assert by_name(r0, "gn", "weights") != pytest.approx({t: 1.0 for t in TASKS})  # the weights moved
 

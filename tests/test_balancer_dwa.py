@@ -9,15 +9,25 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from balancer_kit import (
+    TASKS,
+    X,
+    Y,
+    assert_ddp_is_one_process_on_the_whole_batch,
+    assert_resume_continues,
+    assert_scaler_is_fp32_and_a_skip_changes_nothing,
+    constant_losses,
+    libmtl_module,
+    metrics_without_host_sync,
+    pair_losses,
+    pair_model,
+)
 
-from balancer_kit import (TASKS, X, Y, assert_ddp_is_one_process_on_the_whole_batch, assert_resume_continues,
-                          assert_scaler_is_fp32_and_a_skip_changes_nothing, constant_losses, libmtl_module,
-                          metrics_without_host_sync, pair_losses, pair_model)
 from mtl_bench.balancers import BackwardContext, DynamicWeightAverage
 from mtl_bench.models.base import MultiTaskModel
 
-
 # ---------------------------------------------------------------------------------------------- the formula
+
 
 def test_weights_by_hand():
     bal = DynamicWeightAverage(list(TASKS), temperature=2.0, period=2)
@@ -79,8 +89,9 @@ def test_matches_libmtl_dwa_with_period_equal_to_an_epoch():
 
             opt.zero_grad()
             out = model(X[idx])
-            metrics = bal.backward({t: F.mse_loss(out.preds[t], Y[t][idx]) for t in TASKS}, out.shared,
-                                   BackwardContext())
+            metrics = bal.backward(
+                {t: F.mse_loss(out.preds[t], Y[t][idx]) for t in TASKS}, out.shared, BackwardContext()
+            )
             opt.step()
             bal.step()
             weights.append([metrics[f"weight/{t}"].item() for t in TASKS])
@@ -95,16 +106,19 @@ def test_matches_libmtl_dwa_with_period_equal_to_an_epoch():
 
 # ---------------------------------------------------------------------------------------------- the contract
 
+
 def test_state_dict_round_trip_continues_identically():
-    saved, straight = assert_resume_continues(lambda model: DynamicWeightAverage(list(TASKS), period=2), range(5),
-                                              range(5, 10))
+    saved, straight = assert_resume_continues(
+        lambda model: DynamicWeightAverage(list(TASKS), period=2), range(5), range(5, 10)
+    )
     assert {"period_sum", "period_items", "period_steps", "periods", "last", "before_last"} <= set(saved)
     assert straight[-1]["weight/a"].item() != 1.0
 
 
 def test_grad_scaler_gives_the_fp32_weights_and_a_skipped_step_changes_nothing():
-    assert_scaler_is_fp32_and_a_skip_changes_nothing(lambda model: DynamicWeightAverage(list(TASKS), period=2),
-                                                     range(6))
+    assert_scaler_is_fp32_and_a_skip_changes_nothing(
+        lambda model: DynamicWeightAverage(list(TASKS), period=2), range(6)
+    )
 
 
 def test_per_task_mode_and_accumulation_give_the_joint_update():
@@ -158,11 +172,14 @@ def test_ddp_ranks_hold_the_state_of_one_process_on_the_whole_batch(tmp_path: Pa
     assert_ddp_is_one_process_on_the_whole_batch(tmp_path, DDP_BALANCER, DDP_STEPS)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"temperature": 0.0}, "temperature: must be > 0, got 0.0"),
-    ({"period": 0}, "period: must be an integer >= 1, got 0"),
-    ({"period": 2.5}, "period: must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"temperature": 0.0}, "temperature: must be > 0, got 0.0"),
+        ({"period": 0}, "period: must be an integer >= 1, got 0"),
+        ({"period": 2.5}, "period: must be an integer >= 1"),
+    ],
+)
 def test_bad_options_name_their_argument(options, message):
     with pytest.raises(ValueError) as info:
         DynamicWeightAverage(list(TASKS), **options)

@@ -8,15 +8,24 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from balancer_kit import (
+    TASKS,
+    X,
+    Y,
+    assert_ddp_is_one_process_on_the_whole_batch,
+    assert_resume_continues,
+    assert_scaler_is_fp32_and_a_skip_changes_nothing,
+    constant_losses,
+    metrics_without_host_sync,
+    pair_losses,
+    pair_model,
+)
 
-from balancer_kit import (TASKS, X, Y, assert_ddp_is_one_process_on_the_whole_batch, assert_resume_continues,
-                          assert_scaler_is_fp32_and_a_skip_changes_nothing, constant_losses,
-                          metrics_without_host_sync, pair_losses, pair_model)
 from mtl_bench.balancers import FAMO, BackwardContext
 from mtl_bench.models.base import MultiTaskModel
 
-
 # ---------------------------------------------------------------------------------------------- the formula
+
 
 def test_two_steps_by_hand():
     bal = FAMO(list(TASKS), lr=0.025, gamma=0.0)
@@ -44,14 +53,33 @@ def test_two_steps_by_hand():
 # their loop: backward(losses), opt.step(), update(losses after the step on the same batch); 6 steps.
 # (LibMTL main's FAMO gives the same numbers.) With one batch, our "after" losses (the next step's) are theirs.
 FAMO_PARAMS_AFTER_6 = {
-    "trunk.0.weight": [0.302948534488678, -0.03934989497065544, 0.5221859812736511, -0.3877417743206024,
-                       -0.006313893012702465, 0.22755341231822968, 0.14705462753772736, 0.36535876989364624,
-                       -0.3002256751060486, -0.10241682827472687, -0.3130369186401367, 0.23670944571495056],
+    "trunk.0.weight": [
+        0.302948534488678,
+        -0.03934989497065544,
+        0.5221859812736511,
+        -0.3877417743206024,
+        -0.006313893012702465,
+        0.22755341231822968,
+        0.14705462753772736,
+        0.36535876989364624,
+        -0.3002256751060486,
+        -0.10241682827472687,
+        -0.3130369186401367,
+        0.23670944571495056,
+    ],
     "trunk.0.bias": [0.02242877334356308, -0.08369526267051697, 0.19711773097515106, -0.018941959366202354],
     "heads.a.weight": [0.3754064440727234, -0.27167120575904846, 0.29066580533981323, 0.38477903604507446],
     "heads.a.bias": [0.04516211897134781],
-    "heads.b.weight": [-0.2033984512090683, 0.30498653650283813, 0.4683329463005066, -0.15728525817394257,
-                       0.2964640259742737, 0.05821738392114639, -0.3489009141921997, 0.2023087441921234],
+    "heads.b.weight": [
+        -0.2033984512090683,
+        0.30498653650283813,
+        0.4683329463005066,
+        -0.15728525817394257,
+        0.2964640259742737,
+        0.05821738392114639,
+        -0.3489009141921997,
+        0.2023087441921234,
+    ],
     "heads.b.bias": [-0.01902749016880989, 0.1481221318244934],
 }
 FAMO_LOGITS_AFTER_5_UPDATES = [-0.12059574574232101, 0.12059573829174042]  # the update after step 6 is our step 7's
@@ -69,8 +97,9 @@ def test_matches_famo_reference_numbers():
         bal.step()
     torch.testing.assert_close(bal.logits, torch.tensor(FAMO_LOGITS_AFTER_5_UPDATES), rtol=1e-5, atol=1e-6)
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.detach().flatten(), torch.tensor(FAMO_PARAMS_AFTER_6[name]), rtol=1e-5,
-                                   atol=1e-6, msg=name)
+        torch.testing.assert_close(
+            p.detach().flatten(), torch.tensor(FAMO_PARAMS_AFTER_6[name]), rtol=1e-5, atol=1e-6, msg=name
+        )
 
 
 def test_update_equals_autograd_through_the_softmax_and_torch_adam():
@@ -92,6 +121,7 @@ def test_update_equals_autograd_through_the_softmax_and_torch_adam():
 
 
 # ---------------------------------------------------------------------------------------------- the contract
+
 
 def test_state_dict_round_trip_continues_identically():
     saved, _ = assert_resume_continues(lambda model: FAMO(list(TASKS), lr=0.1), range(3), range(3, 6))
@@ -142,13 +172,16 @@ def test_ddp_ranks_hold_the_state_of_one_process_on_the_whole_batch(tmp_path: Pa
     assert_ddp_is_one_process_on_the_whole_batch(tmp_path, DDP_BALANCER, DDP_STEPS)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"lr": -1}, "lr: must be > 0, got -1"),
-    ({"gamma": -0.1}, "gamma: must be >= 0"),
-    ({"loss_eps": 0.0}, "loss_eps: must be > 0"),
-    ({"min_losses": {"a": 0.0}}, "min_losses: tasks ['a'] do not match"),
-    ({"betas": (1.0, 0.9)}, "betas: must be two numbers in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lr": -1}, "lr: must be > 0, got -1"),
+        ({"gamma": -0.1}, "gamma: must be >= 0"),
+        ({"loss_eps": 0.0}, "loss_eps: must be > 0"),
+        ({"min_losses": {"a": 0.0}}, "min_losses: tasks ['a'] do not match"),
+        ({"betas": (1.0, 0.9)}, "betas: must be two numbers in [0, 1)"),
+    ],
+)
 def test_bad_options_name_their_argument(options, message):
     with pytest.raises(ValueError) as info:
         FAMO(list(TASKS), **options)

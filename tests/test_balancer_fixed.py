@@ -7,7 +7,6 @@ import torch
 
 from mtl_bench.balancers import FixedWeights
 from mtl_bench.balancers.base import task_weights
-from mtl_bench.errors import ConfigError
 
 
 def fixed(weights):

@@ -6,10 +6,19 @@ import copy
 
 import pytest
 import torch
+from balancer_kit import (
+    TASKS3,
+    assert_same_parameters,
+    batch,
+    libmtl_weighting,
+    make_model,
+    no_host_sync,
+    task_losses,
+    train_libmtl,
+    train_ours,
+)
 
 from mtl_bench.balancers import BackwardContext, GradDrop
-from balancer_kit import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model,
-                          no_host_sync, task_losses, train_libmtl, train_ours)
 
 
 def build(model, tasks=TASKS3, **options) -> GradDrop:

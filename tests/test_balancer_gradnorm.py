@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from balancer_kit import no_host_sync
 from torch import nn
 
-from balancer_kit import no_host_sync
 from mtl_bench.balancers import GradNorm
 from mtl_bench.balancers.gradnorm import adam_update, linear_weight_grad_norms
 from mtl_bench.models.base import MultiTaskModel
@@ -28,8 +28,9 @@ def make_model(seed: int = 0) -> MultiTaskModel:
 def batch(seed: int = 1, n: int = 6) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     scales = {"a": 1.0, "b": 5.0, "c": 0.3}
-    return torch.randn(n, 3, generator=g), {k: s * torch.randn(n, 2 if k == "b" else 1, generator=g)
-                                            for k, s in scales.items()}
+    return torch.randn(n, 3, generator=g), {
+        k: s * torch.randn(n, 2 if k == "b" else 1, generator=g) for k, s in scales.items()
+    }
 
 
 def model_losses(model: MultiTaskModel, x: torch.Tensor, y: dict[str, torch.Tensor]):

@@ -8,12 +8,21 @@ import copy
 import numpy as np
 import pytest
 import torch
+from balancer_kit import (
+    TASKS3,
+    assert_same_parameters,
+    batch,
+    libmtl_weighting,
+    make_model,
+    task_losses,
+    train_libmtl,
+    train_ours,
+    train_torchjd,
+)
 from torch import nn
 
 from mtl_bench.balancers import BackwardContext, GradVac
 from mtl_bench.balancers.gradvac import gradvac_weights
-from balancer_kit import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model, task_losses,
-                          train_libmtl, train_ours, train_torchjd)
 
 
 def build(model, tasks=TASKS3, **options) -> GradVac:
@@ -53,7 +62,11 @@ def test_first_step_matches_libmtl_1_1_5():
 
 def test_all_matrix_with_one_tensor_is_whole_model():
     theta = nn.Parameter(torch.tensor([0.3, -0.2, 0.5]))
-    directions = {"a": torch.tensor([1.0, 0.0, 0.5]), "b": torch.tensor([-1.0, 1.0, 0.0]), "c": torch.tensor([0.2, -1.0, 1.0])}
+    directions = {
+        "a": torch.tensor([1.0, 0.0, 0.5]),
+        "b": torch.tensor([-1.0, 1.0, 0.0]),
+        "c": torch.tensor([0.2, -1.0, 1.0]),
+    }
     grads = []
     for group in ("whole_model", "all_matrix"):
         theta.grad = None

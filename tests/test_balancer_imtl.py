@@ -6,12 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from balancer_kit import (
+    TASKS3,
+    assert_per_task_is_the_joint_step,
+    assert_resume_and_skip_keep_the_state,
+    assert_same_parameters,
+    batch,
+    libmtl_weighting,
+    make_model,
+    task_losses,
+    train_libmtl,
+    train_ours,
+    train_torchjd,
+)
 
 from mtl_bench.balancers import IMTL, BackwardContext
 from mtl_bench.balancers.imtl import imtl_g_weights
-from balancer_kit import (TASKS3, assert_per_task_is_the_joint_step, assert_resume_and_skip_keep_the_state,
-                          assert_same_parameters, batch, libmtl_weighting, make_model, task_losses, train_libmtl,
-                          train_ours, train_torchjd)
 
 LR = 0.1
 
@@ -34,7 +44,7 @@ def test_equal_projections_by_hand():
 
 def test_hybrid_matches_libmtl():
     ours, reference = make_model(), make_model()
-    history = train_ours(ours, bal := build(ours, scale_optimizer="sgd", scale_lr=LR), 5, lr=LR)
+    train_ours(ours, bal := build(ours, scale_optimizer="sgd", scale_lr=LR), 5, lr=LR)
     weighting = libmtl_weighting("IMTL", reference, TASKS3)
     train_libmtl(reference, weighting, 5, lr=LR, params=lambda: list(reference.parameters()) + [weighting.loss_scale])
     assert_same_parameters(ours, reference)

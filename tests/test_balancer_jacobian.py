@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from balancer_kit import TASKS3, batch, make_model, no_host_sync, task_losses
 from torch import nn
 
-from balancer_kit import TASKS3, batch, make_model, no_host_sync, task_losses
 from mtl_bench.balancers import IMTL, MGDA, BackwardContext, GradVac, PCGrad, UPGrad
-from mtl_bench.balancers.jacobian import gramian, head_params, param_jacobian, grads_at_shared
-
+from mtl_bench.balancers.jacobian import grads_at_shared, gramian, head_params, param_jacobian
 
 # ---------------------------------------------------------------------------------------------- the machinery
+
 
 def test_batched_jacobian_equals_per_task_autograd():
     model, (x, y) = make_model(), batch()
@@ -32,7 +32,7 @@ def test_batched_jacobian_equals_per_task_autograd():
         for block, e in zip(blocks, expected):
             torch.testing.assert_close(block[i], e)
         assert {id(p) for p, _ in heads[i]} == {id(p) for p in model.heads[t].parameters()}
-        for (p, g) in heads[i]:
+        for p, g in heads[i]:
             index = [id(q) for q in model.heads[t].parameters()].index(id(p))
             torch.testing.assert_close(g, expected[len(params) + index])
     flat = torch.cat([b.reshape(3, -1) for b in blocks], 1)
@@ -43,13 +43,16 @@ def test_head_reading_the_trunk_elsewhere_is_refused():
     trunk = nn.Linear(2, 2)
     shared_in = torch.ones(1, 2)
     shared = trunk(shared_in)
-    loss = (shared.sum() + trunk.weight.sum())
+    loss = shared.sum() + trunk.weight.sum()
     with pytest.raises(ValueError, match="shared_params"):
         head_params(loss, shared, {id(p) for p in trunk.parameters()})
 
 
-@pytest.mark.parametrize(("method", "options"), [(IMTL, {}), (MGDA, {}), (UPGrad, {}), (PCGrad, {"seed": 0}),
-                                                  (GradVac, {"seed": 0})], ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [(IMTL, {}), (MGDA, {}), (UPGrad, {}), (PCGrad, {"seed": 0}), (GradVac, {"seed": 0})],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
 def test_no_host_sync_on_cpu(method, options: dict, monkeypatch: pytest.MonkeyPatch):
     model, (x, y) = make_model(), batch()
     bal = method(list(TASKS3), list(model.trunk.parameters()), **options)
@@ -61,6 +64,7 @@ def test_no_host_sync_on_cpu(method, options: dict, monkeypatch: pytest.MonkeyPa
 
 # ---------------------------------------------------------------------------------------------- DDP
 
+
 def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -71,10 +75,12 @@ def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         results = {}
-        for name, make in (("pcgrad", lambda m: PCGrad(list(TASKS3), list(m.trunk.parameters()), seed=3)),
-                           ("mgda", lambda m: MGDA(list(TASKS3), list(m.trunk.parameters()))),
-                           ("upgrad", lambda m: UPGrad(list(TASKS3), list(m.trunk.parameters()))),
-                           ("mgda_ub", lambda m: MGDA(list(TASKS3), grad_source="shared_rep"))):
+        for name, make in (
+            ("pcgrad", lambda m: PCGrad(list(TASKS3), list(m.trunk.parameters()), seed=3)),
+            ("mgda", lambda m: MGDA(list(TASKS3), list(m.trunk.parameters()))),
+            ("upgrad", lambda m: UPGrad(list(TASKS3), list(m.trunk.parameters()))),
+            ("mgda_ub", lambda m: MGDA(list(TASKS3), grad_source="shared_rep")),
+        ):
             model = make_model()
             ddp = DistributedDataParallel(model)
             bal = make(model)
@@ -90,17 +96,24 @@ def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                     w = torch.stack([metrics[f"weight/{t}"] for t in TASKS3])
                     local_model = copy.deepcopy(model)
                     _, local = task_losses(local_model, x, y)
-                    rows = [torch.autograd.grad(local[t], list(local_model.trunk.parameters()), retain_graph=True)
-                            for t in TASKS3]
+                    rows = [
+                        torch.autograd.grad(local[t], list(local_model.trunk.parameters()), retain_graph=True)
+                        for t in TASKS3
+                    ]
                     local_dir = [sum(w[i] * rows[i][k] for i in range(3)) for k in range(len(rows[0]))]
                     for d in local_dir:
                         dist.all_reduce(d)
                         d /= world
-                    checks.append(max((p.grad - d).abs().max().item() for p, d in zip(model.trunk.parameters(), local_dir)))
+                    checks.append(
+                        max((p.grad - d).abs().max().item() for p, d in zip(model.trunk.parameters(), local_dir))
+                    )
                 opt.step()
                 bal.step()
-            results[name] = {"params": [p.detach().clone() for p in model.parameters()], "checks": checks,
-                             "weights": [metrics[f"weight/{t}"].item() for t in TASKS3]}
+            results[name] = {
+                "params": [p.detach().clone() for p in model.parameters()],
+                "checks": checks,
+                "weights": [metrics[f"weight/{t}"].item() for t in TASKS3],
+            }
         torch.save(results, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -5,11 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from balancer_kit import (
+    TASKS3,
+    assert_per_task_is_the_joint_step,
+    assert_same_parameters,
+    batch,
+    libmtl_weighting,
+    make_model,
+    task_losses,
+    train_libmtl,
+    train_ours,
+    train_torchjd,
+)
 
 from mtl_bench.balancers import MGDA, BackwardContext
 from mtl_bench.balancers.solvers import min_norm_simplex
-from balancer_kit import (TASKS3, assert_per_task_is_the_joint_step, assert_same_parameters, batch,
-                          libmtl_weighting, make_model, task_losses, train_libmtl, train_ours, train_torchjd)
 
 
 def build(model, tasks=TASKS3, **options) -> MGDA:
@@ -76,8 +86,9 @@ def test_shared_rep_is_mgda_ub():
 
 def test_per_task_mode_and_scaler_match_the_plain_step():
     ctx = BackwardContext(scaler=torch.amp.GradScaler("cpu", init_scale=2.0**12))
-    assert_per_task_is_the_joint_step(lambda model: build(model, normalization="loss+"), ("b", "c", "a"), ctx,
-                                      scale=2.0**12, step=False)
+    assert_per_task_is_the_joint_step(
+        lambda model: build(model, normalization="loss+"), ("b", "c", "a"), ctx, scale=2.0**12, step=False
+    )
 
 
 def test_bad_options_fail_clearly():

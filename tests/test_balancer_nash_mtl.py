@@ -11,24 +11,35 @@ pytest.importorskip("cvxpy")
 pytest.importorskip("ecos")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
+from balancer_kit import (  # noqa: E402
+    TASKS3,
+    assert_per_task_is_the_joint_step,
+    assert_resume_and_skip_keep_the_state,
+    assert_same_parameters,
+    make_model,
+    train_ours,
+    train_torchjd,
+)
+
 from mtl_bench.balancers import BackwardContext, NashMTL  # noqa: E402
 from mtl_bench.balancers.nash_mtl import NashSolver  # noqa: E402
-from balancer_kit import (TASKS3, assert_per_task_is_the_joint_step, assert_resume_and_skip_keep_the_state,  # noqa: E402
-                          assert_same_parameters, make_model, train_ours, train_torchjd)
 
 # AvivNavon/nash-mtl at cce18403ef5557a6b30f4ba43b896117107d6902, methods/weight_methods.py NashMTL(n_tasks=3,
 # max_norm=1.0), on make_model() with SGD lr 0.1 and batches batch(seed=step), steps 0-3: α per step and two
 # parameters after the 4 steps (the heads trained on Σ α_i L_i, the trunk's update clipped to norm 1).
 AUTHORS_ALPHA = [[2.6309917758884724, 0.49212930748059064, 2.146109960426134]] * 3 + [
-    [1.3404053137326555, 0.811984043187253, 5.7096864367615945]]
-AUTHORS_TRUNK0_WEIGHT = [[0.008079352788627148, 0.3267533481121063, -0.5012377500534058],
-                         [-0.3910234272480011, -0.24079546332359314, 0.13412337005138397],
-                         [0.040128085762262344, 0.4175960123538971, -0.08604202419519424],
-                         [0.13240976631641388, -0.08394885808229446, -0.12570667266845703]]
-AUTHORS_HEAD_B_WEIGHT = [[0.2433210015296936, -0.1794532835483551, 0.06939530372619629, 0.3239147365093231,
-                          0.5179555416107178],
-                         [0.12566855549812317, 0.0938023030757904, 0.2489919811487198, -0.12832553684711456,
-                          0.17854785919189453]]
+    [1.3404053137326555, 0.811984043187253, 5.7096864367615945]
+]
+AUTHORS_TRUNK0_WEIGHT = [
+    [0.008079352788627148, 0.3267533481121063, -0.5012377500534058],
+    [-0.3910234272480011, -0.24079546332359314, 0.13412337005138397],
+    [0.040128085762262344, 0.4175960123538971, -0.08604202419519424],
+    [0.13240976631641388, -0.08394885808229446, -0.12570667266845703],
+]
+AUTHORS_HEAD_B_WEIGHT = [
+    [0.2433210015296936, -0.1794532835483551, 0.06939530372619629, 0.3239147365093231, 0.5179555416107178],
+    [0.12566855549812317, 0.0938023030757904, 0.2489919811487198, -0.12832553684711456, 0.17854785919189453],
+]
 
 
 def build(model, tasks=TASKS3, **options) -> NashMTL:
@@ -63,8 +74,9 @@ def test_matches_torchjd_with_heads_at_weight_one():
 
 
 def test_resume_and_skipped_steps_keep_the_state():
-    saved = assert_resume_and_skip_keep_the_state(lambda model: build(model, update_weights_every=2), first=3,
-                                                  resumed_seed=4)
+    saved = assert_resume_and_skip_keep_the_state(
+        lambda model: build(model, update_weights_every=2), first=3, resumed_seed=4
+    )
     assert set(saved) == {"alpha", "steps"} and saved["steps"].item() == 3
 
 

@@ -7,11 +7,20 @@ import copy
 import numpy as np
 import pytest
 import torch
+from balancer_kit import (
+    TASKS3,
+    assert_same_parameters,
+    batch,
+    libmtl_weighting,
+    make_model,
+    task_losses,
+    train_libmtl,
+    train_ours,
+    train_torchjd,
+)
 
 from mtl_bench.balancers import BackwardContext, PCGrad
 from mtl_bench.balancers.pcgrad import pcgrad_weights
-from balancer_kit import (TASKS3, assert_same_parameters, batch, libmtl_weighting, make_model, task_losses,
-                          train_libmtl, train_ours, train_torchjd)
 
 
 def build(model, tasks=TASKS3, **options) -> PCGrad:

@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from balancer_kit import no_host_sync
 from torch import nn
 
-from balancer_kit import no_host_sync
 from mtl_bench.balancers import BackwardContext, RescaledNormBalancer
 from mtl_bench.models.base import MultiTaskModel
 

@@ -6,14 +6,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from balancer_kit import (
+    TASKS,
+    assert_ddp_is_one_process_on_the_whole_batch,
+    assert_resume_continues,
+    libmtl_module,
+    metrics_without_host_sync,
+    pair_losses,
+    pair_model,
+)
 
-from balancer_kit import (TASKS, assert_ddp_is_one_process_on_the_whole_batch, assert_resume_continues,
-                          libmtl_module, metrics_without_host_sync, pair_losses, pair_model)
 from mtl_bench.balancers import BackwardContext, RandomLossWeighting
 from mtl_bench.models.base import MultiTaskModel
 
-
 # ---------------------------------------------------------------------------------------------- the formula
+
 
 def test_weights_are_the_softmax_of_the_generators_normal_draws():
     g = torch.Generator().manual_seed(3)
@@ -28,6 +35,7 @@ def test_weights_are_the_softmax_of_the_generators_normal_draws():
 
 
 # ---------------------------------------------------------------------------------------------- the reference
+
 
 @pytest.mark.parametrize("distribution", ["normal", "uniform", "dirichlet", "bernoulli"])
 def test_matches_libmtl_rlw(distribution: str):
@@ -59,9 +67,14 @@ def test_matches_libmtl_rlw(distribution: str):
 
 # ---------------------------------------------------------------------------------------------- the contract
 
+
 def test_state_dict_round_trip_continues_identically():
-    saved, _ = assert_resume_continues(lambda model: RandomLossWeighting(list(TASKS), seed=5), range(3), range(3, 6),
-                                       remake=lambda model: RandomLossWeighting(list(TASKS), seed=99))  # the seed comes from the state
+    saved, _ = assert_resume_continues(
+        lambda model: RandomLossWeighting(list(TASKS), seed=5),
+        range(3),
+        range(3, 6),
+        remake=lambda model: RandomLossWeighting(list(TASKS), seed=99),
+    )  # the seed comes from the state
     assert {"weights", "_extra_state"} <= set(saved)
 
 
@@ -125,10 +138,13 @@ def test_ddp_ranks_hold_the_state_of_one_process_on_the_whole_batch(tmp_path: Pa
     assert_ddp_is_one_process_on_the_whole_batch(tmp_path, DDP_BALANCER, DDP_STEPS)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"seed": 1.5}, "seed: must be an integer, got 1.5"),
-    ({"distribution": "cauchy"}, "distribution: 'cauchy' is not one of normal, uniform, dirichlet, bernoulli"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"seed": 1.5}, "seed: must be an integer, got 1.5"),
+        ({"distribution": "cauchy"}, "distribution: 'cauchy' is not one of normal, uniform, dirichlet, bernoulli"),
+    ],
+)
 def test_bad_options_name_their_argument(options, message):
     with pytest.raises(ValueError) as info:
         RandomLossWeighting(list(TASKS), **options)

@@ -5,12 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from balancer_kit import (
+    TASKS3,
+    assert_per_task_is_the_joint_step,
+    assert_same_parameters,
+    make_model,
+    train_ours,
+    train_torchjd,
+)
 
-from mtl_bench.balancers import UPGrad, BackwardContext
+from mtl_bench.balancers import BackwardContext, UPGrad
 from mtl_bench.balancers.solvers import dual_cone_weights
 from mtl_bench.balancers.upgrad import upgrad_weights
-from balancer_kit import (TASKS3, assert_per_task_is_the_joint_step, assert_same_parameters, make_model, train_ours,
-                          train_torchjd)
 
 
 def build(model, tasks=TASKS3, **options) -> UPGrad:

@@ -7,15 +7,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from balancer_kit import (
+    TASKS,
+    assert_ddp_is_one_process_on_the_whole_batch,
+    assert_resume_continues,
+    assert_scaler_is_fp32_and_a_skip_changes_nothing,
+    libmtl_module,
+    metrics_without_host_sync,
+    pair_losses,
+    pair_model,
+)
 
-from balancer_kit import (TASKS, assert_ddp_is_one_process_on_the_whole_batch, assert_resume_continues,
-                          assert_scaler_is_fp32_and_a_skip_changes_nothing, libmtl_module, metrics_without_host_sync,
-                          pair_losses, pair_model)
 from mtl_bench.balancers import BackwardContext, UncertaintyWeighting
 from mtl_bench.models.base import MultiTaskModel
 
-
 # ---------------------------------------------------------------------------------------------- the formula
+
 
 def test_one_update_by_hand():
     shared = torch.zeros(1, requires_grad=True)
@@ -48,6 +55,7 @@ def test_update_equals_autograd_of_the_objective():
 
 # ---------------------------------------------------------------------------------------------- the reference
 
+
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_matches_libmtl_uw(optimizer: str):
     """LibMTL's UW holds the log-variances as parameters of the model, stepped by the model's optimizer;
@@ -78,6 +86,7 @@ def test_matches_libmtl_uw(optimizer: str):
 
 
 # ---------------------------------------------------------------------------------------------- the contract
+
 
 def test_state_dict_round_trip_continues_identically():
     saved, _ = assert_resume_continues(lambda model: UncertaintyWeighting(list(TASKS), lr=0.05), range(3), range(3, 6))
@@ -139,14 +148,17 @@ def test_ddp_ranks_hold_the_state_of_one_process_on_the_whole_batch(tmp_path: Pa
     assert_ddp_is_one_process_on_the_whole_batch(tmp_path, DDP_BALANCER, DDP_STEPS)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"lr": -1}, "lr: must be > 0, got -1"),
-    ({"optimizer": "lbfgs"}, "optimizer: 'lbfgs' is not one of adam, sgd"),
-    ({"weight_decay": -0.1}, "weight_decay: must be >= 0"),
-    ({"betas": (0.9, 1.0)}, "betas: must be two numbers in [0, 1)"),
-    ({"eps": 0.0}, "eps: must be > 0"),
-    ({"init_log_var": float("nan")}, "init_log_var: must be finite"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lr": -1}, "lr: must be > 0, got -1"),
+        ({"optimizer": "lbfgs"}, "optimizer: 'lbfgs' is not one of adam, sgd"),
+        ({"weight_decay": -0.1}, "weight_decay: must be >= 0"),
+        ({"betas": (0.9, 1.0)}, "betas: must be two numbers in [0, 1)"),
+        ({"eps": 0.0}, "eps: must be > 0"),
+        ({"init_log_var": float("nan")}, "init_log_var: must be finite"),
+    ],
+)
 def test_bad_options_name_their_argument(options, message):
     with pytest.raises(ValueError) as info:
         UncertaintyWeighting(list(TASKS), **options)

@@ -37,11 +37,16 @@ def test_every_balancer_trains_on_both_task_sets(compose_cfg, tmp_path, balancer
         assert len(values) == 2 and all(v == v for v in values), (task, values)  # logged at steps 3, 6; not NaN
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["balancer=famo"], "trainer.step_mode=per_task: FAMO has no per-task mode"),
-    (["balancer=mgda", "balancer.grad_source=shared_rep"],
-     "trainer.step_mode=per_task: MGDA: grad_source=shared_rep has no per-task mode"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["balancer=famo"], "trainer.step_mode=per_task: FAMO has no per-task mode"),
+        (
+            ["balancer=mgda", "balancer.grad_source=shared_rep"],
+            "trainer.step_mode=per_task: MGDA: grad_source=shared_rep has no per-task mode",
+        ),
+    ],
+)
 def test_a_meaningless_combination_stops_at_build_time(compose_cfg, tmp_path, overrides, message):
     from mtl_bench.errors import ConfigError
 
@@ -52,8 +57,9 @@ def test_a_meaningless_combination_stops_at_build_time(compose_cfg, tmp_path, ov
 
 
 @pytest.mark.parametrize("balancer", ["fixed", "uw", "pcgrad"])
-def test_diagnostics_log_gradient_norms_cosines_and_a_heatmap_without_changing_the_update(compose_cfg, tmp_path,
-                                                                                          balancer):
+def test_diagnostics_log_gradient_norms_cosines_and_a_heatmap_without_changing_the_update(
+    compose_cfg, tmp_path, balancer
+):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     args = [f"balancer={balancer}", *TASK_SETS["digits"], *SHORT, "trainer.diagnostics_every=3"]

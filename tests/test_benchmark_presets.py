@@ -21,15 +21,26 @@ from mtl_bench.catalog import config_options
 
 pytestmark = pytest.mark.slow  # a CPU process per preset, full-size NYUv2 images
 
-SHORT = ["trainer.epochs=null", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.eval_every=2",
-         "trainer.log_every=1", "trainer.checkpoint_every=0", "trainer.num_workers=0", "trainer.device=cpu"]
+SHORT = [
+    "trainer.epochs=null",
+    "trainer.max_steps=2",
+    "trainer.batch_size=2",
+    "trainer.eval_every=2",
+    "trainer.log_every=1",
+    "trainer.checkpoint_every=0",
+    "trainer.num_workers=0",
+    "trainer.device=cpu",
+]
 PRESETS = {  # preset: (writes its tree, overrides that narrow it)
-    "nyuv2_segnet_mtan": (lambda root: write_nyuv2(root, n_train=4, n_val=2),
-                          ["model.filters=[4,8,8,8,8]", "trainer.eval_batch_size=2"]),
-    "cityscapes_segnet_mtan": (lambda root: write_cityscapes(root, n_train=4, n_val=2),
-                               ["model.filters=[4,8,8,8,8]"]),
-    "nyuv2_resnet_dilated": (lambda root: write_nyuv2(root, n_train=4, n_val=2),
-                             ["model.output_stride=16", "trainer.eval_batch_size=2"]),
+    "nyuv2_segnet_mtan": (
+        lambda root: write_nyuv2(root, n_train=4, n_val=2),
+        ["model.filters=[4,8,8,8,8]", "trainer.eval_batch_size=2"],
+    ),
+    "cityscapes_segnet_mtan": (lambda root: write_cityscapes(root, n_train=4, n_val=2), ["model.filters=[4,8,8,8,8]"]),
+    "nyuv2_resnet_dilated": (
+        lambda root: write_nyuv2(root, n_train=4, n_val=2),
+        ["model.output_stride=16", "trainer.eval_batch_size=2"],
+    ),
     "celeba_cnn": (lambda root: write_celeba(root, n=6), ["model.channels=[4,4,4,4]", "model.hidden=8"]),
     "office31_resnet18": (lambda root: write_office31(root, per_class=5), ["tasks.image_size=32"]),
     "office_home_resnet18": (lambda root: write_office_home(root, per_class=5), ["tasks.image_size=32"]),
@@ -37,8 +48,14 @@ PRESETS = {  # preset: (writes its tree, overrides that narrow it)
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtl_bench", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "mtl_bench", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=900,
+    )
 
 
 def test_every_benchmark_preset_is_covered_here():
@@ -55,8 +72,9 @@ def test_the_preset_trains_two_steps_through_the_cli(tmp_path, preset):
     write, narrow = PRESETS[preset]
     root = write(tmp_path / "data")
     run = tmp_path / "run"
-    result = cli("train", f"experiment={preset}", f"tasks.root={root}", *narrow, *SHORT, f"hydra.run.dir={run}",
-                 cwd=tmp_path)
+    result = cli(
+        "train", f"experiment={preset}", f"tasks.root={root}", *narrow, *SHORT, f"hydra.run.dir={run}", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["status"] == "completed" and metrics["step"] == 2
@@ -72,9 +90,19 @@ def test_the_preset_trains_two_steps_through_the_cli(tmp_path, preset):
 def test_report_ranks_a_sweep_of_a_preset_against_its_reference(tmp_path):
     root = write_nyuv2(tmp_path / "nyuv2", n_train=4, n_val=2)
     sweep = tmp_path / "sweep"
-    result = cli("train", "-m", "experiment=nyuv2_segnet_mtan", f"tasks.root={root}", "model.filters=[4,8,8,8,8]",
-                 "trainer.eval_batch_size=2", *SHORT, "balancer=fixed,uw", "seed=0,1", f"hydra.sweep.dir={sweep}",
-                 cwd=tmp_path)
+    result = cli(
+        "train",
+        "-m",
+        "experiment=nyuv2_segnet_mtan",
+        f"tasks.root={root}",
+        "model.filters=[4,8,8,8,8]",
+        "trainer.eval_batch_size=2",
+        *SHORT,
+        "balancer=fixed,uw",
+        "seed=0,1",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = cli("report", str(sweep), "-b", "reference", "--format", "json", cwd=tmp_path)
     assert report.returncode == 0, report.stderr

@@ -17,14 +17,28 @@ SHORT = ["trainer.max_steps=6", "trainer.log_every=3", "trainer.eval_every=3", "
 
 def train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "mtl_bench", "train", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mtl_bench", "train", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_own_model_tasks_and_balancer_from_own_config_dir(tmp_path):
     run_dir = tmp_path / "run"
-    result = train("--config-dir", str(PROJECT / "my_conf"), "model=my_net", "tasks=my_tasks",
-                   "balancer=my_balancer", f"hydra.run.dir={run_dir}", *SHORT, cwd=tmp_path)
+    result = train(
+        "--config-dir",
+        str(PROJECT / "my_conf"),
+        "model=my_net",
+        "tasks=my_tasks",
+        "balancer=my_balancer",
+        f"hydra.run.dir={run_dir}",
+        *SHORT,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["status"] == "completed" and set(metrics["test"]) == {"a", "b"}
@@ -37,14 +51,22 @@ def test_own_model_tasks_and_balancer_from_own_config_dir(tmp_path):
 
 def test_own_class_on_the_command_line_with_a_new_key(tmp_path):
     run_dir = tmp_path / "run"
-    result = train("model._target_=my_lab.nets.TinyNet", "+model.hidden=8", f"hydra.run.dir={run_dir}", *SHORT,
-                   cwd=tmp_path)
+    result = train(
+        "model._target_=my_lab.nets.TinyNet", "+model.hidden=8", f"hydra.run.dir={run_dir}", *SHORT, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads((run_dir / "metrics.json").read_text())["status"] == "completed"
 
 
 def test_a_bad_value_of_a_users_class_is_one_line(tmp_path):
-    result = train("--config-dir", str(PROJECT / "my_conf"), "balancer=my_balancer", "balancer.eps=0",
-                   f"hydra.run.dir={tmp_path / 'run'}", *SHORT, cwd=tmp_path)
+    result = train(
+        "--config-dir",
+        str(PROJECT / "my_conf"),
+        "balancer=my_balancer",
+        "balancer.eps=0",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *SHORT,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["mtl-bench: error: balancer.eps: must be > 0, got 0"]

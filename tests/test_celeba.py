@@ -25,7 +25,7 @@ from mtl_bench.engine.recipe import train
 from mtl_bench.engine.run import check_config
 from mtl_bench.errors import ConfigError
 from mtl_bench.models.celeba_cnn import CelebACNN
-from mtl_bench.tasks.celeba import ATTRIBUTES, CelebA, attribute_loss, attribute_metrics, attribute_task
+from mtl_bench.tasks.celeba import ATTRIBUTES, CelebA, attribute_loss, attribute_task
 
 # ----------------------------------------------------------------------------------------------- oracles
 
@@ -33,23 +33,22 @@ from mtl_bench.tasks.celeba import ATTRIBUTES, CelebA, attribute_loss, attribute
 class CelebaDataset:  # FAMO experiments/celeba/data.py (VisionDataset base dropped: it only stores root)
     """Custom Dataset for loading CelebA face images"""
 
-    def __init__(self, data_dir, split='train', image_size=(64, 64)):
+    def __init__(self, data_dir, split="train", image_size=(64, 64)):
         from torchvision import transforms
 
-        rep_file = os.path.join(data_dir, 'Eval/list_eval_partition.txt')
-        self.img_dir = os.path.join(data_dir, 'Img/img_align_celeba/')
-        self.ann_file = os.path.join(data_dir, 'Anno/list_attr_celeba.txt')
+        rep_file = os.path.join(data_dir, "Eval/list_eval_partition.txt")
+        self.img_dir = os.path.join(data_dir, "Img/img_align_celeba/")
+        self.ann_file = os.path.join(data_dir, "Anno/list_attr_celeba.txt")
         self.image_size = image_size
 
         with open(rep_file) as f:
             rep = f.read()
-        rep = [elt.split() for elt in rep.split('\n')]
+        rep = [elt.split() for elt in rep.split("\n")]
         rep.pop()
 
-        with open(self.ann_file, 'r') as f:
+        with open(self.ann_file, "r") as f:
             data = f.read()
-        data = data.split('\n')
-        names = data[1].split()
+        data = data.split("\n")
         data = [elt.split() for elt in data[2:]]
         data.pop()
 
@@ -57,11 +56,13 @@ class CelebaDataset:  # FAMO experiments/celeba/data.py (VisionDataset base drop
         self.labels = []
         for k in range(len(data)):
             assert data[k][0] == rep[k][0]
-            if (split == 'train' and int(rep[k][1]) == 0) or \
-                    (split == 'val' and int(rep[k][1]) == 1) or \
-                    (split == 'test' and int(rep[k][1]) == 2):
+            if (
+                (split == "train" and int(rep[k][1]) == 0)
+                or (split == "val" and int(rep[k][1]) == 1)
+                or (split == "test" and int(rep[k][1]) == 2)
+            ):
                 self.img_names.append(data[k][0])
-                self.labels.append([1 if elt == '1' else 0 for elt in data[k][1:]])
+                self.labels.append([1 if elt == "1" else 0 for elt in data[k][1:]])
 
         target_size = image_size
         self.transform = [transforms.Resize(target_size), transforms.ToTensor()]
@@ -71,8 +72,7 @@ class CelebaDataset:  # FAMO experiments/celeba/data.py (VisionDataset base drop
     def __getitem__(self, index):
         from PIL import Image
 
-        img = Image.open(os.path.join(self.img_dir,
-                                      self.img_names[index])).convert('RGB')
+        img = Image.open(os.path.join(self.img_dir, self.img_names[index])).convert("RGB")
         if self.transform is not None:
             img = self.transform(img)
 
@@ -86,10 +86,11 @@ class CelebaDataset:  # FAMO experiments/celeba/data.py (VisionDataset base drop
         return len(self.img_names)
 
 
-class CelebaMetrics():  # FAMO experiments/celeba/trainer.py
+class CelebaMetrics:  # FAMO experiments/celeba/trainer.py
     """
     CelebA metric accumulator.
     """
+
     def __init__(self):
         self.reset()
 
@@ -102,7 +103,7 @@ class CelebaMetrics():  # FAMO experiments/celeba/trainer.py
         # y_preds: [ y_pred (batch, 1) ] x 40
         # ys     : [ y_pred (batch, 1) ] x 40
         y_preds = torch.stack(y_preds).detach()  # (40, batch, 1)
-        ys = torch.stack(ys).detach()      # (40, batch, 1)
+        ys = torch.stack(ys).detach()  # (40, batch, 1)
         y_preds = y_preds.gt(0.5).float()
         self.tp += (y_preds * ys).sum([1, 2])  # (40,)
         self.fp += (y_preds * (1 - ys)).sum([1, 2])
@@ -121,8 +122,9 @@ class CelebaMetrics():  # FAMO experiments/celeba/trainer.py
 @pytest.fixture(scope="module")
 def original_root(tmp_path_factory):
     """The original release's layout (FAMO reads it), 9 images: 4 train, 2 val, 3 test, in mixed order."""
-    return write_celeba(tmp_path_factory.mktemp("celeba"), n=9, seed=1, layout="original",
-                        partition=[0, 2, 0, 1, 0, 2, 1, 0, 2])
+    return write_celeba(
+        tmp_path_factory.mktemp("celeba"), n=9, seed=1, layout="original", partition=[0, 2, 0, 1, 0, 2, 1, 0, 2]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -251,17 +253,20 @@ def bad(message: str, **kwargs):
     with pytest.raises(ValueError, match=message) as info:
         CelebA(**kwargs)
     assert "\n" not in str(info.value)
-    assert str(info.value).endswith("expected torchvision's CelebA layout: img_align_celeba/ (178x218 JPEGs), "
-                                    "list_attr_celeba.txt and list_eval_partition.txt in tasks.root or in "
-                                    "tasks.root/celeba (or the original release's Img/, Anno/, Eval/ folders)") \
-        or message.startswith(("^image_size", "^attributes", "^metrics"))
+    assert str(info.value).endswith(
+        "expected torchvision's CelebA layout: img_align_celeba/ (178x218 JPEGs), "
+        "list_attr_celeba.txt and list_eval_partition.txt in tasks.root or in "
+        "tasks.root/celeba (or the original release's Img/, Anno/, Eval/ folders)"
+    ) or message.startswith(("^image_size", "^attributes", "^metrics"))
     return str(info.value)
 
 
 def test_root_missing_not_set_or_a_file(tmp_path):
     bad(r"^root: not set: give the folder that holds img_align_celeba/")
-    bad(rf"^root: {tmp_path}/nowhere does not exist; expected torchvision's CelebA layout",
-        root=str(tmp_path / "nowhere"))
+    bad(
+        rf"^root: {tmp_path}/nowhere does not exist; expected torchvision's CelebA layout",
+        root=str(tmp_path / "nowhere"),
+    )
     (tmp_path / "file").write_text("")
     bad(rf"^root: {tmp_path}/file is not a directory", root=str(tmp_path / "file"))
 
@@ -270,8 +275,11 @@ def test_an_nyuv2_tree_or_a_partial_tree_is_named(tmp_path):
     from fixtures_dense import write_nyuv2
 
     nyu = write_nyuv2(tmp_path / "nyu", n_train=1, n_val=1)
-    bad(rf"^root: {nyu} has no img_align_celeba/, list_attr_celeba.txt, list_eval_partition.txt \(it has: train/, "
-        r"val/\) \(an NYUv2 or Cityscapes tree\? that is tasks=nyuv2 or tasks=cityscapes\); expected", root=str(nyu))
+    bad(
+        rf"^root: {nyu} has no img_align_celeba/, list_attr_celeba.txt, list_eval_partition.txt \(it has: train/, "
+        r"val/\) \(an NYUv2 or Cityscapes tree\? that is tasks=nyuv2 or tasks=cityscapes\); expected",
+        root=str(nyu),
+    )
     partial = write_celeba(tmp_path / "orig", n=3, layout="original")
     (partial / "Eval" / "list_eval_partition.txt").unlink()
     bad(rf"^root: {partial} has no Eval/list_eval_partition.txt \(it has: Anno/, Eval/, Img/\)", root=str(partial))
@@ -283,8 +291,11 @@ def test_text_files_of_the_wrong_shape(tmp_path):
     good = attr.read_text()
     lines = good.splitlines()
     attr.write_text("\n".join([lines[0], " ".join(ATTRIBUTES[:39]), *lines[2:]]) + "\n")
-    bad(rf"^root: {attr} line 2 names 39 attributes \(5_o_Clock_Shadow Arched_Eyebrows Attractive \.\.\.\), not "
-        r"CelebA's 40 \(5_o_Clock_Shadow \.\.\. Young\)", root=str(folder))
+    bad(
+        rf"^root: {attr} line 2 names 39 attributes \(5_o_Clock_Shadow Arched_Eyebrows Attractive \.\.\.\), not "
+        r"CelebA's 40 \(5_o_Clock_Shadow \.\.\. Young\)",
+        root=str(folder),
+    )
     attr.write_text("\n".join([lines[0], lines[1], lines[2], lines[3][:-3], *lines[4:]]) + "\n")
     bad(rf"^root: {attr} row 2 \(000002.jpg\) has 39 values", root=str(folder))
     attr.write_text("\n".join([lines[0], lines[1], lines[2].replace("-1", " 0", 1), *lines[3:]]) + "\n")
@@ -304,8 +315,10 @@ def test_text_files_of_the_wrong_shape(tmp_path):
 
 def test_a_split_with_no_images(tmp_path):
     folder = write_celeba(tmp_path, n=3, partition=[0, 0, 1])
-    bad(rf"^root: {folder}/list_eval_partition.txt puts no image in the test split \(partition 2\); expected",
-        root=str(folder))
+    bad(
+        rf"^root: {folder}/list_eval_partition.txt puts no image in the test split \(partition 2\); expected",
+        root=str(folder),
+    )
 
 
 def test_missing_unreadable_or_wrong_size_images(tmp_path):
@@ -314,8 +327,10 @@ def test_missing_unreadable_or_wrong_size_images(tmp_path):
     folder = write_celeba(tmp_path, n=6)
     images = folder / "img_align_celeba"
     (images / "000005.jpg").unlink()
-    bad(rf"^root: {images} lacks 1 of the 6 images listed in {folder}/list_attr_celeba.txt \(e.g. 000005.jpg\)",
-        root=str(folder))
+    bad(
+        rf"^root: {images} lacks 1 of the 6 images listed in {folder}/list_attr_celeba.txt \(e.g. 000005.jpg\)",
+        root=str(folder),
+    )
     (images / "000005.jpg").write_bytes(b"not a jpeg")  # 000005.jpg is the first test image: read in full
     bad(rf"^root: {images}/000005.jpg is not a readable image \(", root=str(folder))
     Image.new("RGB", (64, 64)).save(images / "000005.jpg", format="JPEG")
@@ -332,14 +347,22 @@ def test_missing_unreadable_or_wrong_size_images(tmp_path):
         tasks.train[1]
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"image_size": [64]}, r"^image_size: must be \[height, width\], two integers > 0, got \[64\]"),
-    ({"image_size": [64, 0]}, r"^image_size: must be"),
-    ({"attributes": ["Smiling", "Smile"]}, r"^attributes: unknown Smile; null \(all 40\) or names of 5_o_Clock_Shadow"),
-    ({"attributes": []}, r"^attributes: empty or repeated"),
-    ({"metrics": ["accuracy", "auc"]},
-     r"^metrics: must be a non-empty list of distinct names among accuracy, error, f1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"image_size": [64]}, r"^image_size: must be \[height, width\], two integers > 0, got \[64\]"),
+        ({"image_size": [64, 0]}, r"^image_size: must be"),
+        (
+            {"attributes": ["Smiling", "Smile"]},
+            r"^attributes: unknown Smile; null \(all 40\) or names of 5_o_Clock_Shadow",
+        ),
+        ({"attributes": []}, r"^attributes: empty or repeated"),
+        (
+            {"metrics": ["accuracy", "auc"]},
+            r"^metrics: must be a non-empty list of distinct names among accuracy, error, f1",
+        ),
+    ],
+)
 def test_bad_options_name_their_argument(root, kwargs, message):
     bad(message, root=str(root), **kwargs)
 
@@ -362,9 +385,22 @@ def famo_network_modules():
     conv = lambda i, o: [("Conv2d", i, o), ("BatchNorm2d", o, o), ("ReLU",)]  # noqa: E731
     linear = lambda i, o: [("Linear", i, o), ("BatchNorm1d", o, o), ("ReLU",)]  # noqa: E731
     pool = [("MaxPool2d",)]
-    return [*conv(3, 64), *pool, *conv(64, 128), *conv(128, 128), *pool, *conv(128, 256), *conv(256, 256), *pool,
-            *conv(256, 512), *conv(512, 512), ("AdaptiveAvgPool2d",), ("Flatten",), *linear(512, 512),
-            *linear(512, 512)]
+    return [
+        *conv(3, 64),
+        *pool,
+        *conv(64, 128),
+        *conv(128, 128),
+        *pool,
+        *conv(128, 256),
+        *conv(256, 256),
+        *pool,
+        *conv(256, 512),
+        *conv(512, 512),
+        ("AdaptiveAvgPool2d",),
+        ("Flatten",),
+        *linear(512, 512),
+        *linear(512, 512),
+    ]
 
 
 def describe(module):
@@ -393,13 +429,16 @@ def test_the_model_is_famos_network():
     assert out.shared.shape == (2, 512) and all(p.shape == (2, 1) for p in out.preds.values())
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"input_shape": (3, 7, 64)}, "^input_shape: height and width must be >= 8"),
-    ({"input_shape": (64, 64)}, "^input_shape: CelebACNN needs"),
-    ({"channels": [4, 4, 4]}, "^channels: must be four integers > 0"),
-    ({"channels": [4, 4, 0, 4]}, "^channels:"),
-    ({"hidden": 0}, "^hidden: must be an integer > 0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"input_shape": (3, 7, 64)}, "^input_shape: height and width must be >= 8"),
+        ({"input_shape": (64, 64)}, "^input_shape: CelebACNN needs"),
+        ({"channels": [4, 4, 4]}, "^channels: must be four integers > 0"),
+        ({"channels": [4, 4, 0, 4]}, "^channels:"),
+        ({"hidden": 0}, "^hidden: must be an integer > 0"),
+    ],
+)
 def test_bad_model_options_name_their_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CelebACNN(**{"input_shape": (3, 64, 64), "heads": {"a": 1}, **kwargs})
@@ -410,10 +449,21 @@ def test_bad_model_options_name_their_argument(kwargs, message):
 
 def test_the_preset_trains_two_steps_with_every_metric(compose_cfg, tmp_path, original_root):
     """experiment=celeba_cnn on the tiny tree (its model narrowed: the test is about the plumbing)."""
-    overrides = ["experiment=celeba_cnn", f"tasks.root={original_root.parent / original_root.name}",
-                 "tasks.metrics=[accuracy,error,f1]", "model.channels=[4,4,4,4]", "model.hidden=8",
-                 "trainer.epochs=null", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.eval_every=2",
-                 "trainer.log_every=1", "trainer.checkpoint_every=0", "trainer.num_workers=0", "trainer.device=cpu"]
+    overrides = [
+        "experiment=celeba_cnn",
+        f"tasks.root={original_root.parent / original_root.name}",
+        "tasks.metrics=[accuracy,error,f1]",
+        "model.channels=[4,4,4,4]",
+        "model.hidden=8",
+        "trainer.epochs=null",
+        "trainer.max_steps=2",
+        "trainer.batch_size=2",
+        "trainer.eval_every=2",
+        "trainer.log_every=1",
+        "trainer.checkpoint_every=0",
+        "trainer.num_workers=0",
+        "trainer.device=cpu",
+    ]
     cfg = compose_cfg(*overrides)
     check_config(cfg, overrides)
     assert cfg.optim.lr == 3.0e-4 and cfg.model._target_ == "mtl_bench.models.CelebACNN"

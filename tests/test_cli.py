@@ -20,13 +20,21 @@ SMOKE = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=6
 
 def cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python -m mtl_bench ...` in a fresh process, as a user's shell would."""
-    return subprocess.run([sys.executable, "-m", "mtl_bench", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mtl_bench", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
 
 
 def test_root_help_lists_subcommands_without_importing_torch():
-    code = ("import sys; from typer.testing import CliRunner; from mtl_bench.cli import app; "
-            "r = CliRunner().invoke(app, ['--help']); print(r.output); print('torch' in sys.modules)")
+    code = (
+        "import sys; from typer.testing import CliRunner; from mtl_bench.cli import app; "
+        "r = CliRunner().invoke(app, ['--help']); print(r.output); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "train" in out and "list" in out
     assert out.strip().endswith("False")
@@ -60,21 +68,46 @@ def test_cfg_job_prints_the_composed_config():
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["optim=nope"], "mtl-bench: error: optim=nope: no such option; allowed: adam, adamw, custom, scaled_adam, sgd"),
+        (
+            ["optim=nope"],
+            "mtl-bench: error: optim=nope: no such option; allowed: adam, adamw, custom, scaled_adam, sgd",
+        ),
         (["optim.lr=abc"], "mtl-bench: error: optim.lr: expected float | torch.Tensor, got 'abc'"),
         (["optim.lrr=1"], "mtl-bench: error: optim.lrr: no such key (a new key needs a plus: +optim.lrr=..."),
         (["optim"], "mtl-bench: error: cannot parse the override"),
         (["optim.lr=-1"], "mtl-bench: error: optim: Invalid learning rate: -1"),
         (["balancer.weights={t0:1.0,t7:2.0}"], "mtl-bench: error: balancer.weights: weights for unknown tasks"),
-        (["balancer.name=gradnorm"], "mtl-bench: error: balancer.name: no such key; choose an option with balancer=<option>"),
-        (["model.name=lenet"], "mtl-bench: error: model.name: no such key; choose an option with model=<option> (celeba_cnn, lenet, mlp, "),
-        (["model._target_=no.such.Class"], "mtl-bench: error: model._target_: cannot import 'no.such.Class' (No module named 'no')"),
-        (["model._target_=mtl_bench.tasks.Digits"], "mtl-bench: error: model._target_: mtl_bench.tasks.Digits built a Digits, not a mtl_bench.models.base.MultiTaskModel"),
+        (
+            ["balancer.name=gradnorm"],
+            "mtl-bench: error: balancer.name: no such key; choose an option with balancer=<option>",
+        ),
+        (
+            ["model.name=lenet"],
+            "mtl-bench: error: model.name: no such key; choose an option with model=<option> (celeba_cnn, lenet, mlp, ",
+        ),
+        (
+            ["model._target_=no.such.Class"],
+            "mtl-bench: error: model._target_: cannot import 'no.such.Class' (No module named 'no')",
+        ),
+        (
+            ["model._target_=mtl_bench.tasks.Digits"],
+            "mtl-bench: error: model._target_: mtl_bench.tasks.Digits built a Digits, not a "
+            "mtl_bench.models.base.MultiTaskModel",
+        ),
         (["model._target_=torch.nn.Linear"], "mtl-bench: error: model.in_features: torch.nn.Linear needs it"),
-        (["+balancer.nonsense=1"], "mtl-bench: error: balancer.nonsense: not an option of mtl_bench.balancers.FixedWeights; options: weights"),
+        (
+            ["+balancer.nonsense=1"],
+            "mtl-bench: error: balancer.nonsense: not an option of mtl_bench.balancers.FixedWeights; options: weights",
+        ),
         (["balancer=gradnorm", "balancer.alpha=-1"], "mtl-bench: error: balancer.alpha: must be >= 0, got -1"),
-        (["precision=fp16", "precision.loss_scale=auto"], "mtl-bench: error: precision.loss_scale: must be dynamic, a number > 0"),
-        (["trainer.step_mode=tasks"], "mtl-bench: error: trainer.step_mode='tasks' is not allowed: allowed: joint, per_task"),
+        (
+            ["precision=fp16", "precision.loss_scale=auto"],
+            "mtl-bench: error: precision.loss_scale: must be dynamic, a number > 0",
+        ),
+        (
+            ["trainer.step_mode=tasks"],
+            "mtl-bench: error: trainer.step_mode='tasks' is not allowed: allowed: joint, per_task",
+        ),
     ],
 )
 def test_user_errors_are_one_clear_line_without_traceback(tmp_path, args, expected):
@@ -87,9 +120,13 @@ def test_user_errors_are_one_clear_line_without_traceback(tmp_path, args, expect
 
 def test_nonfinite_raise_ends_the_log_with_one_error_line(tmp_path):
     # diverges in two steps: a training failure reported like a user error, after the run's own log lines
-    result = cli("train", "optim=sgd", "optim.lr=1e8", "trainer.on_nonfinite=raise", f"hydra.run.dir={tmp_path}", *SMOKE)
+    result = cli(
+        "train", "optim=sgd", "optim.lr=1e8", "trainer.on_nonfinite=raise", f"hydra.run.dir={tmp_path}", *SMOKE
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("mtl-bench: error: non-finite loss for task 't0' at step 2")
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith("mtl-bench: error: non-finite loss for task 't0' at step 2")
+    )
 
 
 def test_train_runs_in_process_and_writes_a_run_dir(tmp_path):
@@ -105,8 +142,9 @@ def test_train_runs_in_process_and_writes_a_run_dir(tmp_path):
 
 
 def test_multirun_sweep_names_run_dirs_by_overrides(tmp_path):
-    result = CliRunner().invoke(app, ["train", "-m", "optim=sgd,adam", "seed=0,1",
-                                      f"hydra.sweep.dir={tmp_path}", *SMOKE])
+    result = CliRunner().invoke(
+        app, ["train", "-m", "optim=sgd,adam", "seed=0,1", f"hydra.sweep.dir={tmp_path}", *SMOKE]
+    )
     assert result.exit_code == 0, result.output
     runs = sorted(p.parent.name for p in tmp_path.glob("*/metrics.json"))
     assert len(runs) == 4
@@ -126,9 +164,21 @@ ON_DISK = ("nyuv2_", "cityscapes_", "celeba_", "office")
 
 def test_every_experiment_preset_runs(tmp_path):
     generated = [e for e in config_options()["experiment"] if not e.startswith(ON_DISK)]
-    result = CliRunner().invoke(app, ["train", "-m", f"experiment={','.join(generated)}", f"hydra.sweep.dir={tmp_path}",
-                                      "trainer.max_steps=10", "trainer.eval_every=5", "trainer.log_every=5",
-                                      "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "-m",
+            f"experiment={','.join(generated)}",
+            f"hydra.sweep.dir={tmp_path}",
+            "trainer.max_steps=10",
+            "trainer.eval_every=5",
+            "trainer.log_every=5",
+            "tasks.n_train=256",
+            "tasks.n_val=32",
+            "tasks.n_test=32",
+        ],
+    )
     assert result.exit_code == 0, result.output
     finished = {json.loads(p.read_text())["choices"]["experiment"] for p in tmp_path.glob("*/metrics.json")}
     assert finished == set(generated) and "gradnorm_toy" in finished

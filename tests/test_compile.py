@@ -39,11 +39,20 @@ def parts(cfg):
     """Task set, model and balancer built as the recipe builds them (seeded the same each call)."""
     torch.manual_seed(0)
     taskset = build("tasks", cfg.tasks, TaskSet)
-    model = build("model", cfg.model, MultiTaskModel, input_shape=taskset.input_shape,
-                  heads={t.name: t.out_dim for t in taskset.tasks})
-    supplied = {"task_names": taskset.task_names, "shared_params": list(model.shared_parameters()),
-                "shared_layer": model.last_shared_layer, "world_size": 1,
-                "initial_losses_known": {t.name: t.initial_loss for t in taskset.tasks}}
+    model = build(
+        "model",
+        cfg.model,
+        MultiTaskModel,
+        input_shape=taskset.input_shape,
+        heads={t.name: t.out_dim for t in taskset.tasks},
+    )
+    supplied = {
+        "task_names": taskset.task_names,
+        "shared_params": list(model.shared_parameters()),
+        "shared_layer": model.last_shared_layer,
+        "world_size": 1,
+        "initial_losses_known": {t.name: t.initial_loss for t in taskset.tasks},
+    }
     assert set(supplied) == set(BUILD_ARGUMENTS)
     balancer = build("balancer", cfg.balancer, Balancer, ignore=ENGINE_KEYS.get("balancer", ()), **supplied)
     return taskset, model, balancer
@@ -54,8 +63,7 @@ def train_steps(cfg, compile_setting) -> tuple[MultiTaskModel, Balancer, list[di
     taskset, model, balancer = parts(cfg)
     conf = OmegaConf.to_object(cfg.trainer)
     forward = maybe_compile(model, compile_setting)
-    runner = StepRunner(forward, taskset, balancer, Precision(torch.device("cpu")), conf, cfg.seed,
-                        torch.device("cpu"))
+    runner = StepRunner(forward, taskset, balancer, Precision(torch.device("cpu")), conf, cfg.seed, torch.device("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     measured = []
     for step in range(STEPS):
@@ -93,8 +101,9 @@ def test_gradnorm_at_the_hooked_last_shared_linear_trains_the_same_compiled(comp
 
 
 def test_a_balancer_at_the_shared_representation_trains_the_same_compiled(compose_cfg):
-    assert_same_training(compose_cfg(*SMALL, "model.widths=[32,32,32]", "balancer=imtl",
-                                     "balancer.grad_source=shared_rep"))
+    assert_same_training(
+        compose_cfg(*SMALL, "model.widths=[32,32,32]", "balancer=imtl", "balancer.grad_source=shared_rep")
+    )
 
 
 def test_a_batched_jacobian_through_the_compiled_trunk_trains_the_same(compose_cfg):
@@ -105,14 +114,26 @@ def test_a_batched_jacobian_through_the_compiled_trunk_trains_the_same(compose_c
 
 @pytest.mark.slow
 def test_lenet_with_per_task_steps_trains_the_same_compiled(compose_cfg):
-    assert_same_training(compose_cfg(*SMALL, "experiment=digits_lenet", "tasks.n_train=512", "tasks.n_val=64",
-                                     "tasks.n_test=64", "balancer=gradnorm", "trainer.step_mode=per_task"))
+    assert_same_training(
+        compose_cfg(
+            *SMALL,
+            "experiment=digits_lenet",
+            "tasks.n_train=512",
+            "tasks.n_val=64",
+            "tasks.n_test=64",
+            "balancer=gradnorm",
+            "trainer.step_mode=per_task",
+        )
+    )
 
 
 @pytest.mark.slow
 def test_lenet_gradients_at_the_shared_parameters_are_the_same_compiled(compose_cfg):
-    assert_same_training(compose_cfg(*SMALL, "experiment=digits_lenet", "tasks.n_train=512", "tasks.n_val=64",
-                                     "tasks.n_test=64", "balancer=mgda"))
+    assert_same_training(
+        compose_cfg(
+            *SMALL, "experiment=digits_lenet", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "balancer=mgda"
+        )
+    )
 
 
 BALANCERS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "conf" / "balancer").glob("*.yaml"))
@@ -129,10 +150,20 @@ def test_every_balancer_trains_the_same_compiled(compose_cfg, balancer):
 # ----------------------------------------------------------------------------- settings, structure, fallback
 
 
-@pytest.mark.parametrize("setting, mode", [(False, None), (None, None), ("false", None), (True, "default"),
-                                           ("true", "default"), ("default", "default"),
-                                           ("reduce-overhead", "reduce-overhead"), ("max-autotune", "max-autotune"),
-                                           ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")])
+@pytest.mark.parametrize(
+    "setting, mode",
+    [
+        (False, None),
+        (None, None),
+        ("false", None),
+        (True, "default"),
+        ("true", "default"),
+        ("default", "default"),
+        ("reduce-overhead", "reduce-overhead"),
+        ("max-autotune", "max-autotune"),
+        ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs"),
+    ],
+)
 def test_settings(setting, mode):
     assert compile_mode(setting) == mode
 
@@ -199,8 +230,15 @@ def test_a_failing_compiler_still_trains_the_same_as_eager(compiler_fails, compo
     eager_model, _, _ = train_steps(cfg, False)
     taskset, model, balancer = parts(cfg)
     forward = maybe_compile(model, "max-autotune")
-    runner = StepRunner(forward, taskset, balancer, Precision(torch.device("cpu")), OmegaConf.to_object(cfg.trainer),
-                        cfg.seed, torch.device("cpu"))
+    runner = StepRunner(
+        forward,
+        taskset,
+        balancer,
+        Precision(torch.device("cpu")),
+        OmegaConf.to_object(cfg.trainer),
+        cfg.seed,
+        torch.device("cpu"),
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     with caplog.at_level(logging.WARNING, logger="mtl_bench"):
         for step in range(STEPS):
@@ -296,11 +334,23 @@ def test_compiled_ddp_trains_the_same_as_eager_ddp(compose_cfg, tmp_path, mode, 
     from processes import free_port, spawn_and_wait
 
     for setting in (False, True):
-        conf = compose_cfg(*SMALL, "model.widths=[32,32]", "optim=sgd", f"trainer.step_mode={mode}",
-                           f"balancer={balancer}", "trainer.batch_size=16", "trainer.num_threads=1",
-                           f"trainer.compile={setting}")
-        spawn_and_wait(ddp_worker, (2, free_port(), conf, str(tmp_path / f"ddp_{setting}")),
-                       nprocs=2, timeout_s=300, what="DDP workers did not finish")
+        conf = compose_cfg(
+            *SMALL,
+            "model.widths=[32,32]",
+            "optim=sgd",
+            f"trainer.step_mode={mode}",
+            f"balancer={balancer}",
+            "trainer.batch_size=16",
+            "trainer.num_threads=1",
+            f"trainer.compile={setting}",
+        )
+        spawn_and_wait(
+            ddp_worker,
+            (2, free_port(), conf, str(tmp_path / f"ddp_{setting}")),
+            nprocs=2,
+            timeout_s=300,
+            what="DDP workers did not finish",
+        )
     a, b = (torch.load(tmp_path / f"ddp_{s}" / "checkpoints" / "last.pt", weights_only=True) for s in (True, False))
     for key in a["model"]:
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-4, atol=1e-5)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,8 +15,11 @@ OPTIONS = [(group, option) for group, options in config_options().items() for op
 
 def test_every_yaml_under_conf_is_an_option_the_test_below_composes():
     root = conf_root()
-    on_disk = {str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml")
-               if p.parent != root and not p.relative_to(root).parts[0] == "hydra"}
+    on_disk = {
+        str(p.relative_to(root).with_suffix(""))
+        for p in root.rglob("*.yaml")
+        if p.parent != root and not p.relative_to(root).parts[0] == "hydra"
+    }
     listed = {f"{group}/{option}" for group, option in OPTIONS}
     assert on_disk == listed
 
@@ -33,8 +34,11 @@ def test_every_option_keys_match_the_signature_of_its_class(compose_cfg, group, 
         target = check_part(key, node, supplied, ENGINE_KEYS.get(key, ()))
         if not node["_target_"].startswith("mtl_bench."):
             continue  # torch's classes: the YAML lists the options it sets, not all of them
-        options = {name for name, p in parameters(target).items() if name not in supplied
-                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        options = {
+            name
+            for name, p in parameters(target).items()
+            if name not in supplied and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        }
         assert options <= set(node), (key, sorted(options - set(node)))
     check_config(cfg, [])
 
@@ -56,12 +60,20 @@ def test_own_classes_document_each_argument():
     ("overrides", "message"),
     [
         (["optim.lr=abc"], "optim.lr: expected float | torch.Tensor, got 'abc'"),
-        (["+balancer.nonsense=1"], "balancer.nonsense: not an option of mtl_bench.balancers.FixedWeights; options: weights"),
+        (
+            ["+balancer.nonsense=1"],
+            "balancer.nonsense: not an option of mtl_bench.balancers.FixedWeights; options: weights",
+        ),
         (["model._target_=no.such.Class"], "model._target_: cannot import 'no.such.Class' (No module named 'no')"),
         (["model.widths=abc"], "model.widths: expected Sequence[int], got 'abc'"),
-        (["optim/schedule=cosine", "+optim.schedule.total_steps=5"],
-         "optim.schedule.total_steps: given by the engine at build time, not a config option"),
-        (["model._target_=torch.nn.Linear"], "model.in_features: torch.nn.Linear needs it; add +model.in_features=<value>"),
+        (
+            ["optim/schedule=cosine", "+optim.schedule.total_steps=5"],
+            "optim.schedule.total_steps: given by the engine at build time, not a config option",
+        ),
+        (
+            ["model._target_=torch.nn.Linear"],
+            "model.in_features: torch.nn.Linear needs it; add +model.in_features=<value>",
+        ),
     ],
 )
 def test_bad_keys_and_types_fail_before_anything_is_built(compose_cfg, overrides, message):
@@ -74,20 +86,33 @@ def test_bad_keys_and_types_fail_before_anything_is_built(compose_cfg, overrides
     ("key", "override", "message"),
     [
         ("balancer", "balancer.alpha=-1", "balancer.alpha: must be >= 0, got -1"),
-        ("balancer", "balancer.grad_source=trunk", "balancer.grad_source: 'trunk' is not one of last_shared, shared_rep"),
+        (
+            "balancer",
+            "balancer.grad_source=trunk",
+            "balancer.grad_source: 'trunk' is not one of last_shared, shared_rep",
+        ),
         ("model", "model.activation=swish", "model.activation: 'swish' is not one of relu, tanh, gelu"),
         ("precision", "precision.loss_scale=auto", "precision.loss_scale: must be dynamic, a number > 0"),
         ("optim.schedule", "optim.schedule.min_lr_ratio=2", "optim.schedule.min_lr_ratio: must be in 0..1, got 2"),
     ],
 )
 def test_value_checks_live_in_the_classes_and_name_the_key(compose_cfg, key, override, message):
-    group = {"balancer": "balancer=gradnorm", "precision": "precision=fp16", "optim.schedule": "optim/schedule=cosine",
-             "model": "model=mlp"}[key]
+    group = {
+        "balancer": "balancer=gradnorm",
+        "precision": "precision=fp16",
+        "optim.schedule": "optim/schedule=cosine",
+        "model": "model=mlp",
+    }[key]
     cfg = compose_cfg(group, override)
-    supplied = {"model": {"input_shape": (3,), "heads": {"a": 1}}, "precision": {"device": "cpu"},
-                "balancer": {"task_names": ["a"], "shared_layer": __import__("torch").nn.Linear(2, 2)},
-                "optim.schedule": {"optimizer": __import__("torch").optim.SGD([__import__("torch").zeros(1, requires_grad=True)], lr=1.0),
-                                   "total_steps": 10}}[key]
+    supplied = {
+        "model": {"input_shape": (3,), "heads": {"a": 1}},
+        "precision": {"device": "cpu"},
+        "balancer": {"task_names": ["a"], "shared_layer": __import__("torch").nn.Linear(2, 2)},
+        "optim.schedule": {
+            "optimizer": __import__("torch").optim.SGD([__import__("torch").zeros(1, requires_grad=True)], lr=1.0),
+            "total_steps": 10,
+        },
+    }[key]
     with pytest.raises(ConfigError) as info:
         build(key, OmegaConf.select(cfg, key), None, ignore=ENGINE_KEYS.get(key, ()), **supplied)
     assert str(info.value).startswith(message)

@@ -37,8 +37,15 @@ def test_cosine_cycle_matches_hand_values():
 
 
 def test_linear_strategy_and_several_cycles():
-    sched = CyclicSchedule(sgd(lr=1.0), total_steps=20, target_ratio=(3.0, 1.0), cyclic_times=2, step_ratio_up=0.5,
-                           anneal_strategy="linear", momentum_target_ratio=None)
+    sched = CyclicSchedule(
+        sgd(lr=1.0),
+        total_steps=20,
+        target_ratio=(3.0, 1.0),
+        cyclic_times=2,
+        step_ratio_up=0.5,
+        anneal_strategy="linear",
+        momentum_target_ratio=None,
+    )
     got = trace(sched, 22)
     lrs = [lr for lr, _ in got]
     assert lrs[:10] == pytest.approx([1.0, 1.4, 1.8, 2.2, 2.6, 3.0, 2.6, 2.2, 1.8, 1.4])

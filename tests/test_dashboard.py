@@ -39,11 +39,13 @@ def test_sweep_dashboard(tmp_path):
 
         # HParams: the run's overrides and choices, and the final test metrics as the table's columns
         start = plugin_data_pb2.HParamsPluginData.FromString(
-            plugin_content(events, "hparams", "_hparams_/session_start_info")).session_start_info
+            plugin_content(events, "hparams", "_hparams_/session_start_info")
+        ).session_start_info
         assert start.hparams["overrides"].string_value.startswith(f"balancer={balancer}")
         assert start.hparams["choice.balancer"].string_value == balancer
         experiment = plugin_data_pb2.HParamsPluginData.FromString(
-            plugin_content(events, "hparams", "_hparams_/experiment")).experiment
+            plugin_content(events, "hparams", "_hparams_/experiment")
+        ).experiment
         columns = {m.name.tag for m in experiment.metric_infos}
         assert {"metric/test/t0/mse", "metric/test/t1/mse", "summary/test_loss_ratio_sum"} <= columns
         assert columns <= tags  # every column has its value in this run

@@ -9,12 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 from processes import free_port, join_torchrun_env, spawn_and_wait
 
-SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]",
-         "optim=sgd"]
+SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]", "optim=sgd"]
 
 
 def worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir: str) -> None:
@@ -57,16 +54,21 @@ def raising_worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir
 
 
 def run_two_ranks(conf, run_dir: Path, out_dir: Path, target=worker) -> None:
-    spawn_and_wait(target, (2, free_port(), conf, str(run_dir), str(out_dir)), nprocs=2, timeout_s=120,
-                   what="DDP workers did not finish")
+    spawn_and_wait(
+        target,
+        (2, free_port(), conf, str(run_dir), str(out_dir)),
+        nprocs=2,
+        timeout_s=120,
+        what="DDP workers did not finish",
+    )
 
 
 @pytest.mark.parametrize("mode", ["joint", "per_task"])
 def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(compose_cfg, tmp_path, mode):
     from mtl_bench.engine.recipe import train
 
-    two = (compose_cfg(*SMALL, "trainer.batch_size=16", f"trainer.step_mode={mode}"))
-    one = (compose_cfg(*SMALL, "trainer.batch_size=32", f"trainer.step_mode={mode}"))
+    two = compose_cfg(*SMALL, "trainer.batch_size=16", f"trainer.step_mode={mode}")
+    one = compose_cfg(*SMALL, "trainer.batch_size=32", f"trainer.step_mode={mode}")
     run_two_ranks(two, tmp_path / "ddp", tmp_path)
     train(one, tmp_path / "single")
     a = torch.load(tmp_path / "ddp" / "checkpoints" / "last.pt", weights_only=True)["model"]
@@ -77,7 +79,7 @@ def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(compose_cfg, tmp
 
 
 def test_gradnorm_weights_are_identical_on_both_ranks(compose_cfg, tmp_path):
-    conf = (compose_cfg(*SMALL, "trainer.batch_size=16", "balancer=gradnorm"))
+    conf = compose_cfg(*SMALL, "trainer.batch_size=16", "balancer=gradnorm")
     run_two_ranks(conf, tmp_path / "ddp", tmp_path)
     r0, r1 = (torch.load(tmp_path / f"balancer{r}.pt", weights_only=True) for r in range(2))
     assert torch.equal(r0["weights"], r1["weights"]) and r0["opt_step"].item() == 20
@@ -85,7 +87,7 @@ def test_gradnorm_weights_are_identical_on_both_ranks(compose_cfg, tmp_path):
 
 
 def test_nonfinite_raise_on_one_rank_stops_both(compose_cfg, tmp_path):
-    conf = (compose_cfg(*SMALL, "trainer.batch_size=16", "trainer.on_nonfinite=raise"))
+    conf = compose_cfg(*SMALL, "trainer.batch_size=16", "trainer.on_nonfinite=raise")
     run_two_ranks(conf, tmp_path / "ddp", tmp_path, target=raising_worker)
     messages = [(tmp_path / f"stopped{rank}.txt").read_text() for rank in range(2)]
     assert all(m.startswith("non-finite loss for task 't1' at step 1 ") for m in messages)
@@ -95,9 +97,21 @@ def test_nonfinite_raise_on_one_rank_stops_both(compose_cfg, tmp_path):
 def test_torchrun_cli_trains_with_two_processes(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     result = subprocess.run(
-        [str(torchrun), "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "mtl_bench", "train",
-         *SMALL, f"hydra.run.dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+        [
+            str(torchrun),
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            "-m",
+            "mtl_bench",
+            "train",
+            *SMALL,
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "x 2 ranks" in result.stderr

@@ -21,8 +21,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtl_bench.tasks.dense import (HIST_BIN_DEGREES, depth_task, hflip, histogram_median, mtan_augment,
-                                   normal_task, scale_crop, segmentation_task)
+from mtl_bench.tasks.dense import (
+    HIST_BIN_DEGREES,
+    depth_task,
+    hflip,
+    histogram_median,
+    mtan_augment,
+    normal_task,
+    scale_crop,
+    segmentation_task,
+)
 
 # ----------------------------------------------------------------------------------------------- oracles
 
@@ -39,7 +47,7 @@ class ConfMatrix(object):  # nash-mtl experiments/nyuv2/utils.py
         with torch.no_grad():
             k = (target >= 0) & (target < n)
             inds = n * target[k].to(torch.int64) + pred[k]
-            self.mat += torch.bincount(inds, minlength=n ** 2).reshape(n, n)
+            self.mat += torch.bincount(inds, minlength=n**2).reshape(n, n)
 
     def get_metrics(self):
         h = self.mat.float()
@@ -55,9 +63,7 @@ def depth_error(x_pred, x_output):  # nash-mtl experiments/nyuv2/utils.py
     x_output_true = x_output.masked_select(binary_mask)
     abs_err = torch.abs(x_pred_true - x_output_true)
     rel_err = torch.abs(x_pred_true - x_output_true) / x_output_true
-    return (
-        torch.sum(abs_err) / torch.nonzero(binary_mask, as_tuple=False).size(0)
-    ).item(), (
+    return (torch.sum(abs_err) / torch.nonzero(binary_mask, as_tuple=False).size(0)).item(), (
         torch.sum(rel_err) / torch.nonzero(binary_mask, as_tuple=False).size(0)
     ).item()
 
@@ -65,11 +71,7 @@ def depth_error(x_pred, x_output):  # nash-mtl experiments/nyuv2/utils.py
 def normal_error(x_pred, x_output):  # nash-mtl experiments/nyuv2/utils.py
     binary_mask = torch.sum(x_output, dim=1) != 0
     error = (
-        torch.acos(
-            torch.clamp(
-                torch.sum(x_pred * x_output, 1).masked_select(binary_mask), -1, 1
-            )
-        )
+        torch.acos(torch.clamp(torch.sum(x_pred * x_output, 1).masked_select(binary_mask), -1, 1))
         .detach()
         .cpu()
         .numpy()
@@ -96,15 +98,13 @@ def calc_loss(x_pred, x_output, task_type):  # nash-mtl experiments/nyuv2/traine
 
     if task_type == "depth":
         # depth loss: l1 norm
-        loss = torch.sum(torch.abs(x_pred - x_output) * binary_mask) / torch.nonzero(
-            binary_mask, as_tuple=False
-        ).size(0)
+        loss = torch.sum(torch.abs(x_pred - x_output) * binary_mask) / torch.nonzero(binary_mask, as_tuple=False).size(
+            0
+        )
 
     if task_type == "normal":
         # normal loss: dot product
-        loss = 1 - torch.sum((x_pred * x_output) * binary_mask) / torch.nonzero(
-            binary_mask, as_tuple=False
-        ).size(0)
+        loss = 1 - torch.sum((x_pred * x_output) * binary_mask) / torch.nonzero(binary_mask, as_tuple=False).size(0)
 
     return loss
 
@@ -129,7 +129,7 @@ class DepthMetric:  # LibMTL examples/nyu/utils.py (AbsMetric's record/bs lists 
     def score_fun(self):
         records = np.stack([np.array(self.abs_record), np.array(self.rel_record)])
         batch_size = np.array(self.bs)
-        return [(records[i]*batch_size).sum()/(sum(batch_size)) for i in range(2)]
+        return [(records[i] * batch_size).sum() / (sum(batch_size)) for i in range(2)]
 
 
 class NormalMetric:  # LibMTL examples/nyu/utils.py
@@ -139,16 +139,22 @@ class NormalMetric:  # LibMTL examples/nyu/utils.py
     def update_fun(self, pred, gt):
         # gt has been normalized on the NYUv2 dataset
         pred = pred / torch.norm(pred, p=2, dim=1, keepdim=True)
-        binary_mask = (torch.sum(gt, dim=1) != 0)
-        error = torch.acos(torch.clamp(torch.sum(pred*gt, 1).masked_select(binary_mask), -1, 1)).detach().cpu().numpy()
+        binary_mask = torch.sum(gt, dim=1) != 0
+        error = (
+            torch.acos(torch.clamp(torch.sum(pred * gt, 1).masked_select(binary_mask), -1, 1)).detach().cpu().numpy()
+        )
         error = np.degrees(error)
         self.record.append(error)
 
     def score_fun(self):
         records = np.concatenate(self.record)
-        return [np.mean(records), np.median(records), \
-               np.mean((records < 11.25)*1.0), np.mean((records < 22.5)*1.0), \
-               np.mean((records < 30)*1.0)]
+        return [
+            np.mean(records),
+            np.median(records),
+            np.mean((records < 11.25) * 1.0),
+            np.mean((records < 22.5) * 1.0),
+            np.mean((records < 30) * 1.0),
+        ]
 
 
 class RandomScaleCrop(object):  # mtan im2im_pred/create_dataset.py
@@ -161,10 +167,18 @@ class RandomScaleCrop(object):  # mtan im2im_pred/create_dataset.py
         h, w = int(height / sc), int(width / sc)
         i = random.randint(0, height - h)
         j = random.randint(0, width - w)
-        img_ = F.interpolate(img[None, :, i:i + h, j:j + w], size=(height, width), mode='bilinear', align_corners=True).squeeze(0)
-        label_ = F.interpolate(label[None, None, i:i + h, j:j + w], size=(height, width), mode='nearest').squeeze(0).squeeze(0)
-        depth_ = F.interpolate(depth[None, :, i:i + h, j:j + w], size=(height, width), mode='nearest').squeeze(0)
-        normal_ = F.interpolate(normal[None, :, i:i + h, j:j + w], size=(height, width), mode='bilinear', align_corners=True).squeeze(0)
+        img_ = F.interpolate(
+            img[None, :, i : i + h, j : j + w], size=(height, width), mode="bilinear", align_corners=True
+        ).squeeze(0)
+        label_ = (
+            F.interpolate(label[None, None, i : i + h, j : j + w], size=(height, width), mode="nearest")
+            .squeeze(0)
+            .squeeze(0)
+        )
+        depth_ = F.interpolate(depth[None, :, i : i + h, j : j + w], size=(height, width), mode="nearest").squeeze(0)
+        normal_ = F.interpolate(
+            normal[None, :, i : i + h, j : j + w], size=(height, width), mode="bilinear", align_corners=True
+        ).squeeze(0)
         return img_, label_, depth_ / sc, normal_
 
 
@@ -173,7 +187,7 @@ def mtan_flip(image, semantic, depth, normal):  # mtan im2im_pred/create_dataset
     semantic = torch.flip(semantic, dims=[1])
     depth = torch.flip(depth, dims=[2])
     normal = torch.flip(normal, dims=[2])
-    normal[0, :, :] = - normal[0, :, :]
+    normal[0, :, :] = -normal[0, :, :]
     return image, semantic, depth, normal
 
 
@@ -189,7 +203,9 @@ def reference_test_loop(preds, targets, batch, num_classes):
         conf_mat.update(preds["segmentation"][rows].argmax(1).flatten(), targets["segmentation"][rows].flatten())
         cost = np.zeros(7, dtype=np.float32)
         cost[0], cost[1] = depth_error(preds["depth"][rows], targets["depth"][rows])
-        cost[2:] = normal_error(F.normalize(preds["normal"][rows], dim=1), targets["normal"][rows])  # the model normalises
+        cost[2:] = normal_error(
+            F.normalize(preds["normal"][rows], dim=1), targets["normal"][rows]
+        )  # the model normalises
         avg += cost / test_batch
     miou, acc = conf_mat.get_metrics()
     names = ["abs_err", "rel_err", "angle_mean", "angle_median", "within_11_25", "within_22_5", "within_30"]
@@ -203,7 +219,7 @@ def run_split(task, preds, targets, chunks):
     """Accumulate `task.metrics` over evaluation batches of sizes `chunks` as the engine does (float32 sums)."""
     sums, start = {}, 0
     for size in chunks:
-        values = task.metrics(preds[start:start + size], targets[start:start + size])
+        values = task.metrics(preds[start : start + size], targets[start : start + size])
         for name, value in values.items():
             sums[name] = sums.get(name, 0.0) + value.detach().float()
         start += size
@@ -219,9 +235,11 @@ def random_split(n=6, classes=5, height=6, width=7, seed=0):
     normal = F.normalize(torch.randn(n, 3, height, width, generator=gen), dim=1)
     normal[(torch.rand(n, height, width, generator=gen) < 0.2).unsqueeze(1).expand_as(normal)] = 0
     targets = {"segmentation": labels, "depth": depth, "normal": normal}
-    preds = {"segmentation": torch.randn(n, classes, height, width, generator=gen),
-             "depth": torch.rand(n, 1, height, width, generator=gen) * 5,
-             "normal": torch.randn(n, 3, height, width, generator=gen) * 2}  # not unit: the tasks normalise
+    preds = {
+        "segmentation": torch.randn(n, classes, height, width, generator=gen),
+        "depth": torch.rand(n, 1, height, width, generator=gen) * 5,
+        "normal": torch.randn(n, 3, height, width, generator=gen) * 2,
+    }  # not unit: the tasks normalise
     return preds, targets
 
 
@@ -274,11 +292,13 @@ def test_normals_by_hand():
     x, y, z = torch.eye(3)
     c45 = F.normalize(x + y, dim=0)
     #           target  prediction (any length)   angle
-    pairs = [(x, 5 * x),                        # 0
-             (x, 2 * c45),                      # 45
-             (y, x),                            # 90
-             (z, -z),                           # 180
-             (torch.zeros(3), x)]               # invalid target
+    pairs = [
+        (x, 5 * x),  # 0
+        (x, 2 * c45),  # 45
+        (y, x),  # 90
+        (z, -z),  # 180
+        (torch.zeros(3), x),
+    ]  # invalid target
     target = torch.stack([t for t, _ in pairs], dim=1).reshape(1, 3, 1, 5)
     pred = torch.stack([p for _, p in pairs], dim=1).reshape(1, 3, 1, 5)
     values = run_split(normal_task(1), pred, target, [1])
@@ -295,8 +315,13 @@ def test_normals_by_hand():
 def test_metric_names_and_directions():
     assert segmentation_task(13).higher_is_better == {"miou": True, "pixel_acc": True}
     assert depth_task(2).higher_is_better == {"abs_err": False, "rel_err": False}
-    assert normal_task(2).higher_is_better == {"angle_mean": False, "angle_median": False, "within_11_25": True,
-                                               "within_22_5": True, "within_30": True}
+    assert normal_task(2).higher_is_better == {
+        "angle_mean": False,
+        "angle_median": False,
+        "within_11_25": True,
+        "within_22_5": True,
+        "within_30": True,
+    }
     with pytest.raises(ValueError, match=r"^error_batch: must be a number of images >= 1"):
         depth_task(0)
 
@@ -336,7 +361,9 @@ def test_per_pixel_metrics_equal_libmtl():
         depth.update_fun(preds["depth"][rows], targets["depth"][rows])
         normal.update_fun(preds["normal"][rows], targets["normal"][rows])
     expected = dict(zip(["abs_err", "rel_err"], depth.score_fun()))
-    expected |= dict(zip(["angle_mean", "angle_median", "within_11_25", "within_22_5", "within_30"], normal.score_fun()))
+    expected |= dict(
+        zip(["angle_mean", "angle_median", "within_11_25", "within_22_5", "within_30"], normal.score_fun())
+    )
     got = run_split(depth_task(None), preds["depth"], targets["depth"], [4, 2])
     got |= run_split(normal_task(None), preds["normal"], targets["normal"], [4, 2])
     for name in expected:
@@ -357,12 +384,15 @@ def test_losses_equal_nash_mtl_calc_loss():
     seg, depth, normal = segmentation_task(5), depth_task(2), normal_task(2)
     # the references' SegNet ends in log_softmax (nll_loss) and F.normalize for normals: the same numbers here
     assert float(seg.loss(preds["segmentation"], targets["segmentation"])) == pytest.approx(
-        float(calc_loss(F.log_softmax(preds["segmentation"], 1), targets["segmentation"], "semantic")), rel=1e-6)
+        float(calc_loss(F.log_softmax(preds["segmentation"], 1), targets["segmentation"], "semantic")), rel=1e-6
+    )
     assert float(depth.loss(preds["depth"], targets["depth"])) == pytest.approx(
-        float(calc_loss(preds["depth"], targets["depth"], "depth")), rel=1e-6)
+        float(calc_loss(preds["depth"], targets["depth"], "depth")), rel=1e-6
+    )
     unit = F.normalize(preds["normal"], dim=1)
     assert float(normal.loss(preds["normal"], targets["normal"])) == pytest.approx(
-        float(calc_loss(unit, targets["normal"], "normal")), rel=1e-6)
+        float(calc_loss(unit, targets["normal"], "normal")), rel=1e-6
+    )
 
 
 def test_losses_have_gradients_and_metrics_do_not_need_them():

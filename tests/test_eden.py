@@ -12,10 +12,13 @@ def sgd(lrs: tuple[float, ...] = (0.04, 0.01)) -> torch.optim.SGD:
     return torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(2))], "lr": lr} for lr in lrs])
 
 
-def eden(batch: int, epoch: int, lr_batches: float = 100.0, lr_epochs: float = 3.0, warmup: float = 50.0,
-         start: float = 0.5) -> float:
+def eden(
+    batch: int, epoch: int, lr_batches: float = 100.0, lr_epochs: float = 3.0, warmup: float = 50.0, start: float = 0.5
+) -> float:
     w = 1.0 if batch >= warmup else start + (1 - start) * batch / warmup
-    return ((batch**2 + lr_batches**2) / lr_batches**2) ** -0.25 * ((epoch**2 + lr_epochs**2) / lr_epochs**2) ** -0.25 * w
+    return (
+        ((batch**2 + lr_batches**2) / lr_batches**2) ** -0.25 * ((epoch**2 + lr_epochs**2) / lr_epochs**2) ** -0.25 * w
+    )
 
 
 @pytest.mark.parametrize("batch,epoch", [(0, 0), (10, 0), (49, 1), (50, 1), (300, 2), (5000, 7)])

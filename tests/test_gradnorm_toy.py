@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from omegaconf import OmegaConf
 
 from mtl_bench.analysis.runs import find_runs, spearman
 from mtl_bench.engine.recipe import train
@@ -31,11 +30,12 @@ def test_find_runs_keeps_completed_runs_only(tmp_path):
 def test_gradnorm_beats_equal_weights_and_weights_order_inversely_to_sigma(compose_cfg, tmp_path):
     results = {}
     for experiment in ("gradnorm_toy", "gradnorm_toy_equal"):
-        conf = (compose_cfg(f"experiment={experiment}", "trainer.max_steps=1500",
-                                               "trainer.eval_every=1500"))
+        conf = compose_cfg(f"experiment={experiment}", "trainer.max_steps=1500", "trainer.eval_every=1500")
         results[experiment] = train(conf, tmp_path / experiment)
-    assert (results["gradnorm_toy"].summary["test_loss_ratio_sum"]
-            < results["gradnorm_toy_equal"].summary["test_loss_ratio_sum"])
+    assert (
+        results["gradnorm_toy"].summary["test_loss_ratio_sum"]
+        < results["gradnorm_toy_equal"].summary["test_loss_ratio_sum"]
+    )
     import torch
 
     state = torch.load(tmp_path / "gradnorm_toy" / "checkpoints" / "last.pt", weights_only=True)["balancer"]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from mtl_bench.engine.builders import build
-from mtl_bench.models import LeNet, MLP, ModelOutput, MultiTaskModel
+from mtl_bench.models import MLP, LeNet, ModelOutput, MultiTaskModel
 
 
 def test_paper_toy_mlp_parameter_count():
@@ -45,12 +45,15 @@ def test_lenet_on_digit_pairs():
     assert LeNet((1, 8, 8), {"a": 1}, channels=[4], hidden=7)(torch.rand(2, 1, 8, 8)).shared.shape == (2, 7)
 
 
-@pytest.mark.parametrize("cls,shape,kwargs", [
-    (MLP, (250,), {}),
-    (MLP, (3, 4), {"activation": "tanh"}),
-    (MLP, (250,), {"activation": "gelu", "widths": [7]}),
-    (LeNet, (1, 8, 12), {}),
-])
+@pytest.mark.parametrize(
+    "cls,shape,kwargs",
+    [
+        (MLP, (250,), {}),
+        (MLP, (3, 4), {"activation": "tanh"}),
+        (MLP, (250,), {"activation": "gelu", "widths": [7]}),
+        (LeNet, (1, 8, 12), {}),
+    ],
+)
 def test_last_shared_layer_is_the_trunks_last_linear_and_feeds_shared(cls, shape, kwargs):
     model = cls(shape, {"a": 10, "b": 1}, **kwargs)
     layer = model.last_shared_layer

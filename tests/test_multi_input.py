@@ -28,15 +28,27 @@ def domain(task: str, n: int, offset: float, seed: int) -> Split:
 class TwoDomains(TaskSet):
     def __init__(self) -> None:
         tasks = [Task(name, 1, mse_loss, mse_metrics, {"mse": False}) for name in SIZES]
-        splits = [{name: domain(name, SIZES[name] if i == 0 else 8, offset, 10 * i + k)
-                   for k, (name, offset) in enumerate(zip(SIZES, (0.0, 3.0)))} for i in range(3)]
+        splits = [
+            {
+                name: domain(name, SIZES[name] if i == 0 else 8, offset, 10 * i + k)
+                for k, (name, offset) in enumerate(zip(SIZES, (0.0, 3.0)))
+            }
+            for i in range(3)
+        ]
         super().__init__(tasks, (3,), *splits)
 
 
 def config(compose_cfg, step_mode: str = "per_task"):
-    cfg = compose_cfg("model.widths=[8]", "trainer.batch_size=4", "trainer.epochs=2", "trainer.eval_every=100",
-                      "trainer.log_every=1", "trainer.checkpoint_every=0", "trainer.device=cpu",
-                      f"trainer.step_mode={step_mode}")
+    cfg = compose_cfg(
+        "model.widths=[8]",
+        "trainer.batch_size=4",
+        "trainer.epochs=2",
+        "trainer.eval_every=100",
+        "trainer.log_every=1",
+        "trainer.checkpoint_every=0",
+        "trainer.device=cpu",
+        f"trainer.step_mode={step_mode}",
+    )
     with open_dict(cfg):
         cfg.tasks = {"_target_": f"{__name__}.TwoDomains"}
     return cfg
@@ -59,8 +71,11 @@ def test_each_task_is_evaluated_on_its_own_data():
 
 
 def test_joint_steps_on_a_multi_input_task_set_is_one_line(compose_cfg, tmp_path):
-    with pytest.raises(ConfigError, match=r"^trainer.step_mode=joint: tasks=TwoDomains is multi-input .* "
-                                          r"set trainer.step_mode=per_task$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^trainer.step_mode=joint: tasks=TwoDomains is multi-input .* "
+        r"set trainer.step_mode=per_task$",
+    ):
         train(config(compose_cfg, "joint"), tmp_path)
 
 

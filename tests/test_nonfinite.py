@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtl_bench.engine import recipe
@@ -20,7 +19,7 @@ BAD_SAMPLE = 7
 
 @pytest.fixture
 def small_conf(compose_cfg):
-    return lambda *overrides: (compose_cfg(*SMALL, *overrides))
+    return lambda *overrides: compose_cfg(*SMALL, *overrides)
 
 
 @pytest.fixture

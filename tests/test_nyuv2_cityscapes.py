@@ -21,8 +21,11 @@ from mtl_bench.engine.run import check_config
 from mtl_bench.errors import ConfigError
 from mtl_bench.tasks import Cityscapes, NYUv2
 
-NYU_METRICS = {"segmentation": ["loss", "miou", "pixel_acc"], "depth": ["loss", "abs_err", "rel_err"],
-               "normal": ["loss", "angle_mean", "angle_median", "within_11_25", "within_22_5", "within_30"]}
+NYU_METRICS = {
+    "segmentation": ["loss", "miou", "pixel_acc"],
+    "depth": ["loss", "abs_err", "rel_err"],
+    "normal": ["loss", "angle_mean", "angle_median", "within_11_25", "within_22_5", "within_30"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -105,32 +108,64 @@ def bad(message: str, tasks=NYUv2, **kwargs):
 
 
 def test_root_missing_or_not_there(tmp_path):
-    bad(r"^root: not set: give the folder that holds train/ and val/, e.g. tasks.root=/data/nyuv2; expected the "
-        r"NYUv2 layout \{train,val\}/\{image,label,depth,normal\}/<i>.npy at 288x384")
+    bad(
+        r"^root: not set: give the folder that holds train/ and val/, e.g. tasks.root=/data/nyuv2; expected the "
+        r"NYUv2 layout \{train,val\}/\{image,label,depth,normal\}/<i>.npy at 288x384"
+    )
     bad(rf"^root: {tmp_path}/nowhere does not exist; expected the NYUv2 layout", root=str(tmp_path / "nowhere"))
     (tmp_path / "file").write_text("")
     bad(r"^root: .*/file is not a directory", root=str(tmp_path / "file"))
 
 
 def test_a_tree_of_the_other_layout_is_named(nyu_root, city_root):
-    bad(rf"^root: {city_root}/train has no label, normal folder \(it has: depth, image, label_7\) \(a Cityscapes "
-        r"tree\? that is tasks=cityscapes\); expected the NYUv2 layout", root=str(city_root))
-    bad(rf"^root: {nyu_root}/train has no label_7 folder .*\(an NYUv2 tree\? that is tasks=nyuv2\); expected the "
-        r"Cityscapes layout \{train,val\}/\{image,label_7,depth\}/<i>.npy at 128x256", Cityscapes, root=str(nyu_root))
+    bad(
+        rf"^root: {city_root}/train has no label, normal folder \(it has: depth, image, label_7\) \(a Cityscapes "
+        r"tree\? that is tasks=cityscapes\); expected the NYUv2 layout",
+        root=str(city_root),
+    )
+    bad(
+        rf"^root: {nyu_root}/train has no label_7 folder .*\(an NYUv2 tree\? that is tasks=nyuv2\); expected the "
+        r"Cityscapes layout \{train,val\}/\{image,label_7,depth\}/<i>.npy at 128x256",
+        Cityscapes,
+        root=str(nyu_root),
+    )
 
 
-@pytest.mark.parametrize(("kind", "array", "message"), [
-    ("image", np.zeros((128, 256, 3), np.float32), r"image/1.npy has shape \(128, 256, 3\) dtype float32, not shape "
-                                                   r"\(288, 384, 3\) dtype float"),
-    ("image", np.zeros((288, 384, 3), np.uint8), r"image/1.npy has shape \(288, 384, 3\) dtype uint8, not shape "
-                                                 r"\(288, 384, 3\) dtype float"),
-    ("depth", np.zeros((288, 384), np.float32), r"depth/1.npy has shape \(288, 384\) dtype float32, not shape "
-                                                r"\(288, 384, 1\) dtype float"),
-    ("normal", np.zeros((3, 288, 384), np.float32), r"normal/1.npy has shape \(3, 288, 384\) dtype float32, not "
-                                                    r"shape \(288, 384, 3\) dtype float"),
-    ("label", np.zeros((288, 384), np.bool_), r"label/1.npy has shape \(288, 384\) dtype bool, not shape \(288, 384\) "
-                                              r"dtype float or signed int"),
-])
+@pytest.mark.parametrize(
+    ("kind", "array", "message"),
+    [
+        (
+            "image",
+            np.zeros((128, 256, 3), np.float32),
+            r"image/1.npy has shape \(128, 256, 3\) dtype float32, not shape "
+            r"\(288, 384, 3\) dtype float",
+        ),
+        (
+            "image",
+            np.zeros((288, 384, 3), np.uint8),
+            r"image/1.npy has shape \(288, 384, 3\) dtype uint8, not shape "
+            r"\(288, 384, 3\) dtype float",
+        ),
+        (
+            "depth",
+            np.zeros((288, 384), np.float32),
+            r"depth/1.npy has shape \(288, 384\) dtype float32, not shape "
+            r"\(288, 384, 1\) dtype float",
+        ),
+        (
+            "normal",
+            np.zeros((3, 288, 384), np.float32),
+            r"normal/1.npy has shape \(3, 288, 384\) dtype float32, not "
+            r"shape \(288, 384, 3\) dtype float",
+        ),
+        (
+            "label",
+            np.zeros((288, 384), np.bool_),
+            r"label/1.npy has shape \(288, 384\) dtype bool, not shape \(288, 384\) "
+            r"dtype float or signed int",
+        ),
+    ],
+)
 def test_a_file_of_the_wrong_shape_or_dtype(tmp_path, kind, array, message):
     root = write_nyuv2(tmp_path, n_train=2, n_val=2)
     np.save(root / "val" / kind / "1.npy", array)
@@ -156,7 +191,10 @@ def test_missing_files_empty_splits_and_bad_labels(tmp_path):
     bad(rf"^root: {empty}/val/image holds no .npy files; expected the NYUv2 layout", root=str(empty))
     labels = write_nyuv2(tmp_path / "c", n_train=1, n_val=1)
     np.save(labels / "train" / "label" / "0.npy", np.full((288, 384), 13.0, np.float32))
-    bad(rf"^root: {labels}/train/label/0.npy holds label values \[13.0\], not class indices 0..12 or -1", root=str(labels))
+    bad(
+        rf"^root: {labels}/train/label/0.npy holds label values \[13.0\], not class indices 0..12 or -1",
+        root=str(labels),
+    )
 
 
 def test_bad_options_name_their_key(nyu_root):
@@ -175,9 +213,16 @@ def test_the_config_error_is_one_line_naming_tasks_root(compose_cfg, tmp_path):
 
 
 def short_run(compose_cfg, *overrides: str):
-    overrides = ("model._target_=fixtures_dense.TinyDense", "trainer=smoke", "trainer.max_steps=2",
-                 "trainer.batch_size=2", "trainer.log_every=1", "trainer.eval_every=2", "trainer.device=cpu",
-                 *overrides)
+    overrides = (
+        "model._target_=fixtures_dense.TinyDense",
+        "trainer=smoke",
+        "trainer.max_steps=2",
+        "trainer.batch_size=2",
+        "trainer.log_every=1",
+        "trainer.eval_every=2",
+        "trainer.device=cpu",
+        *overrides,
+    )
     cfg = compose_cfg(*overrides)
     check_config(cfg, list(overrides))  # as the CLI: drops the mlp option's keys that TinyDense does not take
     return cfg
@@ -191,8 +236,9 @@ def test_nyuv2_trains_two_steps_with_every_metric(compose_cfg, tmp_path, nyu_roo
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["status"] == "completed"
     for split in ("val", "test"):
-        assert {task: sorted(values) for task, values in metrics[split].items()} == \
-            {task: sorted(names) for task, names in NYU_METRICS.items()}
+        assert {task: sorted(values) for task, values in metrics[split].items()} == {
+            task: sorted(names) for task, names in NYU_METRICS.items()
+        }
         assert all(math.isfinite(v) for values in metrics[split].values() for v in values.values())
     assert metrics["reference"]["normal"]["angle_median"] == 19.21
     assert metrics["higher_is_better"]["normal"]["within_30"] is True
@@ -205,10 +251,16 @@ def test_augmented_draws_are_the_same_with_loader_workers_and_across_a_resume(co
     common = ("tasks=nyuv2", f"tasks.root={nyu_root}", "tasks.augment=true", "trainer.checkpoint_every=2")
     train(short_run(compose_cfg, *common, "trainer.max_steps=4"), tmp_path / "whole")
     for steps in (2, 4):
-        train(short_run(compose_cfg, *common, f"trainer.max_steps={steps}", "trainer.num_workers=2",
-                        "trainer.resume=auto"), tmp_path / "resumed")
-    whole, resumed = (torch.load(tmp_path / run / "checkpoints" / "last.pt", weights_only=True)["model"]
-                      for run in ("whole", "resumed"))
+        train(
+            short_run(
+                compose_cfg, *common, f"trainer.max_steps={steps}", "trainer.num_workers=2", "trainer.resume=auto"
+            ),
+            tmp_path / "resumed",
+        )
+    whole, resumed = (
+        torch.load(tmp_path / run / "checkpoints" / "last.pt", weights_only=True)["model"]
+        for run in ("whole", "resumed")
+    )
     for name, value in whole.items():
         assert torch.equal(value, resumed[name]), name
 
@@ -219,14 +271,25 @@ def test_cityscapes_trains_two_steps(compose_cfg, tmp_path, city_root):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert sorted(metrics["test"]) == ["depth", "segmentation"]
     assert sorted(metrics["test"]["depth"]) == ["abs_err", "loss", "rel_err"]
-    assert metrics["reference"] == {"segmentation": {"miou": 0.7401, "pixel_acc": 0.9316},
-                                    "depth": {"abs_err": 0.0125, "rel_err": 27.77}}
+    assert metrics["reference"] == {
+        "segmentation": {"miou": 0.7401, "pixel_acc": 0.9316},
+        "depth": {"abs_err": 0.0125, "rel_err": 27.77},
+    }
 
 
 def test_nyuv2_trains_with_segnet(compose_cfg, tmp_path, nyu_root):
     """The model of these task sets (narrow filters: the test is about the plumbing, not the model's size)."""
-    overrides = ["tasks=nyuv2", f"tasks.root={nyu_root}", "model=segnet", "model.filters=[4,4,4,4,4]", "trainer=smoke",
-                 "trainer.max_steps=2", "trainer.batch_size=2", "trainer.eval_every=2", "trainer.device=cpu"]
+    overrides = [
+        "tasks=nyuv2",
+        f"tasks.root={nyu_root}",
+        "model=segnet",
+        "model.filters=[4,4,4,4,4]",
+        "trainer=smoke",
+        "trainer.max_steps=2",
+        "trainer.batch_size=2",
+        "trainer.eval_every=2",
+        "trainer.device=cpu",
+    ]
     cfg = compose_cfg(*overrides)
     check_config(cfg, overrides)
     train(cfg, tmp_path)
@@ -235,7 +298,11 @@ def test_nyuv2_trains_with_segnet(compose_cfg, tmp_path, nyu_root):
 
 
 def test_shipped_reference_presets_name_only_real_metrics(compose_cfg):
-    for option, expected in (("nyuv2", NYU_METRICS), ("cityscapes", {k: NYU_METRICS[k] for k in ("segmentation", "depth")})):
+    for option, expected in (
+        ("nyuv2", NYU_METRICS),
+        ("cityscapes", {k: NYU_METRICS[k] for k in ("segmentation", "depth")}),
+    ):
         reference = OmegaConf.to_container(compose_cfg(f"tasks={option}").tasks.reference)
-        assert {task: sorted(values) for task, values in reference.items()} == \
-            {task: sorted(names[1:]) for task, names in expected.items()}
+        assert {task: sorted(values) for task, values in reference.items()} == {
+            task: sorted(names[1:]) for task, names in expected.items()
+        }

@@ -9,7 +9,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from fixtures_office import write_office31, write_office_home, write_split_files
@@ -46,8 +45,13 @@ def libmtl_transform(path: Path) -> torch.Tensor:
     ToTensor and Normalize (ImageNet statistics)."""
     from torchvision import transforms
 
-    transform = transforms.Compose([transforms.Resize((224, 224)), transforms.ToTensor(),
-                                    transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    transform = transforms.Compose(
+        [
+            transforms.Resize((224, 224)),
+            transforms.ToTensor(),
+            transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ]
+    )
     return transform(Image.open(path).convert("RGB"))
 
 
@@ -92,8 +96,10 @@ def test_seeded_split_has_libmtls_per_class_proportions(tmp_path):
     root = write_office31(tmp_path / "a", per_class=7, classes=("bike", "mug"))
     tasks = Office31(str(root), split_seed=3)
     for domain in ("amazon", "dslr", "webcam"):
-        splits = {name: split[domain].paths for name, split in
-                  (("train", tasks.train), ("val", tasks.val), ("test", tasks.test))}
+        splits = {
+            name: split[domain].paths
+            for name, split in (("train", tasks.train), ("val", tasks.val), ("test", tasks.test))
+        }
         every = [p for paths in splits.values() for p in paths]
         assert len(every) == len(set(every)) and set(every) == on_disk(root / domain)  # disjoint, all images
         for cls in ("bike", "mug"):
@@ -188,73 +194,120 @@ def test_bad_split_files_name_the_file_and_line(o31, tmp_path):
             edit(rows)
         return str(write_split_files(tmp_path / name, rows))
 
-    bad(rf"^split_files: {tmp_path}/nowhere does not exist; expected LibMTL's data_txt/office-31 folder: "
-        r"\{amazon,dslr,webcam\}_\{train,val,test\}.txt", root=str(o31), split_files=str(tmp_path / "nowhere"))
+    bad(
+        rf"^split_files: {tmp_path}/nowhere does not exist; expected LibMTL's data_txt/office-31 folder: "
+        r"\{amazon,dslr,webcam\}_\{train,val,test\}.txt",
+        root=str(o31),
+        split_files=str(tmp_path / "nowhere"),
+    )
     folder = Path(files("a"))
     (folder / "dslr_val.txt").unlink()
     bad(rf"^split_files: {folder} has no dslr_val.txt", root=str(o31), split_files=str(folder))
     (folder / "dslr_val.txt").write_text("\n")
     bad(rf"^split_files: {folder}/dslr_val.txt lists no images", root=str(o31), split_files=str(folder))
     (folder / "dslr_val.txt").write_text("dslr/images/bike/frame_0004.jpg\n")
-    bad(rf"^split_files: {folder}/dslr_val.txt:1 reads 'dslr/images/bike/frame_0004.jpg', not '<path> <label>'",
-        root=str(o31), split_files=str(folder))
+    bad(
+        rf"^split_files: {folder}/dslr_val.txt:1 reads 'dslr/images/bike/frame_0004.jpg', not '<path> <label>'",
+        root=str(o31),
+        split_files=str(folder),
+    )
     (folder / "dslr_val.txt").write_text("dslr/images/bike/frame_0004.jpg 27\ndslr/images/bike/frame_0009.jpg 27\n")
-    bad(rf"^split_files: {folder}/dslr_val.txt:2 names dslr/images/bike/frame_0009.jpg, which is not at "
-        rf"{o31}/dslr/images/bike/frame_0009.jpg under tasks.root", root=str(o31), split_files=str(folder))
+    bad(
+        rf"^split_files: {folder}/dslr_val.txt:2 names dslr/images/bike/frame_0009.jpg, which is not at "
+        rf"{o31}/dslr/images/bike/frame_0009.jpg under tasks.root",
+        root=str(o31),
+        split_files=str(folder),
+    )
     (folder / "dslr_val.txt").write_text("webcam/images/bike/frame_0004.jpg 27\n")
-    bad(r"dslr_val.txt:1 names webcam/images/bike/frame_0004.jpg, not an image of the dslr domain",
-        root=str(o31), split_files=str(folder))
+    bad(
+        r"dslr_val.txt:1 names webcam/images/bike/frame_0004.jpg, not an image of the dslr domain",
+        root=str(o31),
+        split_files=str(folder),
+    )
     (folder / "dslr_val.txt").write_text("dslr/images/bicycle/frame_0004.jpg 27\n")
-    bad(r"dslr_val.txt:1 names dslr/images/bicycle/frame_0004.jpg: bicycle is not a Office-31 class",
-        root=str(o31), split_files=str(folder))
+    bad(
+        r"dslr_val.txt:1 names dslr/images/bicycle/frame_0004.jpg: bicycle is not a Office-31 class",
+        root=str(o31),
+        split_files=str(folder),
+    )
     (folder / "dslr_val.txt").write_text("dslr/images/bike/frame_0004.jpg 5\n")
     bad(r"dslr_val.txt:1 gives bike label 5, .*amazon_train.txt:4 gave it 27", root=str(o31), split_files=str(folder))
     (folder / "dslr_val.txt").write_text("dslr/images/bike/frame_0001.jpg 27\n")
-    bad(r"dslr_val.txt:1 names dslr/images/bike/frame_0001.jpg, already listed at .*dslr_train.txt:4",
-        root=str(o31), split_files=str(folder))
+    bad(
+        r"dslr_val.txt:1 names dslr/images/bike/frame_0001.jpg, already listed at .*dslr_train.txt:4",
+        root=str(o31),
+        split_files=str(folder),
+    )
 
     def two_classes_one_label(rows):
         rows["webcam"]["test"] = [(p, 0) for p, _ in rows["webcam"]["test"]]
+
     bad(r"gives (bike|mug) label 0, .*gave it (27|22)", root=str(o31), split_files=files("b", two_classes_one_label))
 
     def mug_as_zero(rows):
         for domain in rows.values():
             for lines in domain.values():
                 lines[:] = [(p, 0 if "/mug/" in p else label) for p, label in lines]
-    bad(r"gives (back_pack|mug) label 0, which another file gives (mug|back_pack)", root=str(o31),
-        split_files=files("c", mug_as_zero))
+
+    bad(
+        r"gives (back_pack|mug) label 0, which another file gives (mug|back_pack)",
+        root=str(o31),
+        split_files=files("c", mug_as_zero),
+    )
 
 
 # ----------------------------------------------------------------------------------------------- bad trees
 
 
 def test_root_missing_or_not_there(tmp_path):
-    bad(r"^root: not set: give the folder that holds the domain folders, e.g. tasks.root=/data/office31; expected "
-        r"the Office-31 layout \{amazon,dslr,webcam\}/images/<class>/<image>.jpg, up to 31 class folders per domain$")
-    bad(rf"^root: {tmp_path}/nowhere does not exist; expected the Office-Home layout "
-        r"\{Art,Clipart,Product,Real_World\}/<class>/<image>.jpg", OfficeHome, root=str(tmp_path / "nowhere"))
+    bad(
+        r"^root: not set: give the folder that holds the domain folders, e.g. tasks.root=/data/office31; expected "
+        r"the Office-31 layout \{amazon,dslr,webcam\}/images/<class>/<image>.jpg, up to 31 class folders per domain$"
+    )
+    bad(
+        rf"^root: {tmp_path}/nowhere does not exist; expected the Office-Home layout "
+        r"\{Art,Clipart,Product,Real_World\}/<class>/<image>.jpg",
+        OfficeHome,
+        root=str(tmp_path / "nowhere"),
+    )
     (tmp_path / "file").write_text("")
     bad(r"^root: .*/file is not a directory", root=str(tmp_path / "file"))
 
 
 def test_the_wrong_layout_is_named(o31, home, tmp_path):
-    bad(rf"^root: {home} has no amazon, dslr, webcam folder \(it has: Art, Clipart, Product, Real World\) \(an "
-        r"Office-Home tree\? that is tasks=office_home\); expected the Office-31 layout", root=str(home))
-    bad(rf"^root: {o31} has no Art, Clipart, Product, Real_World or Real World folder \(it has: amazon, dslr, webcam\) "
-        r"\(an Office-31 tree\? that is tasks=office31\); expected the Office-Home layout", OfficeHome, root=str(o31))
+    bad(
+        rf"^root: {home} has no amazon, dslr, webcam folder \(it has: Art, Clipart, Product, Real World\) \(an "
+        r"Office-Home tree\? that is tasks=office_home\); expected the Office-31 layout",
+        root=str(home),
+    )
+    bad(
+        rf"^root: {o31} has no Art, Clipart, Product, Real_World or Real World folder \(it has: amazon, dslr, webcam\) "
+        r"\(an Office-31 tree\? that is tasks=office31\); expected the Office-Home layout",
+        OfficeHome,
+        root=str(o31),
+    )
     nested = write_office31(tmp_path / "download" / "domain_adaptation_images", per_class=5, classes=("mug",))
-    bad(rf"^root: {tmp_path}/download has no amazon, dslr, webcam folder \(it has: domain_adaptation_images\) \(the "
-        rf"domain folders are in {nested}: tasks.root={nested}\)", root=str(tmp_path / "download"))
+    bad(
+        rf"^root: {tmp_path}/download has no amazon, dslr, webcam folder \(it has: domain_adaptation_images\) \(the "
+        rf"domain folders are in {nested}: tasks.root={nested}\)",
+        root=str(tmp_path / "download"),
+    )
     (tmp_path / "npy" / "train" / "image").mkdir(parents=True)
-    bad(rf"^root: {tmp_path}/npy has no amazon, dslr, webcam folder \(it has: train\); expected", root=str(tmp_path / "npy"))
+    bad(
+        rf"^root: {tmp_path}/npy has no amazon, dslr, webcam folder \(it has: train\); expected",
+        root=str(tmp_path / "npy"),
+    )
 
 
 def test_bad_class_folders_and_empty_ones(tmp_path):
     root = write_office31(tmp_path / "a", per_class=5, classes=("mug",))
     (root / "dslr" / "images" / "Mug").mkdir()
     (root / "dslr" / "images" / "Mug" / "x.jpg").write_bytes(b"")
-    bad(rf"^root: {root}/dslr/images holds folders that are not Office-31 classes: Mug \(its classes: back_pack, "
-        r"bike, bike_helmet, ...\); expected the Office-31 layout", root=str(root))
+    bad(
+        rf"^root: {root}/dslr/images holds folders that are not Office-31 classes: Mug \(its classes: back_pack, "
+        r"bike, bike_helmet, ...\); expected the Office-31 layout",
+        root=str(root),
+    )
     (root / "dslr" / "images" / "Mug" / "x.jpg").unlink()
     (root / "dslr" / "images" / "Mug").rename(root / "dslr" / "images" / "pen")
     (root / "dslr" / "images" / "pen" / "notes.txt").write_text("not an image")
@@ -266,14 +319,20 @@ def test_bad_class_folders_and_empty_ones(tmp_path):
 
 def test_a_split_with_no_images(tmp_path):
     root = write_office31(tmp_path, per_class=4, classes=("bike", "mug"))  # int(0.2 * 4) = 0 val images per class
-    bad(rf"^root: the seeded split leaves no val images in {root}/amazon/images \(8 images in 2 classes; per class "
-        r"int\(0.6 n\) train, int\(0.2 n\) val, the rest test\); expected the Office-31 layout", root=str(root))
+    bad(
+        rf"^root: the seeded split leaves no val images in {root}/amazon/images \(8 images in 2 classes; per class "
+        r"int\(0.6 n\) train, int\(0.2 n\) val, the rest test\); expected the Office-31 layout",
+        root=str(root),
+    )
 
 
-@pytest.mark.parametrize(("content", "reason"), [
-    (b"not an image at all", "not an image format PIL reads"),
-    (None, "the file is truncated"),
-])
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"not an image at all", "not an image format PIL reads"),
+        (None, "the file is truncated"),
+    ],
+)
 def test_an_image_that_cannot_be_decoded(tmp_path, content, reason):
     root = write_office31(tmp_path, per_class=5, classes=("mug",))
     path = root / "webcam" / "images" / "mug" / "frame_0003.jpg"
@@ -301,8 +360,10 @@ def test_the_config_error_is_one_line_naming_tasks_root(compose_cfg, tmp_path):
 
 
 def test_shipped_references_name_every_domain_and_are_fractions(compose_cfg):
-    for option, domains in (("office31", ["amazon", "dslr", "webcam"]),
-                            ("office_home", ["Art", "Clipart", "Product", "Real_World"])):
+    for option, domains in (
+        ("office31", ["amazon", "dslr", "webcam"]),
+        ("office_home", ["Art", "Clipart", "Product", "Real_World"]),
+    ):
         reference = OmegaConf.to_container(compose_cfg(f"tasks={option}").tasks.reference)
         assert list(reference) == domains
         assert all(list(v) == ["accuracy"] and 0.5 < v["accuracy"] < 1 for v in reference.values())
@@ -325,9 +386,18 @@ def test_presets_follow_libmtl(compose_cfg, preset, largest_train):
 
 
 def short_run(compose_cfg, *overrides: str):
-    overrides = ("model._target_=fixtures_office.TinyClassifier", "trainer=smoke", "trainer.max_steps=2",
-                 "trainer.batch_size=2", "trainer.log_every=1", "trainer.eval_every=2", "trainer.eval_batch_size=4",
-                 "trainer.device=cpu", "trainer.step_mode=per_task", *overrides)
+    overrides = (
+        "model._target_=fixtures_office.TinyClassifier",
+        "trainer=smoke",
+        "trainer.max_steps=2",
+        "trainer.batch_size=2",
+        "trainer.log_every=1",
+        "trainer.eval_every=2",
+        "trainer.eval_batch_size=4",
+        "trainer.device=cpu",
+        "trainer.step_mode=per_task",
+        *overrides,
+    )
     cfg = compose_cfg(*overrides)
     check_config(cfg, list(overrides))  # as the CLI: drops the mlp option's keys that TinyClassifier does not take
     return cfg
@@ -335,15 +405,17 @@ def short_run(compose_cfg, *overrides: str):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_office31_trains_two_per_task_steps(compose_cfg, tmp_path, o31, workers):
-    cfg = short_run(compose_cfg, "tasks=office31", f"tasks.root={o31}", "tasks.image_size=32",
-                    f"trainer.num_workers={workers}")
+    cfg = short_run(
+        compose_cfg, "tasks=office31", f"tasks.root={o31}", "tasks.image_size=32", f"trainer.num_workers={workers}"
+    )
     result = train(cfg, tmp_path)
     assert result.step == 2
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["status"] == "completed"
     for split in ("val", "test"):
-        assert {task: sorted(values) for task, values in metrics[split].items()} == \
-            {task: ["accuracy", "loss"] for task in ("amazon", "dslr", "webcam")}
+        assert {task: sorted(values) for task, values in metrics[split].items()} == {
+            task: ["accuracy", "loss"] for task in ("amazon", "dslr", "webcam")
+        }
         assert all(0 <= values["accuracy"] <= 1 and math.isfinite(values["loss"]) for values in metrics[split].values())
     assert metrics["reference"]["dslr"] == {"accuracy": 0.9563}
     assert metrics["higher_is_better"]["webcam"]["accuracy"] is True

@@ -15,13 +15,15 @@ from mtl_bench.optim import Cosine, Eden, ScaledAdam, build_param_groups
 @pytest.fixture
 def schedule(compose_cfg):
     """The schedule node of `optim/schedule=<option>` with `optim.schedule.KEY=VALUE` overrides."""
-    return lambda option, **values: compose_cfg(
-        f"optim/schedule={option}", *(f"optim.schedule.{k}={v}" for k, v in values.items())).optim.schedule
+    return lambda option, **values: (
+        compose_cfg(f"optim/schedule={option}", *(f"optim.schedule.{k}={v}" for k, v in values.items())).optim.schedule
+    )
 
 
 @pytest.fixture
 def optimizer(compose_cfg):
     """The optimizer of `optim=<option>` with `optim.KEY=VALUE` overrides, built as the engine builds it."""
+
     def make(option, params, **values):
         node = compose_cfg(f"optim={option}", *(f"optim.{k}={v}" for k, v in values.items())).optim
         return build("optim", node, torch.optim.Optimizer, ignore=("schedule", "paramwise"), params=params)
@@ -56,8 +58,13 @@ def test_step_decay_after_warmup(schedule):
 def test_cosine_reaches_min_ratio_at_the_end(schedule):
     total, warmup = 12, 2
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    sched = build("optim.schedule", schedule("cosine", warmup_steps=warmup, min_lr_ratio=0.1), None, optimizer=opt,
-                  total_steps=total)
+    sched = build(
+        "optim.schedule",
+        schedule("cosine", warmup_steps=warmup, min_lr_ratio=0.1),
+        None,
+        optimizer=opt,
+        total_steps=total,
+    )
     assert isinstance(sched, Cosine)
     factor = sched.factor
     assert factor(warmup) == pytest.approx(1.0)
@@ -116,6 +123,7 @@ def test_eden_from_config_follows_icefall_formula(schedule):
 
 
 def test_scaled_adam_from_config(optimizer):
-    opt = optimizer("scaled_adam", [torch.nn.Parameter(torch.ones(4, 4))], lr=0.01, clipping_scale="null",
-                    compile="false")
+    opt = optimizer(
+        "scaled_adam", [torch.nn.Parameter(torch.ones(4, 4))], lr=0.01, clipping_scale="null", compile="false"
+    )
     assert isinstance(opt, ScaledAdam) and opt.compile is False and opt.param_groups[0]["betas"] == (0.9, 0.98)

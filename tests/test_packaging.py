@@ -13,24 +13,48 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_wheel_install_finds_its_packaged_conf(tmp_path):
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(dist), str(REPO)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     wheel = next(dist.glob("mtl_bench-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for expected in ("mtl_bench/conf/config.yaml", "mtl_bench/conf/optim/adam.yaml",
-                     "mtl_bench/conf/hydra/job_logging/rich.yaml", "mtl_bench/cli.py"):
+    for expected in (
+        "mtl_bench/conf/config.yaml",
+        "mtl_bench/conf/optim/adam.yaml",
+        "mtl_bench/conf/hydra/job_logging/rich.yaml",
+        "mtl_bench/cli.py",
+    ):
         assert expected in names, expected
 
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}  # the installed copy shadows the checkout
-    info = subprocess.run([sys.executable, "-m", "mtl_bench", "train", "--info", "searchpath"], cwd=elsewhere,
-                          env=env, capture_output=True, text=True, check=True).stdout
+    info = subprocess.run(
+        [sys.executable, "-m", "mtl_bench", "train", "--info", "searchpath"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert str(site / "mtl_bench" / "conf") in info
     assert str(REPO / "conf") not in info
-    job = subprocess.run([sys.executable, "-m", "mtl_bench", "train", "--cfg", "job", "tasks=digits"],
-                         cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout
+    job = subprocess.run(
+        [sys.executable, "-m", "mtl_bench", "train", "--cfg", "job", "tasks=digits"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "_target_: mtl_bench.tasks.Digits" in job

@@ -125,10 +125,13 @@ def test_without_weight_decay_groups_carry_no_decay_key():
     assert all("weight_decay" not in g for g in groups)
 
 
-@pytest.mark.parametrize("cfg, message", [
-    ({"bias_lr": 2.0}, "unknown key 'bias_lr'; allowed: custom_keys"),
-    ({"custom_keys": {"fc": {"lr": 2.0}}}, "custom_keys.fc: unknown field lr; allowed: lr_mult, decay_mult"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"bias_lr": 2.0}, "unknown key 'bias_lr'; allowed: custom_keys"),
+        ({"custom_keys": {"fc": {"lr": 2.0}}}, "custom_keys.fc: unknown field lr; allowed: lr_mult, decay_mult"),
+    ],
+)
 def test_unknown_keys_are_named(cfg, message):
     with pytest.raises(ConfigError, match=message):
         build_param_groups(ExampleModel(), BASE_LR, BASE_WD, cfg)

@@ -23,6 +23,7 @@ def small_conf(compose_cfg):
 @pytest.fixture
 def fp16(compose_cfg):
     """precision=fp16 with `loss_scale` in any of its forms, built from config as the engine builds it."""
+
     def make(loss_scale):
         node = compose_cfg("precision=fp16").precision
         node.loss_scale = loss_scale
@@ -37,12 +38,15 @@ def scalars(run_dir, tag):
     return [e.value for e in events.Scalars(tag)]
 
 
-@pytest.mark.parametrize("loss_scale, scale, static", [
-    ("dynamic", 65536.0, None),
-    (512, 512.0, 512.0),  # an int is a valid static scale (the seed raised on it)
-    (128.5, 128.5, 128.5),
-    ({"init_scale": 1024, "growth_interval": 100}, 1024.0, None),
-])
+@pytest.mark.parametrize(
+    "loss_scale, scale, static",
+    [
+        ("dynamic", 65536.0, None),
+        (512, 512.0, 512.0),  # an int is a valid static scale (the seed raised on it)
+        (128.5, 128.5, 128.5),
+        ({"init_scale": 1024, "growth_interval": 100}, 1024.0, None),
+    ],
+)
 def test_loss_scale_forms(fp16, loss_scale, scale, static):
     precision = fp16(loss_scale)
     assert precision.name == "fp16"
@@ -51,12 +55,15 @@ def test_loss_scale_forms(fp16, loss_scale, scale, static):
         assert precision.scaler.get_growth_interval() == 100
 
 
-@pytest.mark.parametrize("loss_scale, message", [
-    ("auto", r"^precision\.loss_scale: must be dynamic, a number > 0 .*, got 'auto'$"),
-    (-1, r"^precision\.loss_scale: must be dynamic, a number > 0 .*, got -1$"),
-    ({"init": 2.0}, r"^precision\.loss_scale\.init: no such key; allowed: init_scale"),
-    ({"init_scale": 0}, r"^precision\.loss_scale\.init_scale: must be a number > 0, got 0$"),
-])
+@pytest.mark.parametrize(
+    "loss_scale, message",
+    [
+        ("auto", r"^precision\.loss_scale: must be dynamic, a number > 0 .*, got 'auto'$"),
+        (-1, r"^precision\.loss_scale: must be dynamic, a number > 0 .*, got -1$"),
+        ({"init": 2.0}, r"^precision\.loss_scale\.init: no such key; allowed: init_scale"),
+        ({"init_scale": 0}, r"^precision\.loss_scale\.init_scale: must be a number > 0, got 0$"),
+    ],
+)
 def test_bad_loss_scale_is_one_line(fp16, loss_scale, message):
     with pytest.raises(ConfigError, match=message) as err:
         fp16(loss_scale)
@@ -86,8 +93,10 @@ def test_low_precision_trains_close_to_fp32(small_conf, tmp_path, precision):
 
 def test_fp16_logs_the_scale_and_skipped_steps_and_checkpoints_the_scaler(small_conf, tmp_path):
     init = {"init_scale": 2.0**40, "growth_interval": 1000}  # far too large: the first steps overflow
-    train(small_conf("precision=fp16", f"precision.loss_scale={{init_scale:{init['init_scale']},growth_interval:1000}}"),
-          tmp_path)
+    train(
+        small_conf("precision=fp16", f"precision.loss_scale={{init_scale:{init['init_scale']},growth_interval:1000}}"),
+        tmp_path,
+    )
     skipped = scalars(tmp_path, "steps/skipped")
     loss_scale = scalars(tmp_path, "amp/loss_scale")
     assert skipped[-1] >= 1 and loss_scale[0] < 2.0**40  # it skipped and backed off

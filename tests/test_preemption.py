@@ -13,15 +13,28 @@ from pathlib import Path
 
 import pytest
 
-RUN = ["trainer.max_steps=300", "trainer.log_every=10", "trainer.eval_every=100", "trainer.checkpoint_every=100",
-       "trainer.progress=log", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "trainer.batch_size=32",
-       "model.widths=[64,64]"]
+RUN = [
+    "trainer.max_steps=300",
+    "trainer.log_every=10",
+    "trainer.eval_every=100",
+    "trainer.checkpoint_every=100",
+    "trainer.progress=log",
+    "tasks.n_train=512",
+    "tasks.n_val=64",
+    "tasks.n_test=64",
+    "trainer.batch_size=32",
+    "model.widths=[64,64]",
+]
 
 
 def start(run_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mtl_bench", "train", f"hydra.run.dir={run_dir}", *RUN, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "mtl_bench", "train", f"hydra.run.dir={run_dir}", *RUN, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -86,10 +99,14 @@ def test_the_stop_signal_is_passed_on_to_submitits_handler(compose_cfg, tmp_path
     seen = []
     previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
     try:
-        recipe = Recipe(compose_cfg("trainer=smoke", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32",
-                                    "trainer.max_steps=50"), tmp_path)
+        recipe = Recipe(
+            compose_cfg(
+                "trainer=smoke", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32", "trainer.max_steps=50"
+            ),
+            tmp_path,
+        )
         recipe.setup()
-        original = recipe._optimizer_step
+        original = recipe.optimizer_step
 
         def step_then_signal(logging_now):
             result = original(logging_now)
@@ -97,7 +114,7 @@ def test_the_stop_signal_is_passed_on_to_submitits_handler(compose_cfg, tmp_path
                 os.kill(os.getpid(), signal.SIGUSR2)
             return result
 
-        recipe._optimizer_step = step_then_signal
+        recipe.optimizer_step = step_then_signal
         with pytest.raises(Interrupted):
             recipe.train()
         recipe.cleanup()

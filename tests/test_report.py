@@ -13,7 +13,6 @@ import pytest
 from typer.testing import CliRunner
 
 from mtl_bench.cli import app
-from mtl_bench.errors import ConfigError
 from mtl_bench.report.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
 from mtl_bench.report.main import make_report
 from mtl_bench.report.stats import ci_half_width, mean_ranks, t_quantile, tied_ranks
@@ -21,12 +20,24 @@ from mtl_bench.report.stats import ci_half_width, mean_ranks, t_quantile, tied_r
 HIB = {"a": {"loss": False, "acc": True, "err": False}, "b": {"loss": False, "mse": False}}
 
 
-def write_run(root: Path, name: str, overrides: list[str], test: dict, status: str = "completed",
-              choices: dict | None = None, wall_time_s: float | None = None, step: int = 1000) -> Path:
+def write_run(
+    root: Path,
+    name: str,
+    overrides: list[str],
+    test: dict,
+    status: str = "completed",
+    choices: dict | None = None,
+    wall_time_s: float | None = None,
+    step: int = 1000,
+) -> Path:
     run = root / name
     run.mkdir(parents=True)
-    metrics = {"status": status, "overrides": overrides, "choices": choices or {"balancer": "fixed", "tasks": "toy"},
-               "higher_is_better": HIB}
+    metrics = {
+        "status": status,
+        "overrides": overrides,
+        "choices": choices or {"balancer": "fixed", "tasks": "toy"},
+        "higher_is_better": HIB,
+    }
     if status == "completed":
         metrics["test"] = test
         if wall_time_s is not None:
@@ -48,10 +59,22 @@ def sweep(tmp_path: Path) -> Path:
     gradnorm = {"balancer": "gradnorm", "tasks": "toy"}
     write_run(root, "0", ["balancer=fixed", "seed=0"], values(0.74, 0.26, 1.0), choices=fixed, wall_time_s=2.0)
     write_run(root, "1", ["balancer=fixed", "seed=1"], values(0.76, 0.24, 1.0), choices=fixed, wall_time_s=2.2)
-    write_run(root, "2", ["balancer=gradnorm", "balancer.alpha=0.5", "seed=0"], values(0.78, 0.21, 1.2),
-              choices=gradnorm, wall_time_s=5.0)
-    write_run(root, "3", ["balancer=gradnorm", "balancer.alpha=0.5", "seed=1"], values(0.82, 0.19, 1.0),
-              choices=gradnorm, wall_time_s=5.4)
+    write_run(
+        root,
+        "2",
+        ["balancer=gradnorm", "balancer.alpha=0.5", "seed=0"],
+        values(0.78, 0.21, 1.2),
+        choices=gradnorm,
+        wall_time_s=5.0,
+    )
+    write_run(
+        root,
+        "3",
+        ["balancer=gradnorm", "balancer.alpha=0.5", "seed=1"],
+        values(0.82, 0.19, 1.0),
+        choices=gradnorm,
+        wall_time_s=5.4,
+    )
     write_run(root, "4", ["balancer=gradnorm", "balancer.alpha=0.5", "seed=2"], {}, status="failed", choices=gradnorm)
     killed = root / "5" / ".hydra"
     killed.mkdir(parents=True)
@@ -64,8 +87,9 @@ def test_delta_m_conventions_on_a_hand_computed_case():
     # acc up 0.05/0.75 (better: -6.67), err down 0.05/0.25 (better: -20), mse up 10% (worse: +10); loss too
     assert drops["a"]["acc"] == pytest.approx(-100 * 0.05 / 0.75)
     assert drops["a"]["err"] == pytest.approx(-20.0) and drops["b"]["mse"] == pytest.approx(10.0)
-    assert relative_drops(values(0.8, 0.2, 1.1), values(0.75, 0.25, 1.0), {"a": {"acc": True}}) == \
-        {"a": {"acc": pytest.approx(-100 * 0.05 / 0.75)}}  # metrics of unknown direction are left out
+    assert relative_drops(values(0.8, 0.2, 1.1), values(0.75, 0.25, 1.0), {"a": {"acc": True}}) == {
+        "a": {"acc": pytest.approx(-100 * 0.05 / 0.75)}
+    }  # metrics of unknown direction are left out
     drops = {t: {m: d for m, d in ms.items() if m != "loss"} for t, ms in drops.items()}
     assert delta_m_flat(drops) == pytest.approx((-100 * 0.05 / 0.75 - 20 + 10) / 3)
     assert delta_m_task_averaged(drops) == pytest.approx(((-100 * 0.05 / 0.75 - 20) / 2 + 10) / 2)
@@ -93,18 +117,38 @@ def test_groups_have_mean_and_std_over_seeds_and_delta_m_against_the_baseline(sw
 
 def test_markdown_and_csv(sweep):
     markdown, _ = make_report([sweep], "markdown", "balancer=fixed", None)
-    assert "| group | seeds | a/acc ↑ | a/err ↓ | b/mse ↓ | Δm flat % ↓ | Δm task-avg % ↓ | mean rank ↓ | " \
-           "time/step ms |" in markdown
+    assert (
+        "| group | seeds | a/acc ↑ | a/err ↓ | b/mse ↓ | Δm flat % ↓ | Δm task-avg % ↓ | mean rank ↓ | "
+        "time/step ms |" in markdown
+    )
     # ± the 95% CI: t_{0.975,1} = 12.706 times s/√2 (s = 0.014 for acc; 1.778·√2 for the per-seed Δm of the baseline)
-    assert "| balancer=fixed | 2 | 0.75 ± 0.13 | 0.25 ± 0.13 | 1 ± 0 | +0.00 ± 22.59 | +0.00 ± 16.94 | 1.67 | " \
-           "2.1 ± 1.3 |" in markdown
-    assert "| balancer=gradnorm balancer.alpha=0.5 | 2 | 0.8 ± 0.25 | 0.2 ± 0.13 | 1.1 ± 1.3 | -5.56 ± 70.59 | " \
-           "-1.67 ± 84.71 | 1.33 | 5.2 ± 2.5 |" in markdown
+    assert (
+        "| balancer=fixed | 2 | 0.75 ± 0.13 | 0.25 ± 0.13 | 1 ± 0 | +0.00 ± 22.59 | +0.00 ± 16.94 | 1.67 | "
+        "2.1 ± 1.3 |" in markdown
+    )
+    assert (
+        "| balancer=gradnorm balancer.alpha=0.5 | 2 | 0.8 ± 0.25 | 0.2 ± 0.13 | 1.1 ± 1.3 | -5.56 ± 70.59 | "
+        "-1.67 ± 84.71 | 1.33 | 5.2 ± 2.5 |" in markdown
+    )
     assert "failed:" in markdown and "incomplete:" in markdown and "model selection: final step" in markdown
     assert "95% confidence interval" in markdown and "mean rank:" in markdown and "wall_time_s / step" in markdown
     table = list(csv.reader(io.StringIO(make_report([sweep], "csv", None, None)[0])))
-    assert table[0] == ["group", "seeds", "a/acc ↑", "a/acc std", "a/acc ci95", "a/err ↓", "a/err std", "a/err ci95",
-                        "b/mse ↓", "b/mse std", "b/mse ci95", "mean rank ↓", "time/step ms", "time/step ms ci95"]
+    assert table[0] == [
+        "group",
+        "seeds",
+        "a/acc ↑",
+        "a/acc std",
+        "a/acc ci95",
+        "a/err ↓",
+        "a/err std",
+        "a/err ci95",
+        "b/mse ↓",
+        "b/mse std",
+        "b/mse ci95",
+        "mean rank ↓",
+        "time/step ms",
+        "time/step ms ci95",
+    ]
     assert [row[0] for row in table[1:3]] == ["balancer=fixed", "balancer=gradnorm balancer.alpha=0.5"]
     fixed = dict(zip(table[0], table[1]))
     assert float(fixed["a/acc ↑"]) == pytest.approx(0.75) and float(fixed["a/acc std"]) == pytest.approx(0.02 / 2**0.5)
@@ -113,8 +157,15 @@ def test_markdown_and_csv(sweep):
     assert float(fixed["time/step ms"]) == pytest.approx(2.1)
     assert float(fixed["time/step ms ci95"]) == pytest.approx(12.706204736 * 0.1)
     with_dm = list(csv.reader(io.StringIO(make_report([sweep], "csv", "balancer=fixed", None)[0])))
-    assert with_dm[0][-7:] == ["Δm flat % ↓", "Δm flat ci95", "Δm task-avg % ↓", "Δm task-avg ci95", "mean rank ↓",
-                               "time/step ms", "time/step ms ci95"]
+    assert with_dm[0][-7:] == [
+        "Δm flat % ↓",
+        "Δm flat ci95",
+        "Δm task-avg % ↓",
+        "Δm task-avg ci95",
+        "mean rank ↓",
+        "time/step ms",
+        "time/step ms ci95",
+    ]
 
 
 def test_json_carries_intervals_mean_rank_and_time_per_step(sweep):
@@ -126,8 +177,12 @@ def test_json_carries_intervals_mean_rank_and_time_per_step(sweep):
     # Δm per seed against the baseline's means: seed 0 (1.333 + 4 + 0)/3, seed 1 the opposite
     assert fixed["delta_m_ci95"]["flat"] == pytest.approx(t1 * (16 / 9) * math.sqrt(2) / math.sqrt(2))
     assert (fixed["mean_rank"], gradnorm["mean_rank"]) == (pytest.approx(5 / 3), pytest.approx(4 / 3))
-    assert fixed["time_per_step_ms"] == {"mean": pytest.approx(2.1), "std": pytest.approx(0.2 / math.sqrt(2)),
-                                         "ci95": pytest.approx(t1 * 0.1), "n": 2}
+    assert fixed["time_per_step_ms"] == {
+        "mean": pytest.approx(2.1),
+        "std": pytest.approx(0.2 / math.sqrt(2)),
+        "ci95": pytest.approx(t1 * 0.1),
+        "n": 2,
+    }
     assert gradnorm["time_per_step_ms"]["mean"] == pytest.approx(5.2)
 
 
@@ -147,25 +202,41 @@ def test_mean_rank_on_a_hand_made_case():
     assert tied_ranks([0.3, 0.1, 0.3, 0.2], higher_is_better=True) == [1.5, 4.0, 1.5, 3.0]
     hib = {"a": {"acc": True, "err": False}, "b": {"mse": False, "odd": None}}
     del hib["b"]["odd"]  # a metric without a direction is not ranked
-    means = [{"a": {"acc": 0.9, "err": 0.2}, "b": {"mse": 5.0, "odd": 1.0}},
-             {"a": {"acc": 0.8, "err": 0.2}, "b": {"mse": 1.0, "odd": 2.0}},
-             {"a": {"acc": 0.9, "err": 0.1}},  # has no b/mse: ranked on what it has
-             {"a": {"acc": math.nan}}]  # nothing rankable
+    means = [
+        {"a": {"acc": 0.9, "err": 0.2}, "b": {"mse": 5.0, "odd": 1.0}},
+        {"a": {"acc": 0.8, "err": 0.2}, "b": {"mse": 1.0, "odd": 2.0}},
+        {"a": {"acc": 0.9, "err": 0.1}},  # has no b/mse: ranked on what it has
+        {"a": {"acc": math.nan}},
+    ]  # nothing rankable
     # acc: 0.9, 0.8, 0.9 -> 1.5, 3, 1.5; err: 0.2, 0.2, 0.1 -> 2.5, 2.5, 1; mse: 5, 1 -> 2, 1
-    assert mean_ranks(means, hib) == [pytest.approx((1.5 + 2.5 + 2) / 3), pytest.approx((3 + 2.5 + 1) / 3),
-                                      pytest.approx((1.5 + 1) / 2), None]
+    assert mean_ranks(means, hib) == [
+        pytest.approx((1.5 + 2.5 + 2) / 3),
+        pytest.approx((3 + 2.5 + 1) / 3),
+        pytest.approx((1.5 + 1) / 2),
+        None,
+    ]
 
 
 def test_every_group_is_ranked_within_its_task_set(tmp_path):
     for i, (acc, err, mse) in enumerate([(0.7, 0.3, 1.0), (0.8, 0.3, 2.0), (0.9, 0.1, 3.0)]):
-        write_run(tmp_path, f"toy_{i}", [f"balancer.x={i}"], values(acc, err, mse),
-                  choices={"balancer": "fixed", "tasks": "toy"})
-    write_run(tmp_path, "other", ["tasks=other"], values(0.1, 0.9, 9.0),
-              choices={"balancer": "fixed", "tasks": "other"})
+        write_run(
+            tmp_path,
+            f"toy_{i}",
+            [f"balancer.x={i}"],
+            values(acc, err, mse),
+            choices={"balancer": "fixed", "tasks": "toy"},
+        )
+    write_run(
+        tmp_path, "other", ["tasks=other"], values(0.1, 0.9, 9.0), choices={"balancer": "fixed", "tasks": "other"}
+    )
     groups = {g["group"]: g["mean_rank"] for g in json.loads(make_report([tmp_path], "json", None, None)[0])["groups"]}
     # toy: acc ranks 3, 2, 1; err (0.3, 0.3, 0.1) 2.5, 2.5, 1; mse 1, 2, 3; the other task set alone: rank 1
-    assert groups == {"balancer.x=0": pytest.approx(6.5 / 3), "balancer.x=1": pytest.approx(6.5 / 3),
-                      "balancer.x=2": pytest.approx(5 / 3), "tasks=other": 1.0}
+    assert groups == {
+        "balancer.x=0": pytest.approx(6.5 / 3),
+        "balancer.x=1": pytest.approx(6.5 / 3),
+        "balancer.x=2": pytest.approx(5 / 3),
+        "tasks=other": 1.0,
+    }
 
 
 def test_reference_baseline_from_the_task_set_config(tmp_path):
@@ -177,12 +248,15 @@ def test_reference_baseline_from_the_task_set_config(tmp_path):
     assert report["groups"][0]["delta_m"]["flat"] == pytest.approx((-100 * 0.05 / 0.75 - 20 + 10) / 3)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--format", "xml"], "--format 'xml': allowed: table, markdown, csv, json"),
-    (["--baseline", "fixed"], "--baseline 'fixed': expected key=value"),
-    (["--baseline", "balancer=rescaled_norm"], "--baseline balancer=rescaled_norm: no run has a group with"),
-    (["--baseline", "reference"], "no run has reference values (tasks.reference)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--format", "xml"], "--format 'xml': allowed: table, markdown, csv, json"),
+        (["--baseline", "fixed"], "--baseline 'fixed': expected key=value"),
+        (["--baseline", "balancer=rescaled_norm"], "--baseline balancer=rescaled_norm: no run has a group with"),
+        (["--baseline", "reference"], "no run has reference values (tasks.reference)"),
+    ],
+)
 def test_bad_options_are_one_line_errors(sweep, args, message):
     result = CliRunner().invoke(app, ["report", str(sweep), *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
@@ -238,8 +312,9 @@ def test_plot_axes_follow_the_values():
 def test_a_real_sweep_end_to_end(tmp_path):
     runner = CliRunner()
     smoke = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64"]
-    result = runner.invoke(app, ["train", "-m", "balancer=fixed,gradnorm", "seed=0,1", f"hydra.sweep.dir={tmp_path}",
-                                 *smoke])
+    result = runner.invoke(
+        app, ["train", "-m", "balancer=fixed,gradnorm", "seed=0,1", f"hydra.sweep.dir={tmp_path}", *smoke]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(make_report([tmp_path], "json", "balancer=fixed", None)[0])
     groups = {g["group"]: g for g in report["groups"]}

@@ -33,8 +33,9 @@ def test_metrics(t0: float, t1: float) -> dict:
 test_metrics.__test__ = False  # a helper, not a test
 
 
-def write_run(root: Path, name: str, overrides: list[str], status: str = "completed", t0: float = 0.5,
-              t1: float = 2500.0, **extra) -> Path:
+def write_run(
+    root: Path, name: str, overrides: list[str], status: str = "completed", t0: float = 0.5, t1: float = 2500.0, **extra
+) -> Path:
     """A run directory as `mtl-bench train OVERRIDES` leaves it (without training)."""
     with initialize_config_dir(str(conf_root()), version_base="1.3"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
@@ -47,8 +48,14 @@ def write_run(root: Path, name: str, overrides: list[str], status: str = "comple
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     if status == "incomplete":
         return run
-    metrics = {"status": status, "overrides": overrides, "choices": choices, "seed": cfg.seed,
-               "higher_is_better": HIB, **extra}
+    metrics = {
+        "status": status,
+        "overrides": overrides,
+        "choices": choices,
+        "seed": cfg.seed,
+        "higher_is_better": HIB,
+        **extra,
+    }
     if status == "completed":
         metrics.update(test=test_metrics(t0, t1), val=test_metrics(t0, t1))
         metrics.setdefault("step", cfg.trainer.max_steps)
@@ -65,11 +72,23 @@ def test_equal_configs_are_one_group_and_what_did_not_complete_is_listed_with_it
     write_run(tmp_path, "0_defaults", [], t0=0.50)
     write_run(tmp_path, "1_explicit", ["optim=adam", "balancer=fixed"], t0=0.52)
     write_run(tmp_path, "2_resumed", ["trainer.resume=auto", "trainer.log_every=10"], t0=0.54)
-    write_run(tmp_path, "3_diverged", ["optim=sgd", "optim.lr=0.05"], status="diverged", step=112,
-              error="diverged: 11 of the last 100 steps skipped for non-finite gradients (first at step 12, task t1)",
-              reason="max_skipped_fraction")
-    write_run(tmp_path, "4_failed", ["model._target_=my_lab.Nope"], status="failed", step=0,
-              error="model._target_: cannot import my_lab.Nope")
+    write_run(
+        tmp_path,
+        "3_diverged",
+        ["optim=sgd", "optim.lr=0.05"],
+        status="diverged",
+        step=112,
+        error="diverged: 11 of the last 100 steps skipped for non-finite gradients (first at step 12, task t1)",
+        reason="max_skipped_fraction",
+    )
+    write_run(
+        tmp_path,
+        "4_failed",
+        ["model._target_=my_lab.Nope"],
+        status="failed",
+        step=0,
+        error="model._target_: cannot import my_lab.Nope",
+    )
     out = report(tmp_path, "balancer=fixed")
     assert [(g["group"], g["seeds"], g["n_runs"]) for g in out["groups"]] == [("(defaults)", 1, 3)]
     group = out["groups"][0]
@@ -86,8 +105,10 @@ def test_equal_configs_are_one_group_and_what_did_not_complete_is_listed_with_it
     assert "| (defaults) | 3 runs, 1 seed | 0.52 ± n/a |" in table.output  # no interval over one seed, not "± 0"
     assert "runs of one seed averaged first" in table.output
     lines = table.output.splitlines()
-    assert any(line.strip().startswith("diverged:") and "3_diverged (optim=sgd optim.lr=0.05): diverged: 11 of"
-               in line for line in lines)
+    assert any(
+        line.strip().startswith("diverged:") and "3_diverged (optim=sgd optim.lr=0.05): diverged: 11 of" in line
+        for line in lines
+    )
     assert any(line.strip().startswith("failed:") and line.endswith("cannot import my_lab.Nope") for line in lines)
 
 
@@ -105,7 +126,7 @@ def test_seeds_are_counted_as_distinct_seeds_and_averaged_per_seed_first(tmp_pat
     write_run(tmp_path, "c", ["seed=1"], t0=0.7)
     write_run(tmp_path, "d", ["seed=2"], status="incomplete")
     out = report(tmp_path)
-    group, = out["groups"]
+    (group,) = out["groups"]
     assert (group["seeds"], group["n_runs"]) == (2, 3)
     mse = group["metrics"]["t0"]["mse"]
     assert mse["mean"] == pytest.approx(0.6) and mse["n"] == 2
@@ -122,7 +143,7 @@ def test_time_per_step_is_measured_in_each_run_and_averaged_per_seed_first(tmp_p
     write_run(tmp_path, "b", ["seed=0", "trainer.resume=auto"], wall_time_s=14.0)  # 14 ms: seed 0 is 12 ms
     write_run(tmp_path, "c", ["seed=1"], wall_time_s=9.0, step=500)  # 18 ms
     write_run(tmp_path, "d", ["seed=2"])  # recorded no wall_time_s: left out of the time, not of the metrics
-    group, = report(tmp_path)["groups"]
+    (group,) = report(tmp_path)["groups"]
     assert group["seeds"] == 3
     time = group["time_per_step_ms"]
     assert time["n"] == 2 and time["mean"] == pytest.approx(15.0) and time["std"] == pytest.approx(3 * math.sqrt(2))
@@ -142,8 +163,7 @@ def test_labels_name_what_differs_and_the_baseline_matches_resolved_values(tmp_p
     out = report(tmp_path, "balancer=fixed")
     groups = {g["group"]: g for g in out["groups"]}
     # each label names what its group changes from the others' defaults
-    assert list(groups) == ["(defaults)", "balancer=gradnorm balancer.alpha=0.5", "balancer=gradnorm",
-                            "optim.lr=0.01"]
+    assert list(groups) == ["(defaults)", "balancer=gradnorm balancer.alpha=0.5", "balancer=gradnorm", "optim.lr=0.01"]
     assert all(g["seeds"] == 2 and g["n_runs"] == 2 for g in groups.values())
     assert groups["balancer=gradnorm balancer.alpha=0.5"]["baseline_group"] == "(defaults)"
     assert groups["balancer=gradnorm"]["baseline_group"] == "(defaults)"
@@ -167,18 +187,39 @@ def test_a_config_group_option_alone_does_not_split_what_trained_the_same(tmp_pa
 
 
 def test_runs_without_a_saved_config_fall_back_to_their_overrides(tmp_path):
-    for name, overrides in [("a", ["balancer=fixed", "seed=0"]), ("b", ["balancer=fixed", "seed=0",
-                                                                          "trainer.resume=auto"])]:
+    for name, overrides in [
+        ("a", ["balancer=fixed", "seed=0"]),
+        ("b", ["balancer=fixed", "seed=0", "trainer.resume=auto"]),
+    ]:
         run = tmp_path / name
         run.mkdir()
-        (run / "metrics.json").write_text(json.dumps({
-            "status": "completed", "overrides": overrides, "choices": {"balancer": "fixed"},
-            "higher_is_better": HIB, "test": test_metrics(0.5, 2500.0)}))
+        (run / "metrics.json").write_text(
+            json.dumps(
+                {
+                    "status": "completed",
+                    "overrides": overrides,
+                    "choices": {"balancer": "fixed"},
+                    "higher_is_better": HIB,
+                    "test": test_metrics(0.5, 2500.0),
+                }
+            )
+        )
     out = report(tmp_path, "balancer=fixed")
     assert [(g["group"], g["seeds"], g["n_runs"]) for g in out["groups"]] == [("balancer=fixed", 1, 2)]
 
 
 def test_the_keys_left_out_of_a_group_are_one_documented_list():
-    assert {"seed", "tag", "hydra", "trainer.resume", "trainer.log_every", "trainer.eval_every",
-            "trainer.checkpoint_every", "trainer.progress", "trainer.device", "trainer.num_threads",
-            "trainer.num_workers", "trainer.profile"} <= set(NOT_TRAINING_KEYS)
+    assert {
+        "seed",
+        "tag",
+        "hydra",
+        "trainer.resume",
+        "trainer.log_every",
+        "trainer.eval_every",
+        "trainer.checkpoint_every",
+        "trainer.progress",
+        "trainer.device",
+        "trainer.num_threads",
+        "trainer.num_workers",
+        "trainer.profile",
+    } <= set(NOT_TRAINING_KEYS)

@@ -32,6 +32,7 @@ def n_params(params) -> int:
 
 # ------------------------------------------------------------------------------------------------ the reference
 
+
 @contextlib.contextmanager
 def _old_torchvision_utils():
     """LibMTL 1.1.5's resnet.py imports `torchvision.models.utils.load_state_dict_from_url` (gone from torchvision;
@@ -58,14 +59,21 @@ def libmtl_model(name: str) -> types.ModuleType:
 # LibMTL 4336804 examples/nyu/aspp.py (not part of the installed package), rebuilt from its source.
 class RefASPPConv(nn.Sequential):
     def __init__(self, in_channels, out_channels, dilation):
-        super().__init__(nn.Conv2d(in_channels, out_channels, 3, padding=dilation, dilation=dilation, bias=False),
-                         nn.BatchNorm2d(out_channels), nn.ReLU())
+        super().__init__(
+            nn.Conv2d(in_channels, out_channels, 3, padding=dilation, dilation=dilation, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
 
 
 class RefASPPPooling(nn.Sequential):
     def __init__(self, in_channels, out_channels):
-        super().__init__(nn.AdaptiveAvgPool2d(1), nn.Conv2d(in_channels, out_channels, 1, bias=False),
-                         nn.BatchNorm2d(out_channels), nn.ReLU())
+        super().__init__(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(in_channels, out_channels, 1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
 
     def forward(self, x):
         size = x.shape[-2:]
@@ -77,14 +85,19 @@ class RefASPP(nn.Module):
     def __init__(self, in_channels, atrous_rates):
         super().__init__()
         out_channels = 256
-        modules = [nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels),
-                                 nn.ReLU())]
+        modules = [
+            nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU())
+        ]
         rate1, rate2, rate3 = tuple(atrous_rates)
         modules += [RefASPPConv(in_channels, out_channels, r) for r in (rate1, rate2, rate3)]
         modules.append(RefASPPPooling(in_channels, out_channels))
         self.convs = nn.ModuleList(modules)
-        self.project = nn.Sequential(nn.Conv2d(5 * out_channels, out_channels, 1, bias=False),
-                                     nn.BatchNorm2d(out_channels), nn.ReLU(), nn.Dropout(0.5))
+        self.project = nn.Sequential(
+            nn.Conv2d(5 * out_channels, out_channels, 1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+        )
 
     def forward(self, x):
         return self.project(torch.cat([conv(x) for conv in self.convs], dim=1))
@@ -92,8 +105,13 @@ class RefASPP(nn.Module):
 
 class RefDeepLabHead(nn.Sequential):
     def __init__(self, in_channels, num_classes):
-        super().__init__(RefASPP(in_channels, [12, 24, 36]), nn.Conv2d(256, 256, 3, padding=1, bias=False),
-                         nn.BatchNorm2d(256), nn.ReLU(), nn.Conv2d(256, num_classes, 1))
+        super().__init__(
+            RefASPP(in_channels, [12, 24, 36]),
+            nn.Conv2d(256, 256, 3, padding=1, bias=False),
+            nn.BatchNorm2d(256),
+            nn.ReLU(),
+            nn.Conv2d(256, num_classes, 1),
+        )
 
 
 class RefNYU(nn.Module):
@@ -104,14 +122,17 @@ class RefNYU(nn.Module):
     def __init__(self, heads: dict[str, int], dilate_scale: int = 8, normalize: bool = True):
         super().__init__()
         self.normalize = normalize
-        self.encoder = libmtl_model("resnet_dilated").resnet_dilated("resnet50", pretrained=False,
-                                                                     dilate_scale=dilate_scale)
+        self.encoder = libmtl_model("resnet_dilated").resnet_dilated(
+            "resnet50", pretrained=False, dilate_scale=dilate_scale
+        )
         self.decoders = nn.ModuleDict({task: RefDeepLabHead(2048, out) for task, out in heads.items()})
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
         rep = self.encoder(x)
-        preds = {task: F.interpolate(dec(rep), x.shape[-2:], mode="bilinear", align_corners=True)
-                 for task, dec in self.decoders.items()}
+        preds = {
+            task: F.interpolate(dec(rep), x.shape[-2:], mode="bilinear", align_corners=True)
+            for task, dec in self.decoders.items()
+        }
         if "normal" in preds and self.normalize:
             preds["normal"] = preds["normal"] / torch.norm(preds["normal"], p=2, dim=1, keepdim=True)
         return preds
@@ -160,13 +181,17 @@ def assert_same_predictions(model: nn.Module, ref: nn.Module, x: Tensor) -> None
 
 # ------------------------------------------------------------------------------------------------ parameter counts
 
+
 # From the reference's code: sum(p.numel()) of resnet_dilated('resnet50') (LibMTL/model/resnet_dilated.py) = 23,508,032;
 # of DeepLabHead(2048, C) (examples/nyu/aspp.py) = 16,125,440 + 257 C; of examples/office/main.py's Encoder
 # = 11,176,512 (resnet18) + 262,656 (Linear 512x512) + 1,024 (BatchNorm1d) and its decoders 513 C each.
-@pytest.mark.parametrize(("shape", "heads", "total"), [
-    ((3, 288, 384), NYU, 23_508_032 + 3 * 16_125_440 + 257 * 17),  # NYUv2: 71,888,721
-    ((3, 128, 256), {"segmentation": 7, "depth": 1}, 23_508_032 + 2 * 16_125_440 + 257 * 8),  # Cityscapes
-])
+@pytest.mark.parametrize(
+    ("shape", "heads", "total"),
+    [
+        ((3, 288, 384), NYU, 23_508_032 + 3 * 16_125_440 + 257 * 17),  # NYUv2: 71,888,721
+        ((3, 128, 256), {"segmentation": 7, "depth": 1}, 23_508_032 + 2 * 16_125_440 + 257 * 8),  # Cityscapes
+    ],
+)
 def test_resnet_dilated_parameter_counts_match_libmtl(shape, heads, total):
     model = ResNetDilated(shape, heads)
     assert n_params(model.parameters()) == total
@@ -175,10 +200,13 @@ def test_resnet_dilated_parameter_counts_match_libmtl(shape, heads, total):
         assert n_params(model.task_parameters(task)) == 16_125_440 + 257 * out
 
 
-@pytest.mark.parametrize(("heads", "total"), [
-    (OFFICE31, 11_176_512 + 262_656 + 1_024 + 3 * 513 * 31),  # Office-31: 11,487,901
-    ({"Art": 65, "Clipart": 65, "Product": 65, "Real_World": 65}, 11_440_192 + 4 * 513 * 65),  # Office-Home
-])
+@pytest.mark.parametrize(
+    ("heads", "total"),
+    [
+        (OFFICE31, 11_176_512 + 262_656 + 1_024 + 3 * 513 * 31),  # Office-31: 11,487,901
+        ({"Art": 65, "Clipart": 65, "Product": 65, "Real_World": 65}, 11_440_192 + 4 * 513 * 65),  # Office-Home
+    ],
+)
 def test_resnet18_parameter_counts_match_libmtl(heads, total):
     model = ResNet18((3, 224, 224), heads)
     assert n_params(model.parameters()) == total
@@ -194,6 +222,7 @@ def test_the_counts_above_are_what_libmtls_modules_give():
 
 
 # ------------------------------------------------------------------------------------------------ the forward
+
 
 @pytest.mark.parametrize("output_stride", [8, 16])
 def test_resnet_dilated_forward_equals_libmtls_on_the_same_weights(output_stride):
@@ -244,15 +273,18 @@ def test_predictions_shapes_and_the_shared_split():
     assert office.last_shared_layer is office.trunk.hidden
 
 
-@pytest.mark.parametrize(("cls", "kwargs", "message"), [
-    (ResNetDilated, {"input_shape": (1, 32, 32)}, "input_shape: ResNetDilated takes RGB images"),
-    (ResNetDilated, {"output_stride": 32}, "output_stride: must be 8 or 16, got 32"),
-    (ResNetDilated, {"atrous_rates": [12, 0]}, "atrous_rates: need one or more integer dilations > 0"),
-    (ResNetDilated, {"normalize": "normal"}, "normalize: need a list of task names"),
-    (ResNet18, {"input_shape": (3, 224)}, "input_shape: ResNet18 needs (channels, height, width)"),
-    (ResNet18, {"hidden": 0}, "hidden: must be an integer > 0, got 0"),
-    (ResNet18, {"dropout": 1.0}, "dropout: must be in [0, 1), got 1.0"),
-])
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "message"),
+    [
+        (ResNetDilated, {"input_shape": (1, 32, 32)}, "input_shape: ResNetDilated takes RGB images"),
+        (ResNetDilated, {"output_stride": 32}, "output_stride: must be 8 or 16, got 32"),
+        (ResNetDilated, {"atrous_rates": [12, 0]}, "atrous_rates: need one or more integer dilations > 0"),
+        (ResNetDilated, {"normalize": "normal"}, "normalize: need a list of task names"),
+        (ResNet18, {"input_shape": (3, 224)}, "input_shape: ResNet18 needs (channels, height, width)"),
+        (ResNet18, {"hidden": 0}, "hidden: must be an integer > 0, got 0"),
+        (ResNet18, {"dropout": 1.0}, "dropout: must be in [0, 1), got 1.0"),
+    ],
+)
 def test_bad_options_name_their_argument(cls, kwargs, message):
     args = {"input_shape": (3, 32, 32), "heads": {"a": 2}} | kwargs
     with pytest.raises(ValueError) as info:
@@ -261,6 +293,7 @@ def test_bad_options_name_their_argument(cls, kwargs, message):
 
 
 # ------------------------------------------------------------------------------------------------ model.weights
+
 
 @pytest.fixture(scope="module")
 def resnet18_file(tmp_path_factory) -> tuple[Path, dict[str, Tensor]]:
@@ -327,12 +360,16 @@ def test_bad_weight_files_are_one_line_naming_weights_and_the_path(tmp_path, res
     cases["list.pth"] = "weights: {path} is not a state dict (a mapping of parameter names to tensors), got list"
     partial = {k: v for k, v in state.items() if not k.startswith("layer4.")}
     torch.save(partial | {"extra.weight": torch.zeros(1)}, tmp_path / "partial.pth")
-    cases["partial.pth"] = ("weights: {path} does not fit torchvision's resnet18: 30 missing keys "
-                            "(layer4.0.conv1.weight, layer4.0.bn1.weight, layer4.0.bn1.bias, ... (30 in all)); "
-                            "1 unexpected keys (extra.weight)")
+    cases["partial.pth"] = (
+        "weights: {path} does not fit torchvision's resnet18: 30 missing keys "
+        "(layer4.0.conv1.weight, layer4.0.bn1.weight, layer4.0.bn1.bias, ... (30 in all)); "
+        "1 unexpected keys (extra.weight)"
+    )
     torch.save(state | {"conv1.weight": torch.zeros(64, 3, 3, 3)}, tmp_path / "shape.pth")
-    cases["shape.pth"] = ("weights: {path} does not fit torchvision's resnet18: 1 mis-shaped "
-                          "(conv1.weight (64, 3, 3, 3) for (64, 3, 7, 7))")
+    cases["shape.pth"] = (
+        "weights: {path} does not fit torchvision's resnet18: 1 mis-shaped "
+        "(conv1.weight (64, 3, 3, 3) for (64, 3, 7, 7))"
+    )
     for name, message in cases.items():
         with pytest.raises(ValueError) as info:
             ResNet18((3, 224, 224), OFFICE31, weights=str(tmp_path / name))
@@ -360,8 +397,16 @@ def test_preset_is_libmtls_recipe_with_the_stl_reference(compose_cfg):
     assert cfg.optim.schedule.step_size == 100 * steps_per_epoch and cfg.optim.schedule.gamma == 0.5
     assert cfg.trainer.eval_every == steps_per_epoch
     ref = OmegaConf.to_container(cfg.tasks.reference)
-    ours = [ref["segmentation"]["miou"] * 100, ref["segmentation"]["pixel_acc"] * 100, ref["depth"]["abs_err"],
-            ref["depth"]["rel_err"], ref["normal"]["angle_mean"], ref["normal"]["angle_median"],
-            ref["normal"]["within_11_25"] * 100, ref["normal"]["within_22_5"] * 100, ref["normal"]["within_30"] * 100]
+    ours = [
+        ref["segmentation"]["miou"] * 100,
+        ref["segmentation"]["pixel_acc"] * 100,
+        ref["depth"]["abs_err"],
+        ref["depth"]["rel_err"],
+        ref["normal"]["angle_mean"],
+        ref["normal"]["angle_median"],
+        ref["normal"]["within_11_25"] * 100,
+        ref["normal"]["within_22_5"] * 100,
+        ref["normal"]["within_30"] * 100,
+    ]
     assert ours == pytest.approx(PRINTED_STL, abs=1e-9)
     assert sorted(ref["normal"]) == sorted(["angle_mean", "angle_median", "within_11_25", "within_22_5", "within_30"])

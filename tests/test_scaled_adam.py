@@ -21,14 +21,41 @@ class Reference:
     """icefall's ScaledAdam written as a plain loop over parameters (float32 state, scalar clamp after the
     update), the yardstick for the batched/compiled implementation."""
 
-    def __init__(self, params, lr=3e-2, clipping_scale=None, scalar_lr_scale=0.1, eps=1e-8, param_min_rms=1e-5,
-                 param_max_rms=3.0, scalar_max=10.0, size_update_period=4, clipping_update_period=100):
+    def __init__(
+        self,
+        params,
+        lr=3e-2,
+        clipping_scale=None,
+        scalar_lr_scale=0.1,
+        eps=1e-8,
+        param_min_rms=1e-5,
+        param_max_rms=3.0,
+        scalar_max=10.0,
+        size_update_period=4,
+        clipping_update_period=100,
+    ):
         self.params = list(params)
-        self.h = dict(lr=lr, clip=clipping_scale, sls=scalar_lr_scale, eps=eps, min_rms=param_min_rms,
-                      max_rms=param_max_rms, smax=scalar_max, P=size_update_period, C=clipping_update_period)
-        self.st = [dict(delta=torch.zeros_like(p), v=torch.zeros_like(p),
-                        rms=p.detach().pow(2).mean().sqrt(), sv=torch.tensor(0.0), sg=torch.zeros(size_update_period))
-                   for p in self.params]
+        self.h = dict(
+            lr=lr,
+            clip=clipping_scale,
+            sls=scalar_lr_scale,
+            eps=eps,
+            min_rms=param_min_rms,
+            max_rms=param_max_rms,
+            smax=scalar_max,
+            P=size_update_period,
+            C=clipping_update_period,
+        )
+        self.st = [
+            dict(
+                delta=torch.zeros_like(p),
+                v=torch.zeros_like(p),
+                rms=p.detach().pow(2).mean().sqrt(),
+                sv=torch.tensor(0.0),
+                sg=torch.zeros(size_update_period),
+            )
+            for p in self.params
+        ]
         self.step_no = 0
         self.norms = torch.zeros(clipping_update_period)
         self.threshold = None
@@ -37,8 +64,10 @@ class Reference:
         h, s = self.h, self.step_no
         if h["clip"] is None or s == 0:
             return 1.0
-        sumsq = sum(float((p.grad ** 2).sum()) * (h["sls"] ** 2 if p.numel() == 1 else float(st["rms"]) ** 2)
-                    for p, st in zip(self.params, self.st))
+        sumsq = sum(
+            float((p.grad**2).sum()) * (h["sls"] ** 2 if p.numel() == 1 else float(st["rms"]) ** 2)
+            for p, st in zip(self.params, self.st)
+        )
         norm = math.sqrt(sumsq)
         self.norms[s % h["C"]] = norm
         irregular = s in (10, 20, 40) and s < h["C"]
@@ -70,10 +99,10 @@ class Reference:
             if s % P == P - 1:
                 st["rms"] = p.pow(2).mean().sqrt()
                 if s > 0:
-                    b2p = b2 ** P
+                    b2p = b2**P
                     st["sv"] = st["sv"] * b2p + (st["sg"] ** 2).mean() * (1 - b2p)
                     bc = 1 - b2p ** ((s + 1) // P)
-                    scale_step = -h["lr"] * h["sls"] * bc ** 0.5 * st["sg"].sum() / (st["sv"].sqrt() + h["eps"])
+                    scale_step = -h["lr"] * h["sls"] * bc**0.5 * st["sg"].sum() / (st["sv"].sqrt() + h["eps"])
                     if st["rms"] < h["min_rms"]:
                         scale_step = torch.tensor(0.0)
                     scale_step = torch.minimum(scale_step, (h["max_rms"] - st["rms"]) / st["rms"])
@@ -88,8 +117,7 @@ def make_params(seed: int = 0) -> list[torch.nn.Parameter]:
     """Several same-shape tensors (stacking), odd shapes, 1-D biases and scalars of two shapes."""
     g = torch.Generator().manual_seed(seed)
     shapes = [(6, 5), (6, 5), (6, 5), (7,), (7,), (3, 2, 4), (), (), (1,)]
-    return [torch.nn.Parameter(torch.randn(s, generator=g) * 0.3 + (0.5 if s in ((), (1,)) else 0.0))
-            for s in shapes]
+    return [torch.nn.Parameter(torch.randn(s, generator=g) * 0.3 + (0.5 if s in ((), (1,)) else 0.0)) for s in shapes]
 
 
 def set_grads(params: list[torch.Tensor], step: int, scale: float = 1.0) -> None:
@@ -129,7 +157,7 @@ def test_first_step_by_hand():
     st = opt.state[w]
     assert st["step"] == 1 and st["delta"].dtype == torch.float32
     torch.testing.assert_close(st["delta"], expect_w - torch.tensor([[1.0, -2.0], [3.0, -4.0]]))
-    torch.testing.assert_close(st["exp_avg_sq"], 0.02 * w.grad ** 2)
+    torch.testing.assert_close(st["exp_avg_sq"], 0.02 * w.grad**2)
 
 
 def test_second_step_momentum_by_hand():
@@ -149,11 +177,11 @@ def test_second_step_momentum_by_hand():
 def test_matches_per_parameter_reference(stack_max_numel, clipping_scale):
     params = make_params()
     ref_params = clone_params(params)
-    opt = ScaledAdam(params, lr=0.05, clipping_scale=clipping_scale, clipping_update_period=16,
-                     param_max_rms=0.5, compile=False)
+    opt = ScaledAdam(
+        params, lr=0.05, clipping_scale=clipping_scale, clipping_update_period=16, param_max_rms=0.5, compile=False
+    )
     opt.stack_max_numel = stack_max_numel
-    ref = Reference(ref_params, lr=0.05, clipping_scale=clipping_scale, clipping_update_period=16,
-                    param_max_rms=0.5)
+    ref = Reference(ref_params, lr=0.05, clipping_scale=clipping_scale, clipping_update_period=16, param_max_rms=0.5)
     for s in range(45):  # size updates at 3, 7, ...; clipping estimates at 10 and every 16
         scale = 30.0 if s in (12, 33) else 1.0  # spikes so clipping acts
         set_grads(params, s, scale)
@@ -223,8 +251,9 @@ def test_clipping_shrinks_the_update():
     set_grads(a_params, 9, scale=50.0)
     set_grads(c_params, 9, scale=50.0)
     # the factor the clipped optimizer must apply: threshold / RMS-weighted norm
-    sumsq = sum(float((p.grad ** 2).sum()) * (0.01 if p.numel() == 1 else float(a.state[p]["param_rms"]) ** 2)
-                for p in a_params)
+    sumsq = sum(
+        float((p.grad**2).sum()) * (0.01 if p.numel() == 1 else float(a.state[p]["param_rms"]) ** 2) for p in a_params
+    )
     factor = a.state[a_params[0]]["model_norm_threshold"] / math.sqrt(sumsq)
     assert factor < 0.2
     for p, q in zip(b_params, a_params):
@@ -250,8 +279,9 @@ def test_state_dict_round_trip_mid_training(dtype):
     params2 = [torch.nn.Parameter(p.detach().clone()) for p in params]
     opt2 = ScaledAdam(params2, lr=0.05, clipping_scale=2.0, clipping_update_period=6, compile=False)
     opt2.load_state_dict(saved)
-    assert all(v.dtype == torch.float32 for st in opt2.state.values() for v in st.values()
-               if isinstance(v, torch.Tensor))
+    assert all(
+        v.dtype == torch.float32 for st in opt2.state.values() for v in st.values() if isinstance(v, torch.Tensor)
+    )
     run(opt, params, 9, start=7)
     run(opt2, params2, 9, start=7)
     for p, q in zip(params, params2):
@@ -300,8 +330,11 @@ def test_accepts_params_groups_and_names():
     assert plain.param_name(0, 1) == "group0.params[1](2,)"
     named = ScaledAdam(model.named_parameters(), compile=False)
     assert named.param_name(0, 0) == "weight"
-    groups = ScaledAdam([{"named_params": [("w", model.weight)], "lr": 0.1},
-                         {"named_params": [("b", model.bias)]}], lr=0.01, compile=False)
+    groups = ScaledAdam(
+        [{"named_params": [("w", model.weight)], "lr": 0.1}, {"named_params": [("b", model.bias)]}],
+        lr=0.01,
+        compile=False,
+    )
     assert [g["lr"] for g in groups.param_groups] == [0.1, 0.01]
     assert groups.param_name(1, 0) == "b"
     model.weight.grad = torch.ones_like(model.weight)  # the bias has no gradient: treated as zero

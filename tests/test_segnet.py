@@ -50,6 +50,7 @@ def n_params(params) -> int:
 
 # ---------------------------------------------------------------------------------------------- the models
 
+
 @pytest.mark.parametrize("cls", MODELS)
 def test_predictions_at_input_resolution(cls):
     torch.manual_seed(0)
@@ -72,12 +73,15 @@ def test_predictions_at_input_resolution(cls):
 # models.py: sum(p.numel() for p in model.parameters()) and for model.shared_parameters() (every parameter but
 # `pred_task*`), and for MTAN's `shared_modules()` (the attention masks left out). MTAN's own script adds 3 for
 # its uncertainty weights (`logsigma`), which are not part of the model here.
-@pytest.mark.parametrize(("cls", "shape", "heads", "total", "shared", "shared_modules"), [
-    (SegNetMTAN, (3, 288, 384), {"segmentation": 13, "depth": 1, "normal": 3}, 44_229_073, 44_117_184, 35_163_456),
-    (SegNet, (3, 288, 384), {"segmentation": 13, "depth": 1, "normal": 3}, 25_055_185, 24_943_296, None),
-    (SegNetMTAN, (3, 128, 256), {"segmentation": 7, "depth": 1}, 41_206_984, 41_132_608, None),
-    (SegNet, (3, 128, 256), {"segmentation": 7, "depth": 1}, 25_017_672, 24_943_296, None),
-])
+@pytest.mark.parametrize(
+    ("cls", "shape", "heads", "total", "shared", "shared_modules"),
+    [
+        (SegNetMTAN, (3, 288, 384), {"segmentation": 13, "depth": 1, "normal": 3}, 44_229_073, 44_117_184, 35_163_456),
+        (SegNet, (3, 288, 384), {"segmentation": 13, "depth": 1, "normal": 3}, 25_055_185, 24_943_296, None),
+        (SegNetMTAN, (3, 128, 256), {"segmentation": 7, "depth": 1}, 41_206_984, 41_132_608, None),
+        (SegNet, (3, 128, 256), {"segmentation": 7, "depth": 1}, 25_017_672, 24_943_296, None),
+    ],
+)
 def test_parameter_counts_match_the_references(cls, shape, heads, total, shared, shared_modules):
     model = cls(shape, heads)
     assert n_params(model.parameters()) == total
@@ -114,8 +118,9 @@ def test_last_shared_layer_is_the_decoders_last_conv(cls):
     out = model(batch()[0])
     # conv -> BatchNorm -> ReLU is the shared representation
     bn = model.trunk.conv_block_dec[0][1]
-    torch.testing.assert_close(out.shared, F.relu(F.batch_norm(captured["out"], None, None, bn.weight, bn.bias,
-                                                               training=True)))
+    torch.testing.assert_close(
+        out.shared, F.relu(F.batch_norm(captured["out"], None, None, bn.weight, bn.bias, training=True))
+    )
 
 
 def test_segnet_heads_read_only_the_shared_map_and_mtan_heads_read_every_stage():
@@ -132,15 +137,18 @@ def test_segnet_heads_read_only_the_shared_map_and_mtan_heads_read_every_stage()
             torch.testing.assert_close(out.preds["depth"], model.heads["depth"](out.shared))
 
 
-@pytest.mark.parametrize(("cls", "kwargs", "message"), [
-    (SegNet, {"filters": []}, "filters:"),
-    (SegNet, {"filters": [4, 0]}, "filters:"),
-    (SegNetMTAN, {"filters": [4, 2.5]}, "filters:"),
-    (SegNet, {"input_shape": (3, 30, 32)}, "input_shape:"),
-    (SegNetMTAN, {"input_shape": (32, 32)}, "input_shape:"),
-    (SegNetMTAN, {"normalize": "normal"}, "normalize:"),
-    (SegNetMTAN, {"attention_in_shared": "yes"}, "attention_in_shared:"),
-])
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "message"),
+    [
+        (SegNet, {"filters": []}, "filters:"),
+        (SegNet, {"filters": [4, 0]}, "filters:"),
+        (SegNetMTAN, {"filters": [4, 2.5]}, "filters:"),
+        (SegNet, {"input_shape": (3, 30, 32)}, "input_shape:"),
+        (SegNetMTAN, {"input_shape": (32, 32)}, "input_shape:"),
+        (SegNetMTAN, {"normalize": "normal"}, "normalize:"),
+        (SegNetMTAN, {"attention_in_shared": "yes"}, "attention_in_shared:"),
+    ],
+)
 def test_bad_values_name_the_argument(cls, kwargs, message):
     args = {"input_shape": SHAPE, "heads": TASKS, **TINY, **kwargs}
     with pytest.raises(ValueError, match=f"^{message}"):
@@ -149,8 +157,10 @@ def test_bad_values_name_the_argument(cls, kwargs, message):
 
 # ---------------------------------------------------------------------------------------------- exact gradients
 
-def per_task_gradients(model: nn.Module, params: list[Tensor], x: Tensor, y: dict[str, Tensor],
-                       names: list[str]) -> list[list[Tensor]]:
+
+def per_task_gradients(
+    model: nn.Module, params: list[Tensor], x: Tensor, y: dict[str, Tensor], names: list[str]
+) -> list[list[Tensor]]:
     """Each task's gradient at `params` from its own backward (T separate autograd.grad calls), in `names` order."""
     out = model(x)
     losses = losses_of(out.preds, y)
@@ -168,8 +178,11 @@ def record_solve(balancer: GradientBalancer, seen: dict) -> None:
     balancer._solve = recording  # type: ignore[method-assign]
 
 
-@pytest.mark.parametrize("make", [lambda names, params: PCGrad(names, params, seed=1),
-                                  lambda names, params: UPGrad(names, params)], ids=["pcgrad", "upgrad"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda names, params: PCGrad(names, params, seed=1), lambda names, params: UPGrad(names, params)],
+    ids=["pcgrad", "upgrad"],
+)
 @pytest.mark.parametrize("attention_in_shared", [True, False])
 def test_gradient_balancers_get_the_exact_jacobian_on_mtan(make, attention_in_shared):
     torch.manual_seed(0)
@@ -181,8 +194,9 @@ def test_gradient_balancers_get_the_exact_jacobian_on_mtan(make, attention_in_sh
     names = balancer.task_names  # the balancer's order (sorted): rows of J and of the Gramian
     expected = per_task_gradients(model, shared, x, y, names)  # BatchNorm in train mode: same batch statistics
     expected_own = {t: torch.autograd.grad(losses_of(model(x).preds, y)[t], own[t]) for t in TASKS}
-    blocks = [torch.stack([g if g is not None else torch.zeros_like(p) for g in gs])
-              for p, gs in zip(shared, zip(*expected))]
+    blocks = [
+        torch.stack([g if g is not None else torch.zeros_like(p) for g in gs]) for p, gs in zip(shared, zip(*expected))
+    ]
 
     seen: dict = {}
     record_solve(balancer, seen)
@@ -224,8 +238,14 @@ def test_per_task_mode_on_mtan_matches_the_joint_step():
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("make", [lambda names, params: MGDA(names, params, grad_source="shared_rep"),
-                                  lambda names, params: GradDrop(names, params)], ids=["mgda_ub", "graddrop"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda names, params: MGDA(names, params, grad_source="shared_rep"),
+        lambda names, params: GradDrop(names, params),
+    ],
+    ids=["mgda_ub", "graddrop"],
+)
 def test_methods_at_the_shared_representation_refuse_mtan(make):
     model = SegNetMTAN(SHAPE, TASKS, **TINY)
     x, y = batch()
@@ -240,14 +260,16 @@ def test_methods_at_the_shared_representation_refuse_mtan(make):
 
 # ---------------------------------------------------------------------------------------------- training
 
+
 def nash(names, params):
     pytest.importorskip("cvxpy")
     return NashMTL(names, params)
 
 
 @pytest.mark.parametrize("cls", MODELS)
-@pytest.mark.parametrize("make", [nash, lambda names, params: PCGrad(names, params, seed=0)],
-                         ids=["nash_mtl", "pcgrad"])
+@pytest.mark.parametrize(
+    "make", [nash, lambda names, params: PCGrad(names, params, seed=0)], ids=["nash_mtl", "pcgrad"]
+)
 def test_two_training_steps_through_a_balancer(cls, make):
     torch.manual_seed(0)
     model = cls(SHAPE, TASKS, **TINY)

@@ -26,12 +26,15 @@ def test_flag_reads_any_nan_or_inf(bad, value):
     assert nonfinite_flag([p.grad for p in inf]).item() == 1.0
 
 
-@pytest.mark.parametrize("make", [
-    lambda ps: torch.optim.Adam(ps, lr=0.1, fused=True),
-    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
-    lambda ps: torch.optim.RMSprop(ps, lr=0.1),  # not fused: the flag is read on the host
-    lambda ps: ScaledAdam(ps, lr=0.1, compile=False),  # skips by itself
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: torch.optim.Adam(ps, lr=0.1, fused=True),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
+        lambda ps: torch.optim.RMSprop(ps, lr=0.1),  # not fused: the flag is read on the host
+        lambda ps: ScaledAdam(ps, lr=0.1, compile=False),  # skips by itself
+    ],
+)
 @pytest.mark.parametrize("bad", [False, True])
 def test_step_is_skipped_exactly_when_flagged(make, bad, monkeypatch):
     ps = params_with_grads(bad)

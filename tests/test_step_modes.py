@@ -20,13 +20,15 @@ SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=6
 
 @pytest.fixture
 def small_conf(compose_cfg):
-    return lambda *overrides: (compose_cfg(*SMALL, *overrides))
+    return lambda *overrides: compose_cfg(*SMALL, *overrides)
 
 
 def setup(conf):
     torch.manual_seed(0)
     taskset = build("tasks", conf.tasks)
-    model = build("model", conf.model, input_shape=taskset.input_shape, heads={t.name: t.out_dim for t in taskset.tasks})
+    model = build(
+        "model", conf.model, input_shape=taskset.input_shape, heads={t.name: t.out_dim for t in taskset.tasks}
+    )
     return taskset, model
 
 
@@ -62,8 +64,10 @@ def test_per_task_gradient_is_the_sum_of_the_per_task_batch_gradients(small_conf
     got, out = runner_grads(conf, taskset, model, FixedWeights(["t0", "t1"], weights={"t0": 1.0, "t1": 0.001}))
     n, b = len(taskset.train), conf.trainer.batch_size
     # each task has its own stream: stream i+1 of the same seed
-    batches = [(t, StepSampler(n, b, conf.seed, stream=i + 1).indices(3), w)
-               for i, (t, w) in enumerate([("t0", 1.0), ("t1", 0.001)])]
+    batches = [
+        (t, StepSampler(n, b, conf.seed, stream=i + 1).indices(3), w)
+        for i, (t, w) in enumerate([("t0", 1.0), ("t1", 0.001)])
+    ]
     assert not torch.equal(batches[0][1], batches[1][1])  # really different batches
     expected = manual_grad(model, taskset, None, batches)
     for g, e in zip(got, expected):
@@ -77,8 +81,11 @@ def test_accumulated_gradient_is_the_mean_over_micro_batches(small_conf, mode):
     got, out = runner_grads(conf, taskset, model, FixedWeights(["t0", "t1"]), step=2)
     n, b = len(taskset.train), conf.trainer.batch_size
     streams = {"t0": 1, "t1": 2} if mode == "per_task" else {"t0": 0, "t1": 0}
-    batches = [(t, StepSampler(n, b, conf.seed, stream=s).indices(2 * 3 + j), 1.0 / 3)
-               for j in range(3) for t, s in streams.items()]
+    batches = [
+        (t, StepSampler(n, b, conf.seed, stream=s).indices(2 * 3 + j), 1.0 / 3)
+        for j in range(3)
+        for t, s in streams.items()
+    ]
     expected = manual_grad(model, taskset, None, batches)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7)
@@ -109,8 +116,16 @@ def test_gradnorm_updates_once_per_optimizer_step_from_mean_statistics(small_con
 @pytest.mark.parametrize("balancer", ["fixed", "rescaled_norm", "gradnorm"])
 @pytest.mark.parametrize("mode", ["joint", "per_task"])
 def test_every_balancer_trains_in_both_modes_with_accumulation(small_conf, tmp_path, balancer, mode):
-    result = train(small_conf(f"balancer={balancer}", f"trainer.step_mode={mode}", "trainer.grad_accumulation_steps=2",
-                              "trainer.max_steps=30", "optim.lr=0.003"), tmp_path)
+    result = train(
+        small_conf(
+            f"balancer={balancer}",
+            f"trainer.step_mode={mode}",
+            "trainer.grad_accumulation_steps=2",
+            "trainer.max_steps=30",
+            "optim.lr=0.003",
+        ),
+        tmp_path,
+    )
     state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert state["scheduler"]["last_epoch"] == 30  # the schedule counts optimizer steps
     if balancer == "gradnorm":
@@ -119,7 +134,8 @@ def test_every_balancer_trains_in_both_modes_with_accumulation(small_conf, tmp_p
 
 
 def test_per_task_mode_on_digits_with_lenet(compose_cfg, tmp_path):
-    conf = (compose_cfg("trainer=smoke", "tasks=digits", "model=lenet", "trainer.step_mode=per_task",
-                                           "balancer=gradnorm"))
+    conf = compose_cfg(
+        "trainer=smoke", "tasks=digits", "model=lenet", "trainer.step_mode=per_task", "balancer=gradnorm"
+    )
     result = train(conf, tmp_path)
     assert set(result.test) == {"left", "right", "sum"} and result.step == 20

@@ -150,7 +150,10 @@ def test_digits_shapes_and_tasks(digits):
     assert digits.task_names == ["left", "right", "sum"]
     assert [t.out_dim for t in digits.tasks] == [10, 10, 1]
     assert {t.name: t.higher_is_better for t in digits.tasks} == {
-        "left": {"accuracy": True}, "right": {"accuracy": True}, "sum": {"mse": False}}
+        "left": {"accuracy": True},
+        "right": {"accuracy": True},
+        "sum": {"mse": False},
+    }
     assert digits.train.targets["left"].dtype == torch.int64
     assert digits.train.targets["sum"].dtype == torch.float32 and digits.train.targets["sum"].shape == (200, 1)
     assert 0.0 <= digits.train.inputs.min() and digits.train.inputs.max() == 1.0  # 0..16 scaled to [0, 1]
@@ -190,13 +193,21 @@ def test_digits_with_overlap_are_max_of_two_real_images(sklearn_digits, digits):
         lefts = [j for j in _match(canvas[:, :4], images, slice(0, 4)) if j in pool]
         rights = [j for j in _match(canvas[:, 8:], images, slice(4, 8)) if j in pool]
         composed = [
-            (j, i) for j in lefts for i in rights
-            if np.array_equal(np.concatenate([images[j][:, :4], np.maximum(images[j][:, 4:], images[i][:, :4]),
-                                              images[i][:, 4:]], axis=1), canvas)
+            (j, i)
+            for j in lefts
+            for i in rights
+            if np.array_equal(
+                np.concatenate(
+                    [images[j][:, :4], np.maximum(images[j][:, 4:], images[i][:, :4]), images[i][:, 4:]], axis=1
+                ),
+                canvas,
+            )
         ]
         assert composed, f"sample {k} is not max(left, right) of two train-pool images"
-        assert any(labels[j] == digits.train.targets["left"][k] and labels[i] == digits.train.targets["right"][k]
-                   for j, i in composed)
+        assert any(
+            labels[j] == digits.train.targets["left"][k] and labels[i] == digits.train.targets["right"][k]
+            for j, i in composed
+        )
     sums = digits.train.targets["left"] + digits.train.targets["right"]
     assert torch.equal(digits.train.targets["sum"][:, 0], sums.float())
 

@@ -10,8 +10,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from mtl_bench.engine.threads import (SMALL_MODEL_NUMEL, available_cores, check_setting, choose_threads, cores_of,
-                                     parallel_runs_of)
+from mtl_bench.engine.threads import (
+    SMALL_MODEL_NUMEL,
+    available_cores,
+    check_setting,
+    choose_threads,
+    cores_of,
+    parallel_runs_of,
+)
 
 BIG = SMALL_MODEL_NUMEL * 4
 JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
@@ -55,8 +61,9 @@ def test_a_bad_setting_names_the_key(setting):
         choose_threads(setting, model_numel=10, parallel_runs=1)
 
 
-@pytest.mark.parametrize("given, read", [(None, None), ("null", None), ("auto", "auto"), (" Auto ", "auto"),
-                                         (4, 4), ("4", 4)])
+@pytest.mark.parametrize(
+    "given, read", [(None, None), ("null", None), ("auto", "auto"), (" Auto ", "auto"), (4, 4), ("4", 4)]
+)
 def test_the_setting_as_the_config_gives_it(given, read):
     assert check_setting(given) == read
 
@@ -67,8 +74,9 @@ def test_auto_gives_a_small_model_one_thread_whatever_the_cores(cores):
     assert n == 1 and "75,600 parameters" in reason and "\n" not in reason
 
 
-@pytest.mark.parametrize("allowed, runs, expected", [(8, 1, 8), (8, 2, 4), (8, 3, 2), (8, 8, 1), (8, 16, 1),
-                                                     (2, 1, 2), (1, 1, 1)])
+@pytest.mark.parametrize(
+    "allowed, runs, expected", [(8, 1, 8), (8, 2, 4), (8, 3, 2), (8, 8, 1), (8, 16, 1), (2, 1, 2), (1, 1, 1)]
+)
 def test_auto_divides_the_allowed_cores_among_the_runs_at_once(cores, allowed, runs, expected):
     cores(allowed)
     n, reason = choose_threads("auto", model_numel=BIG, parallel_runs=runs)
@@ -136,8 +144,16 @@ def test_joblib_with_every_core_busy_gives_each_big_run_one_thread(cores):
     assert choose_threads("auto", model_numel=BIG, parallel_runs=parallel_runs_of(run), cores=cores_of(run))[0] == 1
 
 
-@pytest.mark.parametrize("option, expected_runs, expected_cores", [
-    ("joblib", 8, None), ("submitit_local", 1, None), ("submitit_slurm", 1, None), ("slurm", 1, 8), ("basic", 1, None)])
+@pytest.mark.parametrize(
+    "option, expected_runs, expected_cores",
+    [
+        ("joblib", 8, None),
+        ("submitit_local", 1, None),
+        ("submitit_slurm", 1, None),
+        ("slurm", 1, 8),
+        ("basic", 1, None),
+    ],
+)
 def test_hydras_own_launcher_configs(cores, option, expected_runs, expected_cores):
     """The launcher nodes as Hydra composes them (hydra.launcher), including this project's slurm preset."""
     from hydra import compose, initialize_config_dir
@@ -145,8 +161,9 @@ def test_hydras_own_launcher_configs(cores, option, expected_runs, expected_core
     from mtl_bench.catalog import conf_root
 
     if option != "basic":  # the launchers of the sweep extra (pip install -e ".[sweep]")
-        pytest.importorskip("hydra_plugins.hydra_joblib_launcher" if option == "joblib"
-                            else "hydra_plugins.hydra_submitit_launcher")
+        pytest.importorskip(
+            "hydra_plugins.hydra_joblib_launcher" if option == "joblib" else "hydra_plugins.hydra_submitit_launcher"
+        )
     cores(8)
     with initialize_config_dir(str(conf_root()), version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra/launcher={option}"], return_hydra_config=True)

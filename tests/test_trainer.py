@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtl_bench.engine.recipe import train
@@ -23,7 +22,7 @@ SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=6
 @pytest.fixture
 def small_conf(compose_cfg):
     def _conf(*overrides: str):
-        return (compose_cfg(*SMALL, *overrides))
+        return compose_cfg(*SMALL, *overrides)
 
     return _conf
 
@@ -54,8 +53,17 @@ def test_tensorboard_tags_layout_and_hparams_in_the_runs_own_file(small_conf, tm
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    for tag in ("loss/t0", "loss/t1", "weight/t0", "weight/t1", "metric/val/t0/mse", "metric/test/t1/loss",
-                "lr/default", "perf/steps_per_s", "summary/test_loss_ratio_sum"):
+    for tag in (
+        "loss/t0",
+        "loss/t1",
+        "weight/t0",
+        "weight/t1",
+        "metric/val/t0/mse",
+        "metric/test/t1/loss",
+        "lr/default",
+        "perf/steps_per_s",
+        "summary/test_loss_ratio_sum",
+    ):
         assert tag in tags, tag
     assert [e.step for e in events.Scalars("loss/t0")] == [5, 10, 15, 20]
     plugins = events.PluginTagToContent("hparams")
@@ -85,9 +93,20 @@ def test_epochs_set_the_step_count(small_conf, tmp_path):
 
 
 def _train_cmd(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "mtl_bench", "train", f"hydra.run.dir={run_dir}", *SMALL,
-            "trainer.max_steps=3000", "trainer.checkpoint_every=50", "trainer.eval_every=1000",
-            "trainer.log_every=100", "trainer.num_threads=1", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "mtl_bench",
+        "train",
+        f"hydra.run.dir={run_dir}",
+        *SMALL,
+        "trainer.max_steps=3000",
+        "trainer.checkpoint_every=50",
+        "trainer.eval_every=1000",
+        "trainer.log_every=100",
+        "trainer.num_threads=1",
+        *extra,
+    ]
 
 
 def test_run_killed_with_sigkill_and_resumed_ends_with_identical_metrics(tmp_path):

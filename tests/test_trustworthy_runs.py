@@ -20,35 +20,67 @@ SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=6
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtl_bench", "train", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mtl_bench", "train", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
 
 
 def test_a_run_whose_steps_are_mostly_skipped_stops_as_diverged(compose_cfg, tmp_path):
-    cfg = compose_cfg(*SMALL, "optim=sgd", "optim.lr=1e8", "trainer.max_steps=100", "trainer.log_every=10",
-                      "trainer.skipped_window=20")
-    with pytest.raises(DivergedError, match=r"diverged: \d+ of the last \d+ steps were skipped .* the first: "
-                                            r"non-finite (gradients|loss for task 't\d') at step \d+"):
+    cfg = compose_cfg(
+        *SMALL,
+        "optim=sgd",
+        "optim.lr=1e8",
+        "trainer.max_steps=100",
+        "trainer.log_every=10",
+        "trainer.skipped_window=20",
+    )
+    with pytest.raises(
+        DivergedError,
+        match=r"diverged: \d+ of the last \d+ steps were skipped .* the first: "
+        r"non-finite (gradients|loss for task 't\d') at step \d+",
+    ):
         train(cfg, tmp_path)
     record = json.loads((tmp_path / "metrics.json").read_text())
     assert record["status"] == "diverged" and record["reason"].startswith("diverged:")
 
 
 def test_raise_stops_on_non_finite_gradients_too(compose_cfg, tmp_path):
-    cfg = compose_cfg(*SMALL, "optim=sgd", "optim.lr=1e8", "trainer.max_steps=100", "trainer.log_every=10",
-                      "trainer.on_nonfinite=raise")
-    with pytest.raises(NonFiniteLossError, match=r"non-finite (gradients|loss for task 't\d') at step \d+ "
-                                                 r"\(trainer.on_nonfinite=raise"):
+    cfg = compose_cfg(
+        *SMALL,
+        "optim=sgd",
+        "optim.lr=1e8",
+        "trainer.max_steps=100",
+        "trainer.log_every=10",
+        "trainer.on_nonfinite=raise",
+    )
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"non-finite (gradients|loss for task 't\d') at step \d+ "
+        r"\(trainer.on_nonfinite=raise",
+    ):
         train(cfg, tmp_path)
 
 
 def test_resume_with_another_config_stops_and_keeps_the_record(tmp_path):
     run_dir = tmp_path / "run"
     assert cli(*SMALL, f"hydra.run.dir={run_dir}", "trainer.checkpoint_every=10", cwd=tmp_path).returncode == 0
-    before = {name: (run_dir / name).read_bytes() for name in ("metrics.json", ".hydra/config.yaml",
-                                                               ".hydra/overrides.yaml", "checkpoints/last.pt")}
-    result = cli(*SMALL, f"hydra.run.dir={run_dir}", "trainer.checkpoint_every=10", "trainer.resume=auto",
-                 "optim.lr=0.01", cwd=tmp_path)
+    before = {
+        name: (run_dir / name).read_bytes()
+        for name in ("metrics.json", ".hydra/config.yaml", ".hydra/overrides.yaml", "checkpoints/last.pt")
+    }
+    result = cli(
+        *SMALL,
+        f"hydra.run.dir={run_dir}",
+        "trainer.checkpoint_every=10",
+        "trainer.resume=auto",
+        "optim.lr=0.01",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert "was trained with another config (optim.lr 0.001 -> 0.01)" in line and "start a new run" in line
@@ -58,8 +90,7 @@ def test_resume_with_another_config_stops_and_keeps_the_record(tmp_path):
 
 def test_resume_may_change_the_documented_keys(compose_cfg, tmp_path):
     train(compose_cfg(*SMALL, "trainer.max_steps=10"), tmp_path)
-    result = train(compose_cfg(*SMALL, "trainer.max_steps=20", "trainer.log_every=10", "trainer.resume=auto"),
-                   tmp_path)
+    result = train(compose_cfg(*SMALL, "trainer.max_steps=20", "trainer.log_every=10", "trainer.resume=auto"), tmp_path)
     assert result.step == 20
 
 
@@ -96,7 +127,8 @@ def test_an_output_directory_that_cannot_be_created_is_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "mtl-bench: error: cannot write /proc/mtl-bench-cannot-exist: No such file or directory (set hydra.run.dir "
-        "to a writable directory)"]
+        "to a writable directory)"
+    ]
 
 
 def test_the_checkpoint_holds_the_config_it_trained(compose_cfg, tmp_path):

@@ -18,5 +18,7 @@ def machine_description() -> str:
         pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return (f"{cpu}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"load average {load:.2f}")
+    return (
+        f"{cpu}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average {load:.2f}"
+    )

@@ -112,8 +112,14 @@ class Run:
         evaluation included; the evaluation before the first step is not. None when the run did not record both.
         """
         wall, step = self.metrics.get("wall_time_s"), self.metrics.get("step")
-        if isinstance(wall, bool) or isinstance(step, bool) or not isinstance(wall, (int, float)) \
-                or not isinstance(step, int) or step <= 0 or not wall >= 0:
+        if (
+            isinstance(wall, bool)
+            or isinstance(step, bool)
+            or not isinstance(wall, (int, float))
+            or not isinstance(step, int)
+            or step <= 0
+            or not wall >= 0
+        ):
             return None
         return float(wall) / step
 
@@ -129,8 +135,11 @@ class Run:
 
         events = EventAccumulator(str(self.path), size_guidance={"scalars": 0})
         events.Reload()
-        return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
-                for tag in events.Tags()["scalars"] if tag.startswith(prefix)}
+        return {
+            tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]
+            if tag.startswith(prefix)
+        }
 
 
 def _read_metrics(path: Path) -> dict[str, Any]:
@@ -173,7 +182,9 @@ def scan_runs(root: Path) -> list[Run]:
     for overrides in root.rglob(".hydra/overrides.yaml"):
         run_dir = overrides.parent.parent
         if run_dir not in runs:
-            runs[run_dir] = Run(run_dir, {"status": "incomplete", "overrides": yaml.safe_load(overrides.read_text()) or []})
+            runs[run_dir] = Run(
+                run_dir, {"status": "incomplete", "overrides": yaml.safe_load(overrides.read_text()) or []}
+            )
     return [runs[path] for path in sorted(runs)]
 
 
@@ -184,6 +195,7 @@ def find_runs(root: Path) -> list[Run]:
 
 def spearman(x: list[float], y: list[float]) -> float:
     """Spearman rank correlation (no ties expected: ranks by sort order)."""
+
     def ranks(values: list[float]) -> list[float]:
         order = sorted(range(len(values)), key=values.__getitem__)
         out = [0.0] * len(values)

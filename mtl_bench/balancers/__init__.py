@@ -1,7 +1,7 @@
 """Loss balancers: each turns {task: loss} into gradients (see `Balancer`)."""
 
-from mtl_bench.balancers.base import BackwardContext, Balancer
 from mtl_bench.balancers.aligned_mtl import AlignedMTL
+from mtl_bench.balancers.base import BackwardContext, Balancer
 from mtl_bench.balancers.cagrad import CAGrad
 from mtl_bench.balancers.db_mtl import DualBalancing
 from mtl_bench.balancers.dwa import DynamicWeightAverage
@@ -19,4 +19,24 @@ from mtl_bench.balancers.rlw import RandomLossWeighting
 from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
 
-__all__ = ["BackwardContext", "Balancer", "AlignedMTL", "CAGrad", "DualBalancing", "DynamicWeightAverage", "FAMO", "FixedWeights", "GradDrop", "GradNorm", "GradVac", "IMTL", "MGDA", "NashMTL", "PCGrad", "RandomLossWeighting", "RescaledNormBalancer", "UPGrad", "UncertaintyWeighting"]
+__all__ = [
+    "BackwardContext",
+    "Balancer",
+    "AlignedMTL",
+    "CAGrad",
+    "DualBalancing",
+    "DynamicWeightAverage",
+    "FAMO",
+    "FixedWeights",
+    "GradDrop",
+    "GradNorm",
+    "GradVac",
+    "IMTL",
+    "MGDA",
+    "NashMTL",
+    "PCGrad",
+    "RandomLossWeighting",
+    "RescaledNormBalancer",
+    "UPGrad",
+    "UncertaintyWeighting",
+]

@@ -131,7 +131,8 @@ def task_weights(weights: Mapping[str, float] | None, task_names: list[str]) -> 
     missing = sorted(set(task_names) - set(weights))
     if unknown or missing:
         problems = ([f"weights for unknown tasks {unknown}"] if unknown else []) + (
-            [f"no weight for tasks {missing}"] if missing else [])
+            [f"no weight for tasks {missing}"] if missing else []
+        )
         raise ValueError(f"weights: {'; '.join(problems)}; the task set has tasks {list(task_names)}")
     for name, w in weights.items():
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:  # also rejects NaN

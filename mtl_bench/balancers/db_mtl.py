@@ -70,8 +70,10 @@ class DualBalancing(StagedBalancer):
         """
         super().__init__(task_names)
         if grad_source not in GRAD_SOURCES:
-            raise ValueError(f"grad_source: {grad_source!r} is not supported by DB-MTL, which balances the gradients "
-                             "of the shared parameters (LibMTL raises for rep_grad=True too); use shared_params")
+            raise ValueError(
+                f"grad_source: {grad_source!r} is not supported by DB-MTL, which balances the gradients "
+                "of the shared parameters (LibMTL raises for rep_grad=True too); use shared_params"
+            )
         if not 0 <= beta < 1:
             raise ValueError(f"beta: must be in [0, 1), got {beta}")
         if not beta_sigma >= 0:
@@ -93,8 +95,10 @@ class DualBalancing(StagedBalancer):
         self._backwards = 0  # backwards in this step (joint: micro-batches; per-task: all tasks' together)
 
     def extra_repr(self) -> str:
-        return (f"tasks={self.task_names}, beta={self.beta}, beta_sigma={self.beta_sigma}, "
-                f"shared_params={len(self._numels)} tensors ({sum(self._numels)} values)")
+        return (
+            f"tasks={self.task_names}, beta={self.beta}, beta_sigma={self.beta_sigma}, "
+            f"shared_params={len(self._numels)} tensors ({sum(self._numels)} values)"
+        )
 
     # ------------------------------------------------------------------ the update
 
@@ -165,8 +169,10 @@ class DualBalancing(StagedBalancer):
     def _check_open(self, expected: int) -> None:
         if self._backwards >= expected:
             self._reset()
-            raise RuntimeError("DualBalancing: the previous step's update is still pending; call balancer.step() after "
-                               "each optimizer step (after scaler.update() when there is a grad scaler)")
+            raise RuntimeError(
+                "DualBalancing: the previous step's update is still pending; call balancer.step() after "
+                "each optimizer step (after scaler.update() when there is a grad scaler)"
+            )
 
     def _flat(self, blocks: Sequence[Tensor], scale: Tensor | None) -> Tensor:
         """Per-task gradient blocks (T, *p.shape) as T rows (T, P), float32, unscaled, averaged over the ranks."""
@@ -200,7 +206,8 @@ class DualBalancing(StagedBalancer):
         return metrics
 
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        """Per-task mode: the task's g_i on its own batch; the shared gradient is written at the step's last backward."""
+        """Per-task mode: the task's g_i on its own batch; the shared gradient is written at the step's last
+        backward."""
         scale = self._begin(PER_TASK, ctx, shared)
         if task not in self._index:
             raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
@@ -211,7 +218,7 @@ class DualBalancing(StagedBalancer):
         grads = torch.autograd.grad(scaled, [*self._params, *heads], allow_unused=True)
         blocks = [(g if g is not None else torch.zeros_like(p)).unsqueeze(0) for g, p in zip(grads, self._params)]
         self._collect(task, grad=self._flat(blocks, scale)[0])
-        write_leaf_grads([(p, g) for p, g in zip(heads, grads[len(self._params):]) if g is not None])
+        write_leaf_grads([(p, g) for p, g in zip(heads, grads[len(self._params) :]) if g is not None])
         self._backwards += 1
         if self._backwards < len(self.task_names) * self._steps_per_update():
             return {}
@@ -223,6 +230,8 @@ class DualBalancing(StagedBalancer):
         if self._mode is not None and self._backwards != expected:
             done = self._backwards
             self._reset()
-            raise RuntimeError(f"DualBalancing: step() after {done} of {expected} backwards; the shared gradient "
-                               "was never written and the update was dropped")
+            raise RuntimeError(
+                f"DualBalancing: step() after {done} of {expected} backwards; the shared gradient "
+                "was never written and the update was dropped"
+            )
         return super().step(skipped)

@@ -40,8 +40,12 @@ def average_by_name(values: Mapping[str, Tensor], count: float = 1.0) -> dict[st
     if names not in _checked_names:
         _check_same_names(names, first.device)
         _checked_names.add(names)
-    packed = torch.stack([values[name].detach().float().reshape(()) for name in names]
-                         + [torch.ones((), device=first.device)]) * count
+    packed = (
+        torch.stack(
+            [values[name].detach().float().reshape(()) for name in names] + [torch.ones((), device=first.device)]
+        )
+        * count
+    )
     dist.all_reduce(packed)
     mean = packed[:-1] / packed[-1]
     return dict(zip(names, mean.unbind()))

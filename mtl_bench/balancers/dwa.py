@@ -96,8 +96,10 @@ class DynamicWeightAverage(StagedBalancer):
 
     def _reduce(self, weighted: Tensor, items: Tensor) -> tuple[Tensor, Tensor]:
         names = self.task_names
-        local = {**{f"weighted/{n}": weighted[i] for i, n in enumerate(names)},
-                 **{f"items/{n}": items[i] for i, n in enumerate(names)}}
+        local = {
+            **{f"weighted/{n}": weighted[i] for i, n in enumerate(names)},
+            **{f"items/{n}": items[i] for i, n in enumerate(names)},
+        }
         mean = average_by_name(local)
         return (torch.stack([mean[f"weighted/{n}"] for n in names]), torch.stack([mean[f"items/{n}"] for n in names]))
 
@@ -133,5 +135,7 @@ class DynamicWeightAverage(StagedBalancer):
 
     def _finish(self) -> dict[str, Tensor]:
         stats = [self._collected[name] for name in self.task_names]
-        self._update(*self._reduce(torch.stack([s["weighted"] for s in stats]), torch.stack([s["items"] for s in stats])))
+        self._update(
+            *self._reduce(torch.stack([s["weighted"] for s in stats]), torch.stack([s["items"] for s in stats]))
+        )
         return {}

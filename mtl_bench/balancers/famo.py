@@ -64,7 +64,8 @@ class FAMO(StagedBalancer):
         """
         task_names: the tasks (given by the engine).
         lr: the learning rate of the logits' Adam (> 0; FAMO: 0.025).
-        gamma: the logits' L2 weight decay (>= 0; FAMO's run scripts: 0.001 on NYUv2, CelebA and QM9, 0.01 on CityScapes).
+        gamma: the logits' L2 weight decay (>= 0; FAMO's run scripts: 0.001 on NYUv2, CelebA and QM9, 0.01 on
+            CityScapes).
         betas: Adam's betas for the logits, each in [0, 1).
         eps: Adam's eps for the logits (> 0).
         min_losses: each task's lowest attainable loss min_i (FAMO's set_min_losses); None gives 0 for every task.
@@ -110,14 +111,19 @@ class FAMO(StagedBalancer):
         delta = self._log_gap(self.prev_losses) - self._log_gap(losses)
         z = torch.softmax(xi, dim=-1)
         grad = z * (delta - (z * delta).sum()) + self.gamma * xi  # J_softmax(ξ)ᵀ δ, plus Adam's L2 term
-        new, exp_avg, exp_avg_sq, step = adam_update(xi, grad, self.exp_avg, self.exp_avg_sq, self.opt_step,
-                                                     self.lr, self.betas, self.eps)
+        new, exp_avg, exp_avg_sq, step = adam_update(
+            xi, grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.lr, self.betas, self.eps
+        )
         first = ~self.has_prev  # no "before" losses yet: no update
         new = torch.where(first, xi, new)
-        self._stage(logits=new, exp_avg=torch.where(first, self.exp_avg, exp_avg),
-                    exp_avg_sq=torch.where(first, self.exp_avg_sq, exp_avg_sq),
-                    opt_step=torch.where(first, self.opt_step, step),
-                    prev_losses=losses, has_prev=torch.ones_like(self.has_prev))
+        self._stage(
+            logits=new,
+            exp_avg=torch.where(first, self.exp_avg, exp_avg),
+            exp_avg_sq=torch.where(first, self.exp_avg_sq, exp_avg_sq),
+            opt_step=torch.where(first, self.opt_step, step),
+            prev_losses=losses,
+            has_prev=torch.ones_like(self.has_prev),
+        )
         return new
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
@@ -138,8 +144,10 @@ class FAMO(StagedBalancer):
         return metrics
 
     def per_task_problem(self) -> str:
-        return ("FAMO has no per-task mode: each task's weight z_i/(c·D_i) and the logits' update need every "
-                "task's loss of the same step; use trainer.step_mode=joint")
+        return (
+            "FAMO has no per-task mode: each task's weight z_i/(c·D_i) and the logits' update need every "
+            "task's loss of the same step; use trainer.step_mode=joint"
+        )
 
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         raise NotImplementedError(self.per_task_problem())

@@ -10,8 +10,14 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.jacobian import (GradientBalancer, SeededGenerator, gram_metrics, grads_at_shared, rank_mean,
-                                          write_leaf_grads)
+from mtl_bench.balancers.jacobian import (
+    GradientBalancer,
+    SeededGenerator,
+    grads_at_shared,
+    gram_metrics,
+    rank_mean,
+    write_leaf_grads,
+)
 from mtl_bench.balancers.staged import JOINT
 
 
@@ -44,7 +50,8 @@ class GradDrop(SeededGenerator, GradientBalancer):
     ) -> None:
         """
         task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine; unused: GradDrop works at the representation).
+        shared_params: the model's shared parameters (given by the engine; unused: GradDrop works at the
+            representation).
         grad_source: shared_rep only (GradDrop masks gradients at the shared representation).
         leak: the fraction of a dropped gradient that is kept anyway, in [0, 1].
         seed: seed of the generator of the sign draws; None draws one from torch's global RNG.

@@ -26,8 +26,9 @@ class GradNormTerms(NamedTuple):
     l_grad: Tensor  # Σ_i |G_i − target_i|
 
 
-def gradnorm_terms(weights: Tensor, norms: Tensor, losses: Tensor, initial_losses: Tensor,
-                   alpha: float) -> GradNormTerms:
+def gradnorm_terms(
+    weights: Tensor, norms: Tensor, losses: Tensor, initial_losses: Tensor, alpha: float
+) -> GradNormTerms:
     """The paper's L_grad and its gradient with respect to the task weights, in closed form.
 
     `norms[i]` = n_i = ‖∇_W L_i‖ (unweighted), so G_i = ‖∇_W (w_i L_i)‖ = w_i·n_i. With the target held
@@ -42,8 +43,16 @@ def gradnorm_terms(weights: Tensor, norms: Tensor, losses: Tensor, initial_losse
     return GradNormTerms(torch.sign(diff) * norms, weighted, target, loss_ratio, diff.abs().sum())
 
 
-def adam_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, lr: float,
-                betas: tuple[float, float], eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def adam_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: Tensor,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One step of `torch.optim.Adam` (no weight decay/amsgrad), out of place, on device tensors.
 
     Out of place so the step can be committed or dropped with `torch.where` (a skipped step) without
@@ -102,9 +111,9 @@ class GradNorm(StagedBalancer):
     (closed form, see `gradnorm_terms`), is clamped to ≥ `min_weight` (a weight at 0 would stay there and
     can make the renormalisation divide by 0) and renormalised to Σ w = T.
 
-    W is `shared_layer` (the model's last shared module), or `shared_params` when no layer is given. For an `nn.Linear` the norms
-    come from its input and output captured by a forward hook: a backward through the heads only gives
-    δ_i = ∂L_i/∂output, and `LinearGradNorms` turns it into n_i; no per-task backward through
+    W is `shared_layer` (the model's last shared module), or `shared_params` when no layer is given. For an
+    `nn.Linear` the norms come from its input and output captured by a forward hook: a backward through the
+    heads only gives δ_i = ∂L_i/∂output, and `LinearGradNorms` turns it into n_i; no per-task backward through
     the trunk. Any other module (or `shared_params`) takes per-task gradients of its parameters. The
     Linear path hooks the layer when the balancer is built, so build it before the training forwards;
     it expects the layer to run once per forward (`remove_hook()` detaches it).
@@ -180,15 +189,17 @@ class GradNorm(StagedBalancer):
         self.register_buffer("initialized", torch.tensor(initial is not None))
         if initial is not None:
             if set(initial) != set(self.task_names):
-                raise ValueError(f"initial_losses: tasks {sorted(initial)} do not match "
-                                 f"the tasks {sorted(self.task_names)}")
+                raise ValueError(
+                    f"initial_losses: tasks {sorted(initial)} do not match the tasks {sorted(self.task_names)}"
+                )
             values = [float(initial[name]) for name in self.task_names]
             if not all(v > 0 for v in values):
                 raise ValueError(f"initial_losses: must be > 0, got {dict(initial)}")
             self.initial_losses.copy_(torch.tensor(values))
 
-    def _initial_losses(self, given: str | Mapping[str, float],
-                        known: Mapping[str, float | None] | None) -> Mapping[str, float] | None:
+    def _initial_losses(
+        self, given: str | Mapping[str, float], known: Mapping[str, float | None] | None
+    ) -> Mapping[str, float] | None:
         """None for first_step; the tasks' theoretical losses; or the mapping given."""
         if isinstance(given, str):
             if given not in INITIAL_LOSSES:
@@ -197,8 +208,9 @@ class GradNorm(StagedBalancer):
                 return None
             missing = [name for name in self.task_names if (known or {}).get(name) is None]
             if missing:
-                raise ValueError(f"initial_losses: tasks {missing} declare no theoretical initial loss "
-                                 "(allowed here: first_step)")
+                raise ValueError(
+                    f"initial_losses: tasks {missing} declare no theoretical initial loss (allowed here: first_step)"
+                )
             return {name: float(known[name]) for name in self.task_names}  # type: ignore[index,arg-type]
         return given
 
@@ -233,20 +245,25 @@ class GradNorm(StagedBalancer):
             self._io = (args[0].detach(), output)
 
     def extra_repr(self) -> str:
-        return (f"tasks={self.task_names}, alpha={self.alpha}, lr={self.lr}, grad_source={self.grad_source}, "
-                f"optimizer={self.optimizer}")
+        return (
+            f"tasks={self.task_names}, alpha={self.alpha}, lr={self.lr}, grad_source={self.grad_source}, "
+            f"optimizer={self.optimizer}"
+        )
 
     # ------------------------------------------------------------------ measuring n_i
 
     def _norms(self, losses: Sequence[Tensor], shared: Tensor, scale: Tensor | None) -> Tensor:
         """n_i for each loss, on the unscaled gradients; float32."""
         if self.grad_source == "shared_rep":
-            norms = torch.stack([torch.linalg.vector_norm(self._grad(loss, [shared], scale)[0], dtype=torch.float32)
-                                 for loss in losses])
+            norms = torch.stack(
+                [torch.linalg.vector_norm(self._grad(loss, [shared], scale)[0], dtype=torch.float32) for loss in losses]
+            )
         elif self._linear is not None:
             if self._io is None:
-                raise RuntimeError("GradNorm: the shared layer ran no forward with gradients since the last backward; "
-                                   "pass the layer the model actually uses (model.last_shared_layer)")
+                raise RuntimeError(
+                    "GradNorm: the shared layer ran no forward with gradients since the last backward; "
+                    "pass the layer the model actually uses (model.last_shared_layer)"
+                )
             inputs, output = self._io
             self._io = None  # release the activations with the graph
             norm = LinearGradNorms(inputs, self._linear.bias is not None)
@@ -269,8 +286,10 @@ class GradNorm(StagedBalancer):
 
     def _reduce(self, norms: Tensor, losses: Tensor) -> tuple[Tensor, Tensor]:
         names = self.task_names
-        local = {**{f"norm/{n}": norms[i] for i, n in enumerate(names)},
-                 **{f"loss/{n}": losses[i] for i, n in enumerate(names)}}
+        local = {
+            **{f"norm/{n}": norms[i] for i, n in enumerate(names)},
+            **{f"loss/{n}": losses[i] for i, n in enumerate(names)},
+        }
         mean = average_by_name(local)
         return (torch.stack([mean[f"norm/{n}"] for n in names]), torch.stack([mean[f"loss/{n}"] for n in names]))
 
@@ -283,8 +302,9 @@ class GradNorm(StagedBalancer):
         initial = torch.where(self.initialized, self.initial_losses, losses)
         terms = gradnorm_terms(self.weights, norms, losses, initial, self.alpha)
         if self.optimizer == "adam":
-            new, exp_avg, exp_avg_sq, step = adam_update(self.weights, terms.grad, self.exp_avg, self.exp_avg_sq,
-                                                         self.opt_step, self.lr, self.betas, self.eps)
+            new, exp_avg, exp_avg_sq, step = adam_update(
+                self.weights, terms.grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.lr, self.betas, self.eps
+            )
             self._stage(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
         else:
             new = self.weights - self.lr * terms.grad
@@ -312,8 +332,9 @@ class GradNorm(StagedBalancer):
         self.check_losses(losses)
         scale = self._begin(JOINT, ctx, shared)
         ordered = [losses[name] for name in self.task_names]
-        norms, loss_values = self._reduce(self._norms(ordered, shared, scale),
-                                          torch.stack([loss.detach().float() for loss in ordered]))
+        norms, loss_values = self._reduce(
+            self._norms(ordered, shared, scale), torch.stack([loss.detach().float() for loss in ordered])
+        )
         metrics = self._update(self._mean("norms", norms), self._mean("losses", loss_values))
         weights = self.weights.clone()  # the weights this step trains with (the update is only staged)
         self.run_backward((weights * torch.stack(ordered)).sum(), ctx)
@@ -335,5 +356,6 @@ class GradNorm(StagedBalancer):
 
     def _finish(self) -> dict[str, Tensor]:
         stats = [self._collected[name] for name in self.task_names]
-        return self._update(*self._reduce(torch.stack([s["norm"] for s in stats]),
-                                          torch.stack([s["loss"] for s in stats])))
+        return self._update(
+            *self._reduce(torch.stack([s["norm"] for s in stats]), torch.stack([s["loss"] for s in stats]))
+        )

@@ -14,8 +14,9 @@ from mtl_bench.balancers.jacobian import GradientBalancer, SeededGenerator, Solu
 GROUPS = ("whole_model", "all_matrix")
 
 
-def gradvac_weights(gram: np.ndarray, targets: np.ndarray, beta: float, orders: Sequence[Sequence[int]],
-                    eps: float = 1e-8) -> tuple[np.ndarray, np.ndarray, int]:
+def gradvac_weights(
+    gram: np.ndarray, targets: np.ndarray, beta: float, orders: Sequence[Sequence[int]], eps: float = 1e-8
+) -> tuple[np.ndarray, np.ndarray, int]:
     """One group's GradVac in weight space: (w with Σ_i g_i^vac = Σ_j w_j g_j, the new EMA targets φ̂, the
     number of corrections).
 
@@ -103,7 +104,9 @@ class GradVac(SeededGenerator, GradientBalancer):
         grams = self._block_grams if self.BLOCK_GRAMIANS else gram[None]
         host = grams.detach().to("cpu", torch.float64).numpy()  # one host copy (a sync on a GPU)
         if not np.isfinite(host).all():
-            return Solution(nan_weights(t, gram), metrics={"gradvac/corrections": torch.full((), float("nan"), device=gram.device)})
+            return Solution(
+                nan_weights(t, gram), metrics={"gradvac/corrections": torch.full((), float("nan"), device=gram.device)}
+            )
         targets = self.targets.detach().to("cpu", torch.float64).numpy()
         weights, new_targets, corrections = [], np.empty_like(targets), 0
         for k in range(len(host)):
@@ -111,5 +114,7 @@ class GradVac(SeededGenerator, GradientBalancer):
             weights.append(w)
             corrections += n
         self._stage(targets=to_device(new_targets, self.targets))
-        return Solution(to_device(np.stack(weights) if self.BLOCK_GRAMIANS else weights[0], gram),
-                        metrics={"gradvac/corrections": torch.tensor(float(corrections), device=gram.device)})
+        return Solution(
+            to_device(np.stack(weights) if self.BLOCK_GRAMIANS else weights[0], gram),
+            metrics={"gradvac/corrections": torch.tensor(float(corrections), device=gram.device)},
+        )

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.gradnorm import adam_update
 from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
 
@@ -114,8 +113,9 @@ class IMTL(GradientBalancer):
         """Stage s − step(e^s L − 1) from the committed s (a later micro-batch restages it)."""
         grad = self.loss_scale.exp() * losses.to(self.loss_scale.device) - 1
         if self.scale_optimizer == "adam":
-            new, exp_avg, exp_avg_sq, step = adam_update(self.loss_scale, grad, self.exp_avg, self.exp_avg_sq,
-                                                         self.opt_step, self.scale_lr, self.betas, self.eps)
+            new, exp_avg, exp_avg_sq, step = adam_update(
+                self.loss_scale, grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.scale_lr, self.betas, self.eps
+            )
             self._stage(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
         else:
             new = self.loss_scale - self.scale_lr * grad

@@ -51,10 +51,12 @@ GRAD_SOURCES = ("shared_params", "shared_rep")
 
 # ---------------------------------------------------------------------------------------------- the graph
 
-NOT_A_CUT = ("the model's predictions depend on the shared parameters other than through the shared "
-             "representation passed to backward (as SegNet-MTAN's attention modules, which read every encoder and "
-             "decoder stage), so gradients taken at that representation miss those paths; the gradient methods take "
-             "exact per-task gradients with grad_source=shared_params")
+NOT_A_CUT = (
+    "the model's predictions depend on the shared parameters other than through the shared "
+    "representation passed to backward (as SegNet-MTAN's attention modules, which read every encoder and "
+    "decoder stage), so gradients taken at that representation miss those paths; the gradient methods take "
+    "exact per-task gradients with grad_source=shared_params"
+)
 
 
 def task_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> tuple[list[Tensor], bool]:
@@ -96,9 +98,13 @@ def head_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> list[Tens
     return params
 
 
-def grads_at_shared(losses: Sequence[Tensor], shared: Tensor, scale: Optional[Tensor],
-                    shared_ids: set[int], params: Optional[Sequence[list[Tensor]]] = None,
-                    ) -> tuple[Tensor, list[list[tuple[Tensor, Tensor]]]]:
+def grads_at_shared(
+    losses: Sequence[Tensor],
+    shared: Tensor,
+    scale: Optional[Tensor],
+    shared_ids: set[int],
+    params: Optional[Sequence[list[Tensor]]] = None,
+) -> tuple[Tensor, list[list[tuple[Tensor, Tensor]]]]:
     """Each loss's gradient at `shared` (stacked, (T, *shared.shape)) and at its head's parameters.
 
     One backward per task, through that task's head only (the trunk graph is kept for the batched product).
@@ -115,8 +121,9 @@ def grads_at_shared(losses: Sequence[Tensor], shared: Tensor, scale: Optional[Te
     return torch.stack(rows), heads
 
 
-def loss_jacobian(losses: Sequence[Tensor], params: Sequence[Tensor], task_leaves: Sequence[Sequence[Tensor]],
-                  scale: Optional[Tensor]) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
+def loss_jacobian(
+    losses: Sequence[Tensor], params: Sequence[Tensor], task_leaves: Sequence[Sequence[Tensor]], scale: Optional[Tensor]
+) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
     """J at `params` (one (T, *p.shape) block each) and each task's gradients at its own parameters
     (`task_leaves[i]`), through every path: ONE batched vector-Jacobian product from the stacked (scaled)
     losses, `autograd.grad(losses, [*params, *leaves], grad_outputs=I_T, is_grads_batched=True)`.
@@ -128,18 +135,16 @@ def loss_jacobian(losses: Sequence[Tensor], params: Sequence[Tensor], task_leave
     leaves = list({id(p): p for task in task_leaves for p in task}.values())
     stacked = torch.stack([(loss * scale if scale is not None else loss).float() for loss in losses])
     eye = torch.eye(t, dtype=stacked.dtype, device=stacked.device)
-    grads = torch.autograd.grad(stacked, [*params, *leaves], grad_outputs=eye, is_grads_batched=True,
-                                allow_unused=True)
-    blocks = [g if g is not None else stacked.new_zeros((t, *p.shape), dtype=p.dtype)
-              for g, p in zip(grads, params)]
-    by_leaf = {id(p): g for p, g in zip(leaves, grads[len(params):])}
-    heads = [[(p, by_leaf[id(p)][i]) for p in task if by_leaf[id(p)] is not None]
-             for i, task in enumerate(task_leaves)]
+    grads = torch.autograd.grad(stacked, [*params, *leaves], grad_outputs=eye, is_grads_batched=True, allow_unused=True)
+    blocks = [g if g is not None else stacked.new_zeros((t, *p.shape), dtype=p.dtype) for g, p in zip(grads, params)]
+    by_leaf = {id(p): g for p, g in zip(leaves, grads[len(params) :])}
+    heads = [[(p, by_leaf[id(p)][i]) for p in task if by_leaf[id(p)] is not None] for i, task in enumerate(task_leaves)]
     return blocks, heads
 
 
-def task_jacobian(losses: Sequence[Tensor], shared: Tensor, params: Sequence[Tensor], scale: Optional[Tensor],
-                  shared_ids: set[int]) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
+def task_jacobian(
+    losses: Sequence[Tensor], shared: Tensor, params: Sequence[Tensor], scale: Optional[Tensor], shared_ids: set[int]
+) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
     """J at the shared parameters `params` and each task's gradients at its own parameters, exact: through
     `shared` (`grads_at_shared` + `param_jacobian`) when it is a cut, else straight from the losses
     (`loss_jacobian`). Frees the graph."""
@@ -157,8 +162,9 @@ def param_jacobian(shared: Tensor, params: Sequence[Tensor], rows: Tensor) -> li
     Frees the trunk's graph. A parameter the trunk does not use gets a zero block.
     """
     blocks = torch.autograd.grad(shared, list(params), grad_outputs=rows, is_grads_batched=True, allow_unused=True)
-    return [b if b is not None else rows.new_zeros((rows.shape[0], *p.shape), dtype=p.dtype)
-            for b, p in zip(blocks, params)]
+    return [
+        b if b is not None else rows.new_zeros((rows.shape[0], *p.shape), dtype=p.dtype) for b, p in zip(blocks, params)
+    ]
 
 
 def gramian(blocks: Sequence[Tensor]) -> Tensor:
@@ -231,6 +237,7 @@ def write_leaf_grads(pairs: Sequence[tuple[Tensor, Tensor]]) -> None:
 
 # ---------------------------------------------------------------------------------------------- base class
 
+
 @dataclass
 class Solution:
     """What a method's solve returns: the shared direction's weights (on the device, (T,) or one row per
@@ -275,14 +282,15 @@ class GradientBalancer(StagedBalancer):
 
     _params: list[Tensor]  # set through __dict__ in __init__ (not registered with the module)
 
-    def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]],
-                 grad_source: str) -> None:
+    def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]], grad_source: str) -> None:
         super().__init__(task_names)
         if grad_source not in GRAD_SOURCES:
             raise ValueError(f"grad_source: {grad_source!r} is not one of {', '.join(GRAD_SOURCES)}")
         if grad_source not in self.SOURCES:
-            raise ValueError(f"grad_source: {grad_source} not supported by {type(self).__name__} "
-                             f"(allowed: {', '.join(self.SOURCES)})")
+            raise ValueError(
+                f"grad_source: {grad_source} not supported by {type(self).__name__} "
+                f"(allowed: {', '.join(self.SOURCES)})"
+            )
         self.grad_source = grad_source
         params = [p for p in (shared_params or []) if p.requires_grad]
         if grad_source == "shared_params" and not params:
@@ -321,8 +329,9 @@ class GradientBalancer(StagedBalancer):
     def _steps(self) -> int:
         return self._ctx.accumulation_steps if self._ctx is not None else 1
 
-    def _heads(self, heads: list[list[tuple[Tensor, Tensor]]], indices: Sequence[int],
-               weights: Optional[Tensor]) -> list[tuple[Tensor, Tensor]]:
+    def _heads(
+        self, heads: list[list[tuple[Tensor, Tensor]]], indices: Sequence[int], weights: Optional[Tensor]
+    ) -> list[tuple[Tensor, Tensor]]:
         """Head gradients to write now: weighted by `weights` (None: 1), or held for the solve."""
         pairs = []
         for i, task_heads in zip(indices, heads):
@@ -333,8 +342,9 @@ class GradientBalancer(StagedBalancer):
                     pairs.append((p, g if weights is None else g * weights[i].to(g.dtype)))
         return pairs
 
-    def _finish_solve(self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor,
-                      shared: Optional[Tensor]) -> dict[str, Tensor]:
+    def _finish_solve(
+        self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
+    ) -> dict[str, Tensor]:
         """Solve on the summed Jacobian, write d (and any held heads); return the step's measurements."""
         if self.BLOCK_GRAMIANS:
             grams = torch.stack([gramian([block]) for block in blocks])
@@ -349,13 +359,16 @@ class GradientBalancer(StagedBalancer):
         losses = rank_mean(losses)
         self._require_finite(gram, losses)
         solution = self._solve(gram, losses)
-        pairs = [(p, g * solution.head_weights[i].to(g.dtype) if solution.head_weights is not None else g)
-                 for i, p, g in self._held]
+        pairs = [
+            (p, g * solution.head_weights[i].to(g.dtype) if solution.head_weights is not None else g)
+            for i, p, g in self._held
+        ]
         self._held = []
         directions = combine(blocks, solution.weights)
         if shared is not None:  # shared_rep: the direction at the representation goes back through the trunk
-            torch.autograd.backward([shared, *(p for p, _ in pairs)],
-                                    [directions[0].to(shared.dtype), *(g.to(p.dtype) for p, g in pairs)])
+            torch.autograd.backward(
+                [shared, *(p for p, _ in pairs)], [directions[0].to(shared.dtype), *(g.to(p.dtype) for p, g in pairs)]
+            )
         else:
             write_leaf_grads(list(zip(self._params, directions)) + pairs)
         weights = solution.weights if solution.weights.dim() == 1 else solution.weights.mean(0)
@@ -405,8 +418,10 @@ class GradientBalancer(StagedBalancer):
 
     def per_task_problem(self) -> Optional[str]:
         if self.grad_source == "shared_rep":
-            return (f"{type(self).__name__}: grad_source=shared_rep has no per-task mode (each task's "
-                    "representation comes from its own batch); use grad_source=shared_params")
+            return (
+                f"{type(self).__name__}: grad_source=shared_rep has no per-task mode (each task's "
+                "representation comes from its own batch); use grad_source=shared_params"
+            )
         return None
 
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
@@ -418,14 +433,15 @@ class GradientBalancer(StagedBalancer):
         scale = self._begin(PER_TASK, ctx, shared)
         i = self._index[task]
         if self._seen.get(task, 0) >= self._steps():
-            raise RuntimeError(f"task {task!r} already had its backward in this step; call balancer.step() "
-                               "once per optimizer step")
+            raise RuntimeError(
+                f"task {task!r} already had its backward in this step; call balancer.step() once per optimizer step"
+            )
         (loss,) = self._transform_losses_one(i, loss)
         params, _ = task_params(loss, shared, self._param_ids)  # exact whether or not `shared` is a cut
         scaled = loss * scale if scale is not None else loss
         grads = torch.autograd.grad(scaled, [*self._params, *params], allow_unused=True)
         shared_grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self._params)]
-        head = [(p, g) for p, g in zip(params, grads[len(self._params):]) if g is not None]
+        head = [(p, g) for p, g in zip(params, grads[len(self._params) :]) if g is not None]
         write_leaf_grads(self._heads([head], [i], self._known_head_weights()))
         if task in self._task_blocks:
             torch._foreach_add_(self._task_blocks[task], shared_grads)
@@ -447,8 +463,10 @@ class GradientBalancer(StagedBalancer):
         pending_joint = self._mode == JOINT and self._seen.get("joint", 0) not in (0, self._steps())
         if pending_joint:
             self._reset()
-            raise RuntimeError(f"{type(self).__name__}: step() after {self._seen.get('joint')} of "
-                               f"{self._steps()} accumulated backwards; the update was dropped")
+            raise RuntimeError(
+                f"{type(self).__name__}: step() after {self._seen.get('joint')} of "
+                f"{self._steps()} accumulated backwards; the update was dropped"
+            )
         return super().step(skipped)
 
     def _finish(self) -> dict[str, Tensor]:
@@ -464,7 +482,9 @@ def host_solution(gram: Tensor, metric: str, solve: Callable[[np.ndarray], tuple
     NaN weights and a NaN `metric` when G is not finite (a skipped step)."""
     g = host_gramian(gram)
     if g is None:
-        return Solution(nan_weights(gram.shape[0], gram), metrics={metric: torch.full((), math.nan, device=gram.device)})
+        return Solution(
+            nan_weights(gram.shape[0], gram), metrics={metric: torch.full((), math.nan, device=gram.device)}
+        )
     weights, value = solve(g)
     return Solution(to_device(weights, gram), metrics={metric: torch.tensor(float(value), device=gram.device)})
 

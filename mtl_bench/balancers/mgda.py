@@ -67,11 +67,14 @@ class MGDA(GradientBalancer):
         g = host_gramian(gram)
         losses_host = losses.detach().to("cpu", torch.float64).numpy()
         if g is None or not np.isfinite(losses_host).all():
-            return Solution(nan_weights(t, gram), metrics={"mgda/min_norm": torch.full((), float("nan"), device=gram.device)})
+            return Solution(
+                nan_weights(t, gram), metrics={"mgda/min_norm": torch.full((), float("nan"), device=gram.device)}
+            )
         norms = np.sqrt(np.clip(np.diag(g), 0, None))
         scale = {"none": np.ones(t), "l2": norms, "loss": losses_host, "loss+": losses_host * norms}[self.normalization]
         normalized = g / np.outer(scale, scale)
         alpha = min_norm_simplex(normalized, self.max_iter)
         min_norm = float(np.sqrt(max(alpha @ normalized @ alpha, 0.0)))
-        return Solution(to_device(alpha / scale, gram),
-                        metrics={"mgda/min_norm": torch.tensor(min_norm, device=gram.device)})
+        return Solution(
+            to_device(alpha / scale, gram), metrics={"mgda/min_norm": torch.tensor(min_norm, device=gram.device)}
+        )

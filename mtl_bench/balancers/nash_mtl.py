@@ -25,8 +25,10 @@ class NashSolver:
         except ImportError as error:  # pragma: no cover - depends on the environment
             raise ImportError("nash_mtl needs cvxpy (and the ECOS solver): pip install cvxpy ecos") from error
         if solver not in cp.installed_solvers():
-            raise ValueError(f"solver: {solver} is not installed for cvxpy (installed: {', '.join(cp.installed_solvers())}); "
-                             "pip install ecos, or solver=CLARABEL")
+            raise ValueError(
+                f"solver: {solver} is not installed for cvxpy (installed: {', '.join(cp.installed_solvers())}); "
+                "pip install ecos, or solver=CLARABEL"
+            )
         self.cp, self.iterations, self.solver = cp, iterations, solver
         self.alpha = cp.Variable(tasks, nonneg=True)
         self.previous = cp.Parameter(tasks, value=np.ones(tasks))
@@ -49,8 +51,11 @@ class NashSolver:
                 self.problem.solve(solver=self.solver, warm_start=True, max_iters=100)
             except Exception:  # the reference keeps the previous point when the solver fails
                 self.alpha.value = self.previous.value
-            if (self.alpha.value is None or np.linalg.norm(gram @ alpha - 1 / (alpha + 1e-10)) < 1e-3
-                    or np.linalg.norm(self.alpha.value - self.previous.value) < 1e-6):
+            if (
+                self.alpha.value is None
+                or np.linalg.norm(gram @ alpha - 1 / (alpha + 1e-10)) < 1e-3
+                or np.linalg.norm(self.alpha.value - self.previous.value) < 1e-6
+            ):
                 break
             alpha = self.alpha.value
         return alpha

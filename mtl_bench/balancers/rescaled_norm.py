@@ -94,8 +94,10 @@ class RescaledNormBalancer(StagedBalancer):
         return self.rescale_grads or self.monitor
 
     def extra_repr(self) -> str:
-        return (f"tasks={self.task_names}, rescale_grads={self.rescale_grads}, total_norm={self.total_norm}, "
-                f"ema_decay={self.ema_decay}, per_batch_item={self.per_batch_item}, monitor={self.monitor}")
+        return (
+            f"tasks={self.task_names}, rescale_grads={self.rescale_grads}, total_norm={self.total_norm}, "
+            f"ema_decay={self.ema_decay}, per_batch_item={self.per_batch_item}, monitor={self.monitor}"
+        )
 
     # ------------------------------------------------------------------ maths
 

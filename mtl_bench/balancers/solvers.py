@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-
 # ---------------------------------------------------------------------------------------------- MGDA
+
 
 def _min_norm_of_two(v1v1: float, v1v2: float, v2v2: float) -> tuple[float, float]:
     """min over γ∈[0,1] of ‖γ v1 + (1−γ) v2‖²: (γ, cost); the end points are 0.999/0.001 as in the
@@ -80,6 +80,7 @@ def min_norm_simplex(gram: np.ndarray, max_iter: int = 250, stop: float = 1e-5) 
 
 
 # ---------------------------------------------------------------------------------------------- UPGrad
+
 
 def nonneg_qp(gram: np.ndarray, linear: np.ndarray, tol: float = 1e-12, max_iter: int = 500) -> np.ndarray:
     """argmin_{x ≥ 0} ½ xᵀ G x + cᵀ x for a positive definite G: the exact active-set method of

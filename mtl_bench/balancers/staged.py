@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.base import Balancer, BackwardContext, Context
+from mtl_bench.balancers.base import BackwardContext, Balancer, Context
 
 JOINT, PER_TASK = "joint", "per_task"
 
@@ -98,8 +98,9 @@ class StagedBalancer(Balancer):
         ok = torch.stack([torch.isfinite(s).all() for s in stats]).all()
         self._finite = ok if self._finite is None else self._finite & ok
 
-    def _grad(self, loss: Tensor, inputs: Sequence[Tensor], scale: Tensor | None,
-              allow_unused: bool = False) -> tuple[Tensor | None, ...]:
+    def _grad(
+        self, loss: Tensor, inputs: Sequence[Tensor], scale: Tensor | None, allow_unused: bool = False
+    ) -> tuple[Tensor | None, ...]:
         """Gradient of one loss, scaled like the real backward (fp16 heads underflow otherwise)."""
         scaled = loss * scale if scale is not None else loss
         return torch.autograd.grad(scaled, list(inputs), retain_graph=True, allow_unused=allow_unused)

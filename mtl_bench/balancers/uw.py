@@ -1,4 +1,5 @@
-"""Kendall, Gal & Cipolla, CVPR 2018, "Multi-Task Learning Using Uncertainty to Weigh Losses for Scene Geometry and Semantics"."""
+"""Kendall, Gal & Cipolla, CVPR 2018, "Multi-Task Learning Using Uncertainty to Weigh Losses for Scene Geometry
+and Semantics"."""
 
 from __future__ import annotations
 
@@ -100,8 +101,9 @@ class UncertaintyWeighting(StagedBalancer):
         if self.weight_decay:
             grad = grad + self.weight_decay * s
         if self.optimizer == "adam":
-            new, exp_avg, exp_avg_sq, step = adam_update(s, grad, self.exp_avg, self.exp_avg_sq, self.opt_step,
-                                                         self.lr, self.betas, self.eps)
+            new, exp_avg, exp_avg_sq, step = adam_update(
+                s, grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.lr, self.betas, self.eps
+            )
             self._stage(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
         else:
             new = s - self.lr * grad

@@ -31,8 +31,13 @@ ENGINE_KEYS = {"optim": ("schedule", "paramwise"), "balancer": ("diagnostics",)}
 # Each part's config key and the arguments the engine passes it by name at build time (Recipe.setup): these
 # are never config keys.
 SUPPLIED: dict[str, tuple[str, ...]] = {
-    "tasks": (), "model": ("input_shape", "heads"), "balancer": tuple(BUILD_ARGUMENTS), "optim": ("params",),
-    "precision": ("device",), "optim.schedule": ("optimizer", "total_steps")}
+    "tasks": (),
+    "model": ("input_shape", "heads"),
+    "balancer": tuple(BUILD_ARGUMENTS),
+    "optim": ("params",),
+    "precision": ("device",),
+    "optim.schedule": ("optimizer", "total_steps"),
+}
 
 
 def node_dict(node: Any) -> dict[str, Any]:
@@ -69,8 +74,17 @@ def _type_name(annotation: Any) -> str:
 
 
 PLAIN = (bool, int, float, str, list, tuple, dict, type(None))
-CONTAINERS = (list, tuple, dict, collections.abc.Sequence, collections.abc.Iterable, collections.abc.MutableSequence,
-              collections.abc.Mapping, collections.abc.MutableMapping, typing.Literal)
+CONTAINERS = (
+    list,
+    tuple,
+    dict,
+    collections.abc.Sequence,
+    collections.abc.Iterable,
+    collections.abc.MutableSequence,
+    collections.abc.Mapping,
+    collections.abc.MutableMapping,
+    typing.Literal,
+)
 
 
 def _checkable(annotation: Any) -> bool:
@@ -88,7 +102,9 @@ def matches(value: Any, annotation: Any) -> bool:
         return True
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
-        checkable = [arg for arg in args if _checkable(arg) or typing.get_origin(arg) in (typing.Union, types.UnionType)]
+        checkable = [
+            arg for arg in args if _checkable(arg) or typing.get_origin(arg) in (typing.Union, types.UnionType)
+        ]
         return any(matches(value, arg) for arg in checkable) if checkable else True
     if annotation is type(None):
         return value is None
@@ -119,8 +135,9 @@ def matches(value: Any, annotation: Any) -> bool:
     return True
 
 
-def check_part(key: str, node: Mapping[str, Any], supplied: Iterable[str] = (), ignore: Iterable[str] = ()
-               ) -> Callable[..., Any]:
+def check_part(
+    key: str, node: Mapping[str, Any], supplied: Iterable[str] = (), ignore: Iterable[str] = ()
+) -> Callable[..., Any]:
     """Check a node against its `_target_`'s signature; returns the target. `supplied`: arguments the engine
     gives at build time (not config keys); `ignore`: keys the engine reads itself (optim.schedule, ...)."""
     target = target_of(key, node)
@@ -129,8 +146,11 @@ def check_part(key: str, node: Mapping[str, Any], supplied: Iterable[str] = (), 
     params = parameters(target)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     supplied, ignore = set(supplied), set(ignore)
-    options = [name for name, p in params.items() if name not in supplied
-               and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    options = [
+        name
+        for name, p in params.items()
+        if name not in supplied and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
     for name, value in node.items():
         if name in HYDRA_KEYS or name in ignore:
             continue
@@ -140,14 +160,17 @@ def check_part(key: str, node: Mapping[str, Any], supplied: Iterable[str] = (), 
             if takes_any:
                 continue
             hint = f"; choose the option with {key.replace('.', '/')}=<option>" if name == "name" else ""
-            raise ConfigError(f"{key}.{name}: not an option of {node['_target_']}; options: "
-                              f"{', '.join(options) or '(none)'}{hint}")
+            raise ConfigError(
+                f"{key}.{name}: not an option of {node['_target_']}; options: {', '.join(options) or '(none)'}{hint}"
+            )
         annotation = params[name].annotation
         if not matches(value, annotation):
             raise ConfigError(f"{key}.{name}: expected {_type_name(annotation)}, got {value!r}")
     for name, p in params.items():
         required = p.default is inspect.Parameter.empty and p.kind in (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        )
         if required and name not in node and name not in supplied:
             raise ConfigError(f"{key}.{name}: {node['_target_']} needs it; add +{key}.{name}=<value>")
     return target
@@ -169,8 +192,10 @@ def build(key: str, node: Any, kind: type | None = None, ignore: Iterable[str] =
     except Exception as err:
         raise ConfigError(describe_build_error(key, err, params)) from None
     if kind is not None and not isinstance(part, kind):
-        raise ConfigError(f"{key}._target_: {config['_target_']} built a {type(part).__name__}, not a "
-                          f"{kind.__module__}.{kind.__name__}")
+        raise ConfigError(
+            f"{key}._target_: {config['_target_']} built a {type(part).__name__}, not a "
+            f"{kind.__module__}.{kind.__name__}"
+        )
     return part
 
 

@@ -55,7 +55,9 @@ def find_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
     for path in (given, given / "checkpoints" / CHECKPOINT_NAME, given / CHECKPOINT_NAME):
         if path.is_file():
             return path
-    raise ConfigError(f"trainer.resume={resume!r}: no checkpoint there (allowed: null, auto, a checkpoint file or run dir)")
+    raise ConfigError(
+        f"trainer.resume={resume!r}: no checkpoint there (allowed: null, auto, a checkpoint file or run dir)"
+    )
 
 
 CHECKPOINT_KEYS = ("step", "model", "optimizer", "scheduler", "balancer", "rng", "initial_test", "elapsed_s")
@@ -68,10 +70,14 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as err:  # UnpicklingError, RuntimeError, EOFError, OSError, IndexError, ...
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ResumeError(f"trainer.resume: {path} is not a readable mtl-bench checkpoint ({type(err).__name__}: "
-                          f"{reason[:200]}); resume from another checkpoint or start a new run") from None
+        raise ResumeError(
+            f"trainer.resume: {path} is not a readable mtl-bench checkpoint ({type(err).__name__}: "
+            f"{reason[:200]}); resume from another checkpoint or start a new run"
+        ) from None
     missing = [key for key in CHECKPOINT_KEYS if not isinstance(state, dict) or key not in state]
     if missing:
-        raise ResumeError(f"trainer.resume: {path} is not an mtl-bench checkpoint (no {', '.join(missing)}); "
-                          "resume from another checkpoint or start a new run")
+        raise ResumeError(
+            f"trainer.resume: {path} is not an mtl-bench checkpoint (no {', '.join(missing)}); "
+            "resume from another checkpoint or start a new run"
+        )
     return state

@@ -79,8 +79,9 @@ def is_batched(value: Any) -> bool:
     return isinstance(value, Tensor) and "Batched" in str(torch._C._dispatch_keys(value))
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
-                  backward: bool) -> Callable[..., Any]:
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any], backward: bool
+) -> Callable[..., Any]:
     """One AOTAutograd graph (the forward, or the backward when `backward`) compiled by inductor."""
     return torch._inductor.compile(gm, list(example_inputs), options=options)
 
@@ -208,8 +209,14 @@ def split_trunk(model: MultiTaskModel) -> tuple[Optional[nn.Module], nn.Module, 
     the last shared layer inside it is hooked (its output must then be an eager tensor).
     """
     if type(model).forward is not MultiTaskModel.forward:
-        return None, model, (f"{type(model).__name__} defines its own forward (only MultiTaskModel's trunk-then-"
-                             "heads forward is split before the last shared layer)")
+        return (
+            None,
+            model,
+            (
+                f"{type(model).__name__} defines its own forward (only MultiTaskModel's trunk-then-"
+                "heads forward is split before the last shared layer)"
+            ),
+        )
     trunk, last = model.trunk, model.last_shared_layer
     if isinstance(trunk, nn.Sequential):
         index = next((i for i, layer in enumerate(trunk) if layer is last), None)
@@ -219,8 +226,14 @@ def split_trunk(model: MultiTaskModel) -> tuple[Optional[nn.Module], nn.Module, 
             return nn.Sequential(*trunk[:index]), nn.Sequential(*trunk[index:]), ""
     inside = any(m is last for m in trunk.modules())
     if inside and (last._forward_hooks or last._forward_pre_hooks):
-        return None, model, (f"the hooked last shared layer ({type(last).__name__}) lies inside a "
-                             f"{type(trunk).__name__} trunk that cannot be cut before it")
+        return (
+            None,
+            model,
+            (
+                f"the hooked last shared layer ({type(last).__name__}) lies inside a "
+                f"{type(trunk).__name__} trunk that cannot be cut before it"
+            ),
+        )
     return trunk, nn.Identity(), ""
 
 

@@ -66,8 +66,12 @@ class SampleIndex(int):
 
 def draw_key(seed: int, stream: int, step: int, position: int) -> int:
     """Mixes the four into 63 bits (splitmix64-style odd multipliers): distinct draws get unrelated keys."""
-    mixed = (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB
-             + position * 0xD6E8FEB86659FD93)
+    mixed = (
+        seed * 0x9E3779B97F4A7C15
+        + stream * 0xBF58476D1CE4E5B9
+        + step * 0x94D049BB133111EB
+        + position * 0xD6E8FEB86659FD93
+    )
     return mixed % 2**63
 
 
@@ -79,8 +83,9 @@ class BatchSource:
     requested step on, so a resumed run reads exactly the batches the uninterrupted one would have.
     """
 
-    def __init__(self, split: Dataset, sampler: StepSampler, rank: int, per_rank: int, device: torch.device,
-                 num_workers: int = 0) -> None:
+    def __init__(
+        self, split: Dataset, sampler: StepSampler, rank: int, per_rank: int, device: torch.device, num_workers: int = 0
+    ) -> None:
         self.split, self.sampler, self.device, self.num_workers = split, sampler, device, num_workers
         self.rows = slice(rank * per_rank, (rank + 1) * per_rank)
         self._batches: Iterator[Any] | None = None
@@ -92,15 +97,23 @@ class BatchSource:
     def keyed_indices(self, loader_step: int) -> list[SampleIndex]:
         """This rank's indices of the step, each with the key of its draw."""
         s, first = self.sampler, self.rows.start
-        return [SampleIndex(i, draw_key(s.seed, s.stream, loader_step, first + j))
-                for j, i in enumerate(self.indices(loader_step).tolist())]
+        return [
+            SampleIndex(i, draw_key(s.seed, s.stream, loader_step, first + j))
+            for j, i in enumerate(self.indices(loader_step).tolist())
+        ]
 
     def batch(self, loader_step: int) -> tuple[Tensor, dict[str, Tensor]]:
         if isinstance(self.split, Split):
             return self.split.batch(self.indices(loader_step).to(self.split.inputs.device, non_blocking=True))
         if self._batches is None or loader_step != self._next_step:
-            self._batches = iter(DataLoader(self.split, batch_sampler=_Replay(self, loader_step),
-                                            num_workers=self.num_workers, pin_memory=self.device.type == "cuda"))
+            self._batches = iter(
+                DataLoader(
+                    self.split,
+                    batch_sampler=_Replay(self, loader_step),
+                    num_workers=self.num_workers,
+                    pin_memory=self.device.type == "cuda",
+                )
+            )
         self._next_step = loader_step + 1
         inputs, targets = next(self._batches)
         return to_device(inputs, targets, self.device)
@@ -120,18 +133,22 @@ class _Replay:
 
 
 def to_device(inputs: Tensor, targets: dict[str, Tensor], device: torch.device) -> tuple[Tensor, dict[str, Tensor]]:
-    return (inputs.to(device, non_blocking=True),
-            {name: t.to(device, non_blocking=True) for name, t in targets.items()})
+    return (
+        inputs.to(device, non_blocking=True),
+        {name: t.to(device, non_blocking=True) for name, t in targets.items()},
+    )
 
 
-def eval_batches(split: Dataset, batch_size: int, device: torch.device, num_workers: int = 0
-                 ) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
+def eval_batches(
+    split: Dataset, batch_size: int, device: torch.device, num_workers: int = 0
+) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
     """A split in order, in batches of `batch_size`: indexed on the device for a Split, else a DataLoader."""
     if isinstance(split, Split):
         n = len(split)
         for start in range(0, n, batch_size):
             yield split.batch(torch.arange(start, min(start + batch_size, n), device=split.inputs.device))
         return
-    for inputs, targets in DataLoader(split, batch_size=batch_size, num_workers=num_workers,
-                                      pin_memory=device.type == "cuda"):
+    for inputs, targets in DataLoader(
+        split, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"
+    ):
         yield to_device(inputs, targets, device)

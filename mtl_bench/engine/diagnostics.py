@@ -22,8 +22,9 @@ class GradientDiagnostics:
     def record(self, task: str, loss: Tensor) -> None:
         """One extra backward of `loss` alone (the graph is kept for the balancer's own backward)."""
         grads = torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True)
-        self.grads[task] = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
-                                      for g, p in zip(grads, self.params)])
+        self.grads[task] = torch.cat(
+            [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, self.params)]
+        )
 
     def measurements(self) -> dict[str, Tensor]:
         """grad_norm/<task>, grad_cos/<a>/<b> (a before b in task order) and the cosine matrix under

@@ -23,8 +23,9 @@ class DistInfo:
 
 def launched_info() -> DistInfo:
     """What torchrun put in the environment (RANK, WORLD_SIZE, LOCAL_RANK); one process otherwise."""
-    return DistInfo(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                    int(os.environ.get("LOCAL_RANK", 0)))
+    return DistInfo(
+        int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    )
 
 
 def init_distributed(device: torch.device) -> DistInfo:

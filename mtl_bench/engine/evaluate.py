@@ -12,14 +12,20 @@ from mtl_bench.tasks.base import Splits, Task
 
 
 @torch.no_grad()
-def evaluate(model: MultiTaskModel, tasks: list[Task], split: Splits, device: torch.device,
-             batch_size: int = 1024, num_workers: int = 0) -> dict[str, dict[str, float]]:
+def evaluate(
+    model: MultiTaskModel,
+    tasks: list[Task],
+    split: Splits,
+    device: torch.device,
+    batch_size: int = 1024,
+    num_workers: int = 0,
+) -> dict[str, dict[str, float]]:
     """{task: {"loss": ..., <metric>: ...}}: sums stay on the device until one transfer at the end.
     A multi-input split ({task: dataset}) evaluates each task on its own data."""
     was_training = model.training
     model.eval()
     sums: dict[str, dict[str, torch.Tensor]] = {t.name: {} for t in tasks}
-    groups = ([([task], split[task.name]) for task in tasks] if isinstance(split, Mapping) else [(tasks, split)])
+    groups = [([task], split[task.name]) for task in tasks] if isinstance(split, Mapping) else [(tasks, split)]
     for group, data in groups:
         names = [task.name for task in group] if isinstance(split, Mapping) else None
         for inputs, targets in eval_batches(data, batch_size, device, num_workers):
@@ -34,8 +40,11 @@ def evaluate(model: MultiTaskModel, tasks: list[Task], split: Splits, device: to
     for task in tasks:
         n = len(task_split(split, task.name))  # type: ignore[arg-type]
         loss = sums[task.name].pop("loss") / n
-        metrics = (task.summarize(sums[task.name], n) if task.summarize is not None
-                   else {name: total / n for name, total in sums[task.name].items()})
+        metrics = (
+            task.summarize(sums[task.name], n)
+            if task.summarize is not None
+            else {name: total / n for name, total in sums[task.name].items()}
+        )
         finals[task.name] = {"loss": loss, **metrics}
     keys = [(task, name) for task, values in finals.items() for name in values]
     means = torch.stack([finals[t][m].reshape(()) for t, m in keys]).tolist()  # the one host sync

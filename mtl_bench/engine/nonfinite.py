@@ -49,9 +49,16 @@ class NonFinitePolicy:
     (log points, before a checkpoint is written): the steps in between were skipped, so what was written
     holds the last good state."""
 
-    def __init__(self, task_names: list[str], mode: str, device: torch.device,
-                 max_skipped_fraction: float | None = None, window: int = 100, scaler_skips: bool = False,
-                 total_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        task_names: list[str],
+        mode: str,
+        device: torch.device,
+        max_skipped_fraction: float | None = None,
+        window: int = 100,
+        scaler_skips: bool = False,
+        total_steps: int | None = None,
+    ) -> None:
         """`scaler_skips`: fp16's grad scaler skips steps whose gradients overflow its scale, as part of
         finding the scale; `raise` then stops for non-finite losses only."""
         self.task_names, self.raises, self.scaler_skips = task_names, mode == "raise", scaler_skips
@@ -98,8 +105,10 @@ class NonFinitePolicy:
         values = values if values is not None else self.device_values().tolist()
         first = self.first_bad_step(values)
         if self.raises and first is not None and not (self.scaler_skips and first[1] == "gradients"):
-            raise NonFiniteLossError(f"non-finite {first[1]} at step {first[0]} (trainer.on_nonfinite=raise; the "
-                                     "step was skipped, checkpoints hold the last good state)")
+            raise NonFiniteLossError(
+                f"non-finite {first[1]} at step {first[0]} (trainer.on_nonfinite=raise; the "
+                "step was skipped, checkpoints hold the last good state)"
+            )
         skipped = values[0]
         self.history.append((step, skipped))
         while len(self.history) > 1 and self.history[1][0] <= step - self.window:
@@ -107,14 +116,14 @@ class NonFinitePolicy:
         since, skipped_before = self.history[0]
         span = step - since
         finding_scale = self.scaler_skips and (loss_scale is None or loss_scale >= 1.0)
-        if (self.max_fraction is not None and span >= self.window and first is not None
-                and not finding_scale):
+        if self.max_fraction is not None and span >= self.window and first is not None and not finding_scale:
             fraction = (skipped - skipped_before) / span
             if fraction > self.max_fraction:
                 raise DivergedError(
                     f"diverged: {skipped - skipped_before:.0f} of the last {span} steps were skipped for non-finite "
                     f"losses or gradients ({skipped:.0f} in all; the first: non-finite {first[1]} at step {first[0]}); "
-                    f"trainer.max_skipped_fraction={self.max_fraction} (checkpoints hold the last good state)")
+                    f"trainer.max_skipped_fraction={self.max_fraction} (checkpoints hold the last good state)"
+                )
         return skipped
 
     def state_dict(self) -> dict[str, Tensor]:

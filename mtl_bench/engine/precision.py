@@ -24,8 +24,12 @@ class Precision:
     still skips steps with non-finite gradients but never changes the scale.
     """
 
-    def __init__(self, device: torch.device, dtype: str = "float32",
-                 loss_scale: Union[str, float, Mapping[str, float]] = "dynamic") -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: str = "float32",
+        loss_scale: Union[str, float, Mapping[str, float]] = "dynamic",
+    ) -> None:
         """
         device: where the model runs (given by the engine).
         dtype: the autocast dtype: float32 (no autocast), bfloat16 or float16 (with a grad scaler).
@@ -79,7 +83,9 @@ def _grad_scaler(device_type: str, loss_scale: Any) -> tuple[torch.amp.GradScale
     if loss_scale == "dynamic":
         return torch.amp.GradScaler(device_type), None
     if not (_is_number(loss_scale) and loss_scale > 0):
-        raise ValueError(f"loss_scale: must be dynamic, a number > 0 (a static scale) or a mapping of "
-                         f"{', '.join(GRAD_SCALER_KEYS)}, got {loss_scale!r}")
+        raise ValueError(
+            f"loss_scale: must be dynamic, a number > 0 (a static scale) or a mapping of "
+            f"{', '.join(GRAD_SCALER_KEYS)}, got {loss_scale!r}"
+        )
     static = float(loss_scale)  # an int is a valid scale too (the seed raised on it)
     return torch.amp.GradScaler(device_type, init_scale=static), static

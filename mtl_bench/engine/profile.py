@@ -27,7 +27,10 @@ def maybe_profile(enabled: bool, run_dir: Path) -> Iterator[Any]:
     activities = [tp.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(tp.ProfilerActivity.CUDA)
-    with tp.profile(activities=activities, schedule=tp.schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1),
-                    on_trace_ready=tp.tensorboard_trace_handler(str(run_dir / "profile")),
-                    record_shapes=True) as profiler:
+    with tp.profile(
+        activities=activities,
+        schedule=tp.schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1),
+        on_trace_ready=tp.tensorboard_trace_handler(str(run_dir / "profile")),
+        record_shapes=True,
+    ) as profiler:
         yield profiler

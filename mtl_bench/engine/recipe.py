@@ -24,12 +24,24 @@ from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.config import TrainerConf
 from mtl_bench.engine.anomalous import parameters_outside_graph
 from mtl_bench.engine.builders import ENGINE_KEYS, build, node_dict, pick_device
-from mtl_bench.engine.checkpoint import CHECKPOINT_NAME, find_checkpoint, load_checkpoint, rng_state, \
-    save_checkpoint, set_rng_state
+from mtl_bench.engine.checkpoint import (
+    CHECKPOINT_NAME,
+    find_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from mtl_bench.engine.compile import maybe_compile
 from mtl_bench.engine.diagnostics import GRAD_COS_MATRIX, GradientDiagnostics, heatmap
-from mtl_bench.engine.distributed import DistInfo, broadcast_text, init_distributed, rank_device, \
-    shutdown_distributed, wrap_ddp
+from mtl_bench.engine.distributed import (
+    DistInfo,
+    broadcast_text,
+    init_distributed,
+    rank_device,
+    shutdown_distributed,
+    wrap_ddp,
+)
 from mtl_bench.engine.evaluate import evaluate
 from mtl_bench.engine.files import write_json
 from mtl_bench.engine.gradients import clip_gradients
@@ -52,10 +64,24 @@ METRICS_FILE = "metrics.json"
 Metrics = dict[str, dict[str, float]]
 # What may change when a run resumes: how long it trains, how often it logs, evaluates and checkpoints, and
 # where and how fast it runs. Any other difference would train another config than the run records.
-RESUMABLE_KEYS = ("trainer.max_steps", "trainer.epochs", "trainer.log_every", "trainer.eval_every",
-                  "trainer.eval_batch_size", "trainer.checkpoint_every", "trainer.resume", "trainer.device",
-                  "trainer.num_threads", "trainer.compile", "trainer.num_workers", "trainer.progress",
-                  "trainer.profile", "trainer.max_skipped_fraction", "trainer.skipped_window", "tag")
+RESUMABLE_KEYS = (
+    "trainer.max_steps",
+    "trainer.epochs",
+    "trainer.log_every",
+    "trainer.eval_every",
+    "trainer.eval_batch_size",
+    "trainer.checkpoint_every",
+    "trainer.resume",
+    "trainer.device",
+    "trainer.num_threads",
+    "trainer.compile",
+    "trainer.num_workers",
+    "trainer.progress",
+    "trainer.profile",
+    "trainer.max_skipped_fraction",
+    "trainer.skipped_window",
+    "tag",
+)
 
 
 @dataclass
@@ -88,9 +114,17 @@ class Recipe:
     """`cfg` is the composed config (model, tasks, balancer, optim, precision: `_target_` nodes; trainer,
     seed, tag). Rank 0 alone writes to `run_dir` under torchrun; the others train their slice of each batch."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, *, overrides: Optional[list[str]] = None,
-                 choices: Optional[dict[str, str]] = None, bar: bool = False, parallel_runs: int = 1,
-                 cores: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run_dir: Path,
+        *,
+        overrides: Optional[list[str]] = None,
+        choices: Optional[dict[str, str]] = None,
+        bar: bool = False,
+        parallel_runs: int = 1,
+        cores: Optional[int] = None,
+    ) -> None:
         """parallel_runs, cores: how many runs the launcher starts at once and the cores it allots each
         (engine/threads.py: parallel_runs_of, cores_of), for trainer.num_threads=auto."""
         self.cfg, self.run_dir, self.bar = cfg, Path(run_dir), bar
@@ -123,44 +157,81 @@ class Recipe:
         self.taskset: TaskSet = build("tasks", cfg.tasks, TaskSet).to(device)
         tasks = self.taskset.tasks
         if self.taskset.multi_input and conf.step_mode != "per_task":
-            raise ConfigError(f"trainer.step_mode={conf.step_mode}: tasks={type(self.taskset).__name__} is "
-                              "multi-input (each task its own images); set trainer.step_mode=per_task")
-        self.model: MultiTaskModel = build("model", cfg.model, MultiTaskModel, input_shape=self.taskset.input_shape,
-                                           heads={t.name: t.out_dim for t in tasks}).to(device)
-        threads, why = choose_threads(conf.num_threads, model_numel=sum(p.numel() for p in self.model.parameters()),
-                                      parallel_runs=self.parallel_runs, cores=self.cores)
+            raise ConfigError(
+                f"trainer.step_mode={conf.step_mode}: tasks={type(self.taskset).__name__} is "
+                "multi-input (each task its own images); set trainer.step_mode=per_task"
+            )
+        self.model: MultiTaskModel = build(
+            "model",
+            cfg.model,
+            MultiTaskModel,
+            input_shape=self.taskset.input_shape,
+            heads={t.name: t.out_dim for t in tasks},
+        ).to(device)
+        threads, why = choose_threads(
+            conf.num_threads,
+            model_numel=sum(p.numel() for p in self.model.parameters()),
+            parallel_runs=self.parallel_runs,
+            cores=self.cores,
+        )
         torch.set_num_threads(threads)
-        supplied = {"task_names": self.taskset.task_names, "shared_params": list(self.model.shared_parameters()),
-                    "shared_layer": self.model.last_shared_layer, "world_size": self.dist.world_size,
-                    "initial_losses_known": {t.name: t.initial_loss for t in tasks}}
+        supplied = {
+            "task_names": self.taskset.task_names,
+            "shared_params": list(self.model.shared_parameters()),
+            "shared_layer": self.model.last_shared_layer,
+            "world_size": self.dist.world_size,
+            "initial_losses_known": {t.name: t.initial_loss for t in tasks},
+        }
         assert set(supplied) == set(BUILD_ARGUMENTS)
         # Built before the training forwards: a balancer may hook the model's last shared layer.
-        self.balancer: Balancer = build("balancer", cfg.balancer, Balancer, ignore=ENGINE_KEYS["balancer"],
-                                        **supplied).to(device)
-        self.diagnostics = (GradientDiagnostics(supplied["shared_params"], self.taskset.task_names)
-                            if cfg.balancer.get("diagnostics", False) else None)
+        self.balancer: Balancer = build(
+            "balancer", cfg.balancer, Balancer, ignore=ENGINE_KEYS["balancer"], **supplied
+        ).to(device)
+        self.diagnostics = (
+            GradientDiagnostics(supplied["shared_params"], self.taskset.task_names)
+            if cfg.balancer.get("diagnostics", False)
+            else None
+        )
         problem = self.balancer.per_task_problem() if conf.step_mode == "per_task" else None
         if problem is not None:
             raise ConfigError(f"trainer.step_mode=per_task: {problem}")
         optim = node_dict(cfg.optim)
-        groups = build_param_groups(self.model, optim.get("lr", 1e-3), optim.get("weight_decay"),
-                                    optim.get("paramwise"))
-        self.optimizer: torch.optim.Optimizer = build("optim", optim, torch.optim.Optimizer,
-                                                      ignore=ENGINE_KEYS["optim"], params=groups)
+        groups = build_param_groups(
+            self.model, optim.get("lr", 1e-3), optim.get("weight_decay"), optim.get("paramwise")
+        )
+        self.optimizer: torch.optim.Optimizer = build(
+            "optim", optim, torch.optim.Optimizer, ignore=ENGINE_KEYS["optim"], params=groups
+        )
         self.total_steps = count_steps(conf, samples_per_epoch(self.taskset), self.dist.world_size)
-        self.scheduler = build("optim.schedule", optim["schedule"], None, optimizer=self.optimizer,
-                               total_steps=self.total_steps)
+        self.scheduler = build(
+            "optim.schedule", optim["schedule"], None, optimizer=self.optimizer, total_steps=self.total_steps
+        )
         self.precision: Precision = build("precision", cfg.precision, Precision, device=device)
         # Compiled after the balancer is built (it may hook the last shared layer); checkpoints and evaluation
         # use the eager model, whose parameters the compiled forward shares.
-        forward_model = wrap_ddp(maybe_compile(self.model, conf.compile), device, self.dist,
-                                 per_task=conf.step_mode == "per_task")
-        self.runner = StepRunner(forward_model, self.taskset, self.balancer, self.precision, conf, self.seed,
-                                 device, self.dist.rank, self.dist.world_size)
-        self.nonfinite = NonFinitePolicy(self.taskset.task_names, conf.on_nonfinite, device,
-                                         conf.max_skipped_fraction, conf.skipped_window,
-                                         scaler_skips=self.precision.scaler is not None,
-                                         total_steps=self.total_steps)
+        forward_model = wrap_ddp(
+            maybe_compile(self.model, conf.compile), device, self.dist, per_task=conf.step_mode == "per_task"
+        )
+        self.runner = StepRunner(
+            forward_model,
+            self.taskset,
+            self.balancer,
+            self.precision,
+            conf,
+            self.seed,
+            device,
+            self.dist.rank,
+            self.dist.world_size,
+        )
+        self.nonfinite = NonFinitePolicy(
+            self.taskset.task_names,
+            conf.on_nonfinite,
+            device,
+            conf.max_skipped_fraction,
+            conf.skipped_window,
+            scaler_skips=self.precision.scaler is not None,
+            total_steps=self.total_steps,
+        )
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         if checkpoint is not None:
             self.restore(load_checkpoint(checkpoint, device), checkpoint)
@@ -170,9 +241,17 @@ class Recipe:
                 self._write_hparams()
         log.info(why)  # after the build: a config error stays the one line a failed run prints
         ranks = f" x {self.dist.world_size} ranks" if self.dist.world_size > 1 else ""
-        log.info("run dir %s | %d steps on %s%s (%d threads), %s, %s mode | tasks %s", self.run_dir,
-                 self.total_steps, device, ranks, torch.get_num_threads(), self.precision.name, conf.step_mode,
-                 self.taskset.task_names)
+        log.info(
+            "run dir %s | %d steps on %s%s (%d threads), %s, %s mode | tasks %s",
+            self.run_dir,
+            self.total_steps,
+            device,
+            ranks,
+            torch.get_num_threads(),
+            self.precision.name,
+            conf.step_mode,
+            self.taskset.task_names,
+        )
 
     def _resume_setting(self) -> str | None:
         """trainer.resume; a job that submitit requeued after preemption resumes its own run by itself."""
@@ -187,8 +266,11 @@ class Recipe:
         assert self.logger is not None
         config = OmegaConf.to_container(self.cfg, resolve=True)
         # `overrides` first: the HParams table then shows what each run of a sweep changed
-        values = {"overrides": " ".join(self.overrides) or "(none)",
-                  **{f"choice.{g}": o for g, o in self.choices.items()}, **flatten_hparams(config)}  # type: ignore[arg-type]
+        values = {
+            "overrides": " ".join(self.overrides) or "(none)",
+            **{f"choice.{g}": o for g, o in self.choices.items()},
+            **flatten_hparams(config),
+        }  # type: ignore[arg-type]
         final = [tags.metric("test", t, m) for t, names in self.metric_names.items() for m in names]
         self.logger.write_hparams(values, final + [tags.TEST_LOSS_RATIO_SUM])
 
@@ -205,20 +287,23 @@ class Recipe:
     def save(self, elapsed: float) -> None:
         if self.dist is not None and not self.dist.is_main:
             return
-        save_checkpoint(self.checkpoint_path, {
-            "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "balancer": self.balancer.state_dict(),
-            "grad_scaler": self.precision.scaler.state_dict() if self.precision.scaler is not None else None,
-            **self.nonfinite.state_dict(),
-            "rng": rng_state(),
-            "initial_test": self.initial_test,
-            "elapsed_s": elapsed,
-            "config": OmegaConf.to_yaml(self.cfg, resolve=True),  # what was trained (checked on resume)
-            "overrides": self.overrides,
-        })
+        save_checkpoint(
+            self.checkpoint_path,
+            {
+                "step": self.step,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "balancer": self.balancer.state_dict(),
+                "grad_scaler": self.precision.scaler.state_dict() if self.precision.scaler is not None else None,
+                **self.nonfinite.state_dict(),
+                "rng": rng_state(),
+                "initial_test": self.initial_test,
+                "elapsed_s": elapsed,
+                "config": OmegaConf.to_yaml(self.cfg, resolve=True),  # what was trained (checked on resume)
+                "overrides": self.overrides,
+            },
+        )
 
     def check_same_config(self, state: dict[str, Any], source: Path) -> None:
         """Resume is the same run or nothing: any difference outside RESUMABLE_KEYS stops with one line, and
@@ -227,8 +312,11 @@ class Recipe:
             return
         saved = flatten_hparams(OmegaConf.to_container(OmegaConf.create(state["config"])))  # type: ignore[arg-type]
         now = flatten_hparams(OmegaConf.to_container(self.cfg, resolve=True))  # type: ignore[arg-type]
-        differ = [key for key in sorted(set(saved) | set(now))
-                  if saved.get(key, "(unset)") != now.get(key, "(unset)") and key not in RESUMABLE_KEYS]
+        differ = [
+            key
+            for key in sorted(set(saved) | set(now))
+            if saved.get(key, "(unset)") != now.get(key, "(unset)") and key not in RESUMABLE_KEYS
+        ]
         if not differ:
             return
         hydra_dir = self.run_dir / ".hydra"
@@ -237,9 +325,11 @@ class Recipe:
             (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(state["overrides"])))
         changes = ", ".join(f"{k} {saved.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in differ[:6])
         more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
-        raise ResumeError(f"trainer.resume: {source} was trained with another config ({changes}{more}); only "
-                          f"{', '.join(k.split('.')[-1] for k in RESUMABLE_KEYS)} may change on resume. To train "
-                          "this config, start a new run (without trainer.resume, or in a new hydra.run.dir)")
+        raise ResumeError(
+            f"trainer.resume: {source} was trained with another config ({changes}{more}); only "
+            f"{', '.join(k.split('.')[-1] for k in RESUMABLE_KEYS)} may change on resume. To train "
+            "this config, start a new run (without trainer.resume, or in a new hydra.run.dir)"
+        )
 
     def restore(self, state: dict[str, Any], source: Path) -> None:
         self.check_same_config(state, source)
@@ -263,8 +353,14 @@ class Recipe:
     # ------------------------------------------------------------------ the loop
 
     def evaluate(self, split: str) -> Metrics:
-        return evaluate(self.model, self.taskset.tasks, getattr(self.taskset, split), self.device,
-                        self.conf.eval_batch_size, self.conf.num_workers)
+        return evaluate(
+            self.model,
+            self.taskset.tasks,
+            getattr(self.taskset, split),
+            self.device,
+            self.conf.eval_batch_size,
+            self.conf.num_workers,
+        )
 
     def train(self) -> TrainResult:
         total, conf, n = self.total_steps, self.conf, len(self.taskset.tasks)
@@ -281,7 +377,7 @@ class Recipe:
             with maybe_profile(conf.profile and self.logger is not None, self.run_dir) as profiler:
                 while self.step < total:
                     logging_now = (self.step + 1) % conf.log_every == 0 or self.step + 1 == total
-                    result = self._optimizer_step(logging_now)
+                    result = self.optimizer_step(logging_now)
                     self.step += 1
                     # a skipped step adds nothing to the window
                     window_losses += torch.where(torch.isfinite(result.losses), result.losses, 0.0)
@@ -318,8 +414,9 @@ class Recipe:
         step, write a checkpoint and exit; returns the handlers to put back."""
         if threading.current_thread() is not threading.main_thread():
             return {}
-        signals = [signal.SIGINT, signal.SIGTERM] + [getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2")
-                                                     if hasattr(signal, name)]
+        signals = [signal.SIGINT, signal.SIGTERM] + [
+            getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name)
+        ]
 
         def stop(signum: int, frame: Any) -> None:
             self.stop_signal = signum
@@ -343,8 +440,10 @@ class Recipe:
         self.nonfinite.check(self.step)  # a checkpoint holds a good state only
         self.save(elapsed)
         name = signal.Signals(self.stop_signal).name
-        message = (f"stopped by {name} after step {self.step}; checkpoint {self.checkpoint_path} written. Resume "
-                   f"with the same command plus hydra.run.dir={self.run_dir} trainer.resume=auto")
+        message = (
+            f"stopped by {name} after step {self.step}; checkpoint {self.checkpoint_path} written. Resume "
+            f"with the same command plus hydra.run.dir={self.run_dir} trainer.resume=auto"
+        )
         if self.logger is not None:
             print(f"mtl-bench: {message}", file=sys.stderr)
         previous = self.previous_handlers.get(self.stop_signal)
@@ -353,7 +452,7 @@ class Recipe:
             previous(self.stop_signal, None)
         raise Interrupted(self.stop_signal, message)
 
-    def _optimizer_step(self, logging_now: bool) -> StepResult:
+    def optimizer_step(self, logging_now: bool) -> StepResult:
         """Forwards and backwards of one step, clipping, then the optimizer step unless it is not finite.
 
         fp16 steps through its GradScaler, which skips steps with non-finite gradients; fp32 and bf16 check
@@ -395,20 +494,27 @@ class Recipe:
         else:
             log.info("detect_anomalous_params: every trainable parameter reaches the loss")
 
-    def _log_train(self, mean_losses: torch.Tensor, measured: dict[str, torch.Tensor], rate: float,
-                   progress: Progress) -> None:
+    def _log_train(
+        self, mean_losses: torch.Tensor, measured: dict[str, torch.Tensor], rate: float, progress: Progress
+    ) -> None:
         names, n = self.taskset.task_names, len(self.taskset.tasks)
         cos = measured.pop(GRAD_COS_MATRIX, None)
         if cos is not None and self.logger is not None:  # one image per diagnostic step
             self.logger.writer.add_image("grad_cos/heatmap", heatmap(cos.float().cpu().numpy()), self.step)
         # One host read per log interval: losses, the non-finite record and the balancer's measurements.
-        values = torch.cat([mean_losses.float(), self.nonfinite.device_values(),
-                            torch.stack(list(measured.values())).float().to(mean_losses.device)
-                            if measured else mean_losses.new_zeros(0)]).tolist()
+        values = torch.cat(
+            [
+                mean_losses.float(),
+                self.nonfinite.device_values(),
+                torch.stack(list(measured.values())).float().to(mean_losses.device)
+                if measured
+                else mean_losses.new_zeros(0),
+            ]
+        ).tolist()
         losses = dict(zip(names, values[:n]))
         scalars = {tags.loss(name): v for name, v in losses.items()}
-        scalars.update(zip(measured.keys(), values[2 * n + 2:]))
-        skipped = self.nonfinite.check(self.step, values[n:2 * n + 2], scalars.get(tags.LOSS_SCALE))
+        scalars.update(zip(measured.keys(), values[2 * n + 2 :]))
+        skipped = self.nonfinite.check(self.step, values[n : 2 * n + 2], scalars.get(tags.LOSS_SCALE))
         scalars[tags.STEPS_SKIPPED] = skipped
         for i, group in enumerate(self.optimizer.param_groups):
             name = group.get("name", i)
@@ -428,8 +534,9 @@ class Recipe:
         progress.update(self.step, losses, rate)
 
     def _log_eval(self, split: str, metrics: Metrics, extra: dict[str, float] | None = None) -> None:
-        text = "; ".join(f"{task}: " + " ".join(f"{k} {v:.4g}" for k, v in values.items())
-                         for task, values in metrics.items())
+        text = "; ".join(
+            f"{task}: " + " ".join(f"{k} {v:.4g}" for k, v in values.items()) for task, values in metrics.items()
+        )
         log.info("step %d %s | %s", self.step, split, text)
         if self.logger is not None:
             scalars = {tags.metric(split, t, name): v for t, values in metrics.items() for name, v in values.items()}
@@ -465,15 +572,23 @@ class Recipe:
         }
 
 
-def train(cfg: DictConfig, run_dir: Path, *, overrides: Optional[list[str]] = None,
-          choices: Optional[dict[str, str]] = None, bar: bool = False, parallel_runs: int = 1,
-          cores: Optional[int] = None) -> TrainResult:
+def train(
+    cfg: DictConfig,
+    run_dir: Path,
+    *,
+    overrides: Optional[list[str]] = None,
+    choices: Optional[dict[str, str]] = None,
+    bar: bool = False,
+    parallel_runs: int = 1,
+    cores: Optional[int] = None,
+) -> TrainResult:
     """Set up, train and clean up one run with outputs in `run_dir`; usable without Hydra (tests, notebooks).
     Writes metrics.json (rank 0): the results, or `"status": "failed"` with the error."""
     from mtl_bench.engine.run import record_failure
 
-    recipe = Recipe(cfg, run_dir, overrides=overrides, choices=choices, bar=bar, parallel_runs=parallel_runs,
-                    cores=cores)
+    recipe = Recipe(
+        cfg, run_dir, overrides=overrides, choices=choices, bar=bar, parallel_runs=parallel_runs, cores=cores
+    )
     try:
         recipe.setup()
         result = recipe.train()
@@ -485,6 +600,10 @@ def train(cfg: DictConfig, run_dir: Path, *, overrides: Optional[list[str]] = No
         recipe.cleanup()
     if recipe.dist is not None and recipe.dist.is_main:
         write_json(recipe.run_dir / METRICS_FILE, recipe.metrics_record(result))
-        log.info("done: %d steps in %.1f s; final metrics in %s", result.step, result.wall_time_s,
-                 recipe.run_dir / METRICS_FILE)
+        log.info(
+            "done: %d steps in %.1f s; final metrics in %s",
+            result.step,
+            result.wall_time_s,
+            recipe.run_dir / METRICS_FILE,
+        )
     return result

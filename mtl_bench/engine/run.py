@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -25,18 +24,30 @@ def previous_status(run_dir: Path) -> str | None:
         return None
 
 
-def record_failure(run_dir: Path, err: BaseException, step: int, overrides: list[str],
-                   choices: dict[str, str]) -> None:
+def record_failure(run_dir: Path, err: BaseException, step: int, overrides: list[str], choices: dict[str, str]) -> None:
     """metrics.json with status "failed" (or "diverged"), so a sweep's report lists the run with its reason;
     a finished run's results stay."""
     from mtl_bench.errors import DivergedError, Interrupted
 
     if run_dir.is_dir() and previous_status(run_dir) != "completed":
-        status = "diverged" if isinstance(err, DivergedError) else "interrupted" if isinstance(err, Interrupted) \
+        status = (
+            "diverged"
+            if isinstance(err, DivergedError)
+            else "interrupted"
+            if isinstance(err, Interrupted)
             else "failed"
-        write_json(run_dir / METRICS_FILE, {"status": status, "error": f"{type(err).__name__}: {err}",
-                                            "reason": str(err).splitlines()[0] if str(err) else type(err).__name__,
-                                            "step": step, "overrides": overrides, "choices": choices})
+        )
+        write_json(
+            run_dir / METRICS_FILE,
+            {
+                "status": status,
+                "error": f"{type(err).__name__}: {err}",
+                "reason": str(err).splitlines()[0] if str(err) else type(err).__name__,
+                "step": step,
+                "overrides": overrides,
+                "choices": choices,
+            },
+        )
 
 
 def check_config(cfg: DictConfig, overrides: list[str]) -> None:
@@ -53,8 +64,14 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
         node = OmegaConf.select(cfg, key)
         if f"{key}._target_" in given and isinstance(node, DictConfig):
             params = parameters(target_of(key, node_dict(node)))
-            dropped = [k for k in map(str, node) if not k.startswith("_") and k not in params and f"{key}.{k}" not in given
-                       and k not in ENGINE_KEYS.get(key, ())]
+            dropped = [
+                k
+                for k in map(str, node)
+                if not k.startswith("_")
+                and k not in params
+                and f"{key}.{k}" not in given
+                and k not in ENGINE_KEYS.get(key, ())
+            ]
             with open_dict(node):
                 for k in dropped:
                     node.pop(k)
@@ -75,8 +92,11 @@ def run_experiment(cfg: DictConfig) -> float:
     from mtl_bench.engine.threads import cores_of, parallel_runs_of
 
     hydra_cfg = HydraConfig.get()
-    choices = {group: option for group, option in hydra_cfg.runtime.choices.items()
-               if not group.startswith("hydra") and option is not None}
+    choices = {
+        group: option
+        for group, option in hydra_cfg.runtime.choices.items()
+        if not group.startswith("hydra") and option is not None
+    }
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
@@ -89,9 +109,15 @@ def run_experiment(cfg: DictConfig) -> float:
         else:
             remove_if_only_hydras(run_dir)  # nothing was built: a typo leaves no run directory behind
         raise
-    result = train(cfg, run_dir, overrides=overrides, choices=choices,
-                   bar=use_bar(cfg.trainer.progress, multirun) and int(os.environ.get("RANK", "0")) == 0,
-                   parallel_runs=parallel_runs_of(hydra_cfg.launcher), cores=cores_of(hydra_cfg.launcher))
+    result = train(
+        cfg,
+        run_dir,
+        overrides=overrides,
+        choices=choices,
+        bar=use_bar(cfg.trainer.progress, multirun) and int(os.environ.get("RANK", "0")) == 0,
+        parallel_runs=parallel_runs_of(hydra_cfg.launcher),
+        cores=cores_of(hydra_cfg.launcher),
+    )
     return loss_ratio_sum(result.val, result.initial_test) / len(result.val)
 
 

@@ -53,8 +53,18 @@ class StepRunner:
     so N ranks with batch b see the same samples as one process with batch N·b.
     """
 
-    def __init__(self, model: nn.Module, taskset: TaskSet, balancer: Balancer, precision: Precision,
-                 conf: TrainerConf, seed: int, device: torch.device, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        taskset: TaskSet,
+        balancer: Balancer,
+        precision: Precision,
+        conf: TrainerConf,
+        seed: int,
+        device: torch.device,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         self.model, self.taskset, self.balancer = model, taskset, balancer
         self.precision, self.conf = precision, conf
         self.k = conf.grad_accumulation_steps
@@ -67,9 +77,17 @@ class StepRunner:
         else:
             # not multi-input (the recipe checked)
             splits, streams = [taskset.train], [0]  # type: ignore[list-item]
-        self.sources = [BatchSource(split, StepSampler(len(split), global_batch, seed, stream=s),  # type: ignore[arg-type]
-                                    rank, conf.batch_size, device, conf.num_workers)
-                        for split, s in zip(splits, streams)]
+        self.sources = [
+            BatchSource(
+                split,
+                StepSampler(len(split), global_batch, seed, stream=s),  # type: ignore[arg-type]
+                rank,
+                conf.batch_size,
+                device,
+                conf.num_workers,
+            )
+            for split, s in zip(splits, streams)
+        ]
         self.steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)
         self.on_first_losses: Optional[Callable[[list[Tensor]], None]] = None  # detect_anomalous_params
 

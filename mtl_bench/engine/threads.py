@@ -112,8 +112,9 @@ def _threads(n: int) -> str:
     return f"{n} intra-op thread{'' if n == 1 else 's'}"
 
 
-def choose_threads(setting: Setting, *, model_numel: int, parallel_runs: int = 1,
-                   cores: Optional[int] = None) -> tuple[int, str]:
+def choose_threads(
+    setting: Setting, *, model_numel: int, parallel_runs: int = 1, cores: Optional[int] = None
+) -> tuple[int, str]:
     """The intra-op thread count for a run, and one line saying why (log it once).
 
     setting: an int (or its string) wins; None keeps torch's default (torch.get_num_threads()); "auto": 1 for
@@ -132,10 +133,14 @@ def choose_threads(setting: Setting, *, model_numel: int, parallel_runs: int = 1
     allowed = available_cores()
     usable = allowed if cores is None else max(1, min(int(cores), allowed))
     if model_numel < SMALL_MODEL_NUMEL:
-        return 1, (f"1 intra-op thread (trainer.num_threads=auto: the model's {model_numel:,} parameters are below "
-                   f"{SMALL_MODEL_NUMEL:,}; a second thread gains little on a quiet machine and costs a lot on a busy one)")
+        return 1, (
+            f"1 intra-op thread (trainer.num_threads=auto: the model's {model_numel:,} parameters are below "
+            f"{SMALL_MODEL_NUMEL:,}; a second thread gains little on a quiet machine and costs a lot on a busy one)"
+        )
     runs = max(1, int(parallel_runs)) * _local_processes()
     n = max(1, usable // runs)
     shared = f" shared by {runs} processes at once" if runs > 1 else ""
-    return n, (f"{_threads(n)} (trainer.num_threads=auto: {usable} cores this process may use{shared}; "
-               f"{model_numel:,} parameters)")
+    return n, (
+        f"{_threads(n)} (trainer.num_threads=auto: {usable} cores this process may use{shared}; "
+        f"{model_numel:,} parameters)"
+    )

@@ -9,5 +9,14 @@ from mtl_bench.models.resnet_dilated import ResNetDilated
 from mtl_bench.models.segnet import SegNet
 from mtl_bench.models.segnet_mtan import SegNetMTAN
 
-__all__ = ["CelebACNN", "LeNet", "MLP", "ModelOutput", "MultiTaskModel", "ResNet18", "ResNetDilated", "SegNet",
-           "SegNetMTAN"]
+__all__ = [
+    "CelebACNN",
+    "LeNet",
+    "MLP",
+    "ModelOutput",
+    "MultiTaskModel",
+    "ResNet18",
+    "ResNetDilated",
+    "SegNet",
+    "SegNetMTAN",
+]

@@ -12,8 +12,11 @@ from mtl_bench.models.base import MultiTaskModel
 
 
 def _conv(in_channels: int, out_channels: int) -> list[nn.Module]:
-    return [nn.Conv2d(in_channels, out_channels, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(out_channels),
-            nn.ReLU(inplace=True)]
+    return [
+        nn.Conv2d(in_channels, out_channels, 3, stride=1, padding=1, bias=False),
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(inplace=True),
+    ]
 
 
 def _linear(in_features: int, out_features: int) -> list[nn.Module]:
@@ -33,8 +36,13 @@ class CelebACNN(MultiTaskModel):
     names none).
     """
 
-    def __init__(self, input_shape: Sequence[int], heads: Mapping[str, int],
-                 channels: Sequence[int] = (64, 128, 256, 512), hidden: int = 512) -> None:
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        heads: Mapping[str, int],
+        channels: Sequence[int] = (64, 128, 256, 512),
+        hidden: int = 512,
+    ) -> None:
         """
         input_shape: one sample's (channels, height, width) (given by the engine from the task set); height and
             width at least 8 (three 2x2 pools).
@@ -45,10 +53,14 @@ class CelebACNN(MultiTaskModel):
         if len(input_shape) != 3 or not all(int(s) > 0 for s in input_shape):
             raise ValueError(f"input_shape: CelebACNN needs (channels, height, width), got {tuple(input_shape)!r}")
         if min(int(input_shape[1]), int(input_shape[2])) < 8:
-            raise ValueError(f"input_shape: height and width must be >= 8 (three 2x2 max-pools), "
-                             f"got {tuple(input_shape)!r}")
-        if (isinstance(channels, (str, bytes)) or len(channels) != 4
-                or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in channels)):
+            raise ValueError(
+                f"input_shape: height and width must be >= 8 (three 2x2 max-pools), got {tuple(input_shape)!r}"
+            )
+        if (
+            isinstance(channels, (str, bytes))
+            or len(channels) != 4
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in channels)
+        ):
             raise ValueError(f"channels: must be four integers > 0 (the conv stages' widths), got {channels!r}")
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
             raise ValueError(f"hidden: must be an integer > 0, got {hidden!r}")

@@ -15,8 +15,9 @@ class LeNet(MultiTaskModel):
     `last_shared_layer` is the Linear(..., hidden); one linear head per task.
     """
 
-    def __init__(self, input_shape: Sequence[int], heads: Mapping[str, int], channels: Sequence[int] = (10, 20),
-                 hidden: int = 50) -> None:
+    def __init__(
+        self, input_shape: Sequence[int], heads: Mapping[str, int], channels: Sequence[int] = (10, 20), hidden: int = 50
+    ) -> None:
         """
         input_shape: one sample's (channels, height, width) (given by the engine from the task set).
         heads: each task's output width (given by the engine from the task set).
@@ -42,7 +43,8 @@ def _trunk(input_shape: Sequence[int], channels: Sequence[int], hidden: int) -> 
         # Padding 1 keeps the conv's size; the pool floors it by half.
         height, width = height // 2, width // 2
         if height == 0 or width == 0:
-            raise ValueError(f"channels: input_shape {tuple(input_shape)!r} is too small for {len(channels)} "
-                             "2x2 pooling stages")
+            raise ValueError(
+                f"channels: input_shape {tuple(input_shape)!r} is too small for {len(channels)} 2x2 pooling stages"
+            )
     last = nn.Linear(in_channels * height * width, hidden)
     return nn.Sequential(*layers, nn.Flatten(), last, nn.ReLU()), last

@@ -18,8 +18,13 @@ class MLP(MultiTaskModel):
     `last_shared_layer` is the trunk's last Linear (the shared representation is its activated output).
     """
 
-    def __init__(self, input_shape: Sequence[int], heads: Mapping[str, int],
-                 widths: Sequence[int] = (100, 100, 100, 100), activation: str = "relu") -> None:
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        heads: Mapping[str, int],
+        widths: Sequence[int] = (100, 100, 100, 100),
+        activation: str = "relu",
+    ) -> None:
         """
         input_shape: one sample's shape (given by the engine from the task set).
         heads: each task's output width (given by the engine from the task set).

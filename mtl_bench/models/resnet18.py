@@ -32,8 +32,14 @@ class ResNet18(MultiTaskModel):
     Office task sets use (3, 224, 224). The hidden BatchNorm1d needs training batches of 2 or more images.
     """
 
-    def __init__(self, input_shape: Sequence[int], heads: Mapping[str, int], hidden: int = 512, dropout: float = 0.5,
-                 weights: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        heads: Mapping[str, int],
+        hidden: int = 512,
+        dropout: float = 0.5,
+        weights: Optional[str] = None,
+    ) -> None:
         """
         input_shape: one sample's (3, height, width) (given by the engine from the task set).
         heads: each task's number of classes (given by the engine from the task set).
@@ -53,8 +59,14 @@ class ResNet18(MultiTaskModel):
         nn.init.normal_(linear.weight, 0.0, 0.005)  # the reference's `weight.data.normal_(0, 0.005)`
         nn.init.constant_(linear.bias, 0.1)  # and `bias.data.fill_(0.1)`
         layers = [(name, getattr(backbone, name)) for name in ENCODER]
-        layers += [("avgpool", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten()), ("hidden", linear),
-                   ("hidden_bn", nn.BatchNorm1d(hidden)), ("hidden_relu", nn.ReLU()), ("dropout", nn.Dropout(dropout))]
+        layers += [
+            ("avgpool", nn.AdaptiveAvgPool2d(1)),
+            ("flatten", nn.Flatten()),
+            ("hidden", linear),
+            ("hidden_bn", nn.BatchNorm1d(hidden)),
+            ("hidden_relu", nn.ReLU()),
+            ("dropout", nn.Dropout(dropout)),
+        ]
         trunk = nn.Sequential(OrderedDict(layers))
         task_heads: dict[str, nn.Module] = {name: nn.Linear(hidden, int(classes)) for name, classes in heads.items()}
         super().__init__(trunk, task_heads, last_shared_layer=linear)

@@ -64,9 +64,15 @@ class ResNetDilated(MultiTaskModel):
     numbers use ImageNet weights, passed as a local torchvision file.
     """
 
-    def __init__(self, input_shape: Sequence[int], heads: Mapping[str, int], output_stride: int = 8,
-                 atrous_rates: Sequence[int] = (12, 24, 36), normalize: Sequence[str] = ("normal",),
-                 weights: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        heads: Mapping[str, int],
+        output_stride: int = 8,
+        atrous_rates: Sequence[int] = (12, 24, 36),
+        normalize: Sequence[str] = ("normal",),
+        weights: Optional[str] = None,
+    ) -> None:
         """
         input_shape: one sample's (3, height, width) (given by the engine from the task set); predictions are
             upsampled to (height, width).
@@ -91,6 +97,7 @@ class ResNetDilated(MultiTaskModel):
         backbone = torchvision.models.resnet50(weights=None, replace_stride_with_dilation=OUTPUT_STRIDES[output_stride])
         load_backbone_weights(backbone, weights, "resnet50")
         trunk = nn.Sequential(OrderedDict((name, getattr(backbone, name)) for name in ENCODER))
-        task_heads: dict[str, nn.Module] = {name: dense_head(int(out), rates, size, name in normalized)
-                                            for name, out in heads.items()}
+        task_heads: dict[str, nn.Module] = {
+            name: dense_head(int(out), rates, size, name in normalized) for name, out in heads.items()
+        }
         super().__init__(trunk, task_heads, last_shared_layer=backbone.layer4[-1].conv3)

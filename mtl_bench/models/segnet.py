@@ -22,8 +22,9 @@ FILTERS = (64, 128, 256, 512, 512)  # the reference's `filter` (its "wide" type 
 
 def conv_layer(in_channels: int, out_channels: int) -> nn.Sequential:
     """The reference's `conv_layer`: conv 3x3 (padding 1) + BatchNorm + ReLU."""
-    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.BatchNorm2d(out_channels),
-                         nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True)
+    )
 
 
 def prediction_head(channels: int, out_channels: int, normalize: bool) -> nn.Sequential:
@@ -68,10 +69,12 @@ def check_image_shape(input_shape: Sequence[int], stages: int, model: str) -> in
     if len(input_shape) != 3:
         raise ValueError(f"input_shape: {model} needs (channels, height, width), got {tuple(input_shape)!r}")
     channels, height, width = (int(n) for n in input_shape)
-    factor = 2 ** stages
+    factor = 2**stages
     if channels <= 0 or height <= 0 or width <= 0 or height % factor or width % factor:
-        raise ValueError(f"input_shape: {model} with {stages} pooling stages needs height and width divisible by "
-                         f"{factor}, got {tuple(input_shape)!r}")
+        raise ValueError(
+            f"input_shape: {model} with {stages} pooling stages needs height and width divisible by "
+            f"{factor}, got {tuple(input_shape)!r}"
+        )
     return channels
 
 
@@ -107,10 +110,12 @@ class SegNetTrunk(nn.Module):
         super().__init__()
         f = list(filters)
         n = len(f)
-        self.encoder_block = nn.ModuleList([conv_layer(in_channels, f[0])] +
-                                           [conv_layer(f[i], f[i + 1]) for i in range(n - 1)])
-        self.decoder_block = nn.ModuleList([conv_layer(f[0], f[0])] +
-                                           [conv_layer(f[i + 1], f[i]) for i in range(n - 1)])
+        self.encoder_block = nn.ModuleList(
+            [conv_layer(in_channels, f[0])] + [conv_layer(f[i], f[i + 1]) for i in range(n - 1)]
+        )
+        self.decoder_block = nn.ModuleList(
+            [conv_layer(f[0], f[0])] + [conv_layer(f[i + 1], f[i]) for i in range(n - 1)]
+        )
         self.conv_block_enc = nn.ModuleList([_conv_block(f[i], 1 if i < 2 else 2) for i in range(n)])
         self.conv_block_dec = nn.ModuleList([_conv_block(f[max(i - 1, 0)], 1 if i < 2 else 2) for i in range(n)])
 
@@ -163,8 +168,13 @@ class SegNet(MultiTaskModel):
     At the default widths the model has the reference's parameters (a test checks the count).
     """
 
-    def __init__(self, input_shape: Sequence[int], heads: Mapping[str, int], filters: Sequence[int] = FILTERS,
-                 normalize: Sequence[str] = ("normal",)) -> None:
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        heads: Mapping[str, int],
+        filters: Sequence[int] = FILTERS,
+        normalize: Sequence[str] = ("normal",),
+    ) -> None:
         """
         input_shape: one sample's (channels, height, width) (given by the engine from the task set); height
             and width must be divisible by 2^len(filters) (32 with the default five stages).
@@ -178,7 +188,8 @@ class SegNet(MultiTaskModel):
         channels = check_image_shape(input_shape, len(widths), "SegNet")
         normalized = check_normalize(normalize)
         trunk = SegNetTrunk(channels, widths)
-        task_heads: dict[str, nn.Module] = {name: prediction_head(widths[0], int(out), name in normalized)
-                                            for name, out in heads.items()}
+        task_heads: dict[str, nn.Module] = {
+            name: prediction_head(widths[0], int(out), name in normalized) for name, out in heads.items()
+        }
         super().__init__(trunk, task_heads, last_shared_layer=trunk.last_conv)
         init_weights(self)

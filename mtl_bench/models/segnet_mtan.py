@@ -16,14 +16,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtl_bench.models.base import ModelOutput, MultiTaskModel
-from mtl_bench.models.segnet import (FILTERS, SegNetFeatures, SegNetTrunk, check_filters, check_image_shape,
-                                     check_normalize, conv_layer, init_weights, prediction_head)
+from mtl_bench.models.segnet import (
+    FILTERS,
+    SegNetFeatures,
+    SegNetTrunk,
+    check_filters,
+    check_image_shape,
+    check_normalize,
+    conv_layer,
+    init_weights,
+    prediction_head,
+)
 
 
 def attention_layer(in_channels: int, mid_channels: int, out_channels: int) -> nn.Sequential:
     """The reference's `att_layer`: conv 1x1 + BN + ReLU + conv 1x1 + BN + sigmoid: a soft mask in (0, 1)."""
-    return nn.Sequential(nn.Conv2d(in_channels, mid_channels, 1), nn.BatchNorm2d(mid_channels), nn.ReLU(inplace=True),
-                         nn.Conv2d(mid_channels, out_channels, 1), nn.BatchNorm2d(out_channels), nn.Sigmoid())
+    return nn.Sequential(
+        nn.Conv2d(in_channels, mid_channels, 1),
+        nn.BatchNorm2d(mid_channels),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(mid_channels, out_channels, 1),
+        nn.BatchNorm2d(out_channels),
+        nn.Sigmoid(),
+    )
 
 
 def decoder_channels(filters: Sequence[int], stage: int) -> int:
@@ -41,7 +56,8 @@ class SharedAttentionBlocks(nn.Module):
         f, n = list(filters), len(filters)
         self.encoder_block_att = nn.ModuleList([conv_layer(f[j], f[min(j + 1, n - 1)]) for j in range(n)])
         self.decoder_block_att = nn.ModuleList(
-            [conv_layer(f[j], f[j] if j == n - 1 else decoder_channels(f, j)) for j in range(n)])
+            [conv_layer(f[j], f[j] if j == n - 1 else decoder_channels(f, j)) for j in range(n)]
+        )
 
 
 class TaskAttention(nn.Module):
@@ -55,15 +71,15 @@ class TaskAttention(nn.Module):
     def __init__(self, filters: Sequence[int]) -> None:
         super().__init__()
         f, n = list(filters), len(filters)
-        self.encoder_att = nn.ModuleList(
-            [attention_layer(f[j] if j == 0 else 2 * f[j], f[j], f[j]) for j in range(n)])
+        self.encoder_att = nn.ModuleList([attention_layer(f[j] if j == 0 else 2 * f[j], f[j], f[j]) for j in range(n)])
         # The decoder stage mirroring encoder stage j reads [its unpooled input (f[j] channels), the attention
         # features after decoder_block_att[j]]: f[j] + f[j-1] (2 f[0] at j = 0). At the deepest stage the
         # reference writes f[n-1] + f[n-2] for what is 2 f[n-1] (its decoder_block_att keeps the width there);
         # the two agree for its filters (512, 512), and 2 f[n-1] is what runs for any other widths.
         in_channels = [f[j] + decoder_channels(f, j) if j < n - 1 else 2 * f[j] for j in range(n)]
         self.decoder_att = nn.ModuleList(
-            [attention_layer(in_channels[j], decoder_channels(f, j), decoder_channels(f, j)) for j in range(n)])
+            [attention_layer(in_channels[j], decoder_channels(f, j), decoder_channels(f, j)) for j in range(n)]
+        )
 
     def forward(self, g: SegNetFeatures, blocks: SharedAttentionBlocks) -> Tensor:
         n = len(g.encoder)
@@ -108,8 +124,14 @@ class SegNetMTAN(MultiTaskModel):
 
     trunk: SegNetTrunk
 
-    def __init__(self, input_shape: Sequence[int], heads: Mapping[str, int], filters: Sequence[int] = FILTERS,
-                 attention_in_shared: bool = True, normalize: Sequence[str] = ("normal",)) -> None:
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        heads: Mapping[str, int],
+        filters: Sequence[int] = FILTERS,
+        attention_in_shared: bool = True,
+        normalize: Sequence[str] = ("normal",),
+    ) -> None:
         """
         input_shape: one sample's (channels, height, width) (given by the engine from the task set); height
             and width must be divisible by 2^len(filters) (32 with the default five stages).
@@ -126,8 +148,9 @@ class SegNetMTAN(MultiTaskModel):
         if not isinstance(attention_in_shared, bool):
             raise ValueError(f"attention_in_shared: must be true or false, got {attention_in_shared!r}")
         trunk = SegNetTrunk(channels, widths)
-        task_heads: dict[str, nn.Module] = {name: prediction_head(widths[0], int(out), name in normalized)
-                                            for name, out in heads.items()}
+        task_heads: dict[str, nn.Module] = {
+            name: prediction_head(widths[0], int(out), name in normalized) for name, out in heads.items()
+        }
         super().__init__(trunk, task_heads, last_shared_layer=trunk.last_conv)
         self.attention_blocks = SharedAttentionBlocks(widths)
         self.attention = nn.ModuleDict({name: TaskAttention(widths) for name in heads})

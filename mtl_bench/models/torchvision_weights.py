@@ -43,8 +43,12 @@ def load_backbone_weights(backbone: nn.Module, weights: Optional[str], arch: str
     """
     file_name = IMAGENET_FILES.get(arch, f"torchvision's ImageNet weights of {arch}")
     if weights is None:
-        log.warning("model: the %s encoder starts from random initialisation; published numbers (LibMTL's tables) use "
-                    "ImageNet-pretrained encoders: pass model.weights=<path to %s>", arch, file_name)
+        log.warning(
+            "model: the %s encoder starts from random initialisation; published numbers (LibMTL's tables) use "
+            "ImageNet-pretrained encoders: pass model.weights=<path to %s>",
+            arch,
+            file_name,
+        )
         return
     if not isinstance(weights, (str, Path)) or not str(weights):
         raise ValueError(f"weights: need a path to a torchvision state dict ({file_name}) or null, got {weights!r}")
@@ -55,21 +59,32 @@ def load_backbone_weights(backbone: nn.Module, weights: Optional[str], arch: str
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # unpickling errors of every kind: the file is not a tensor-only torch file
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ValueError(f"weights: {path} is not a state dict torch.load reads with weights_only=True ({reason})") \
-            from None
-    if not isinstance(state, Mapping) or not state or \
-            not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise ValueError(f"weights: {path} is not a state dict (a mapping of parameter names to tensors), got "
-                         f"{type(state).__name__}")
+        raise ValueError(
+            f"weights: {path} is not a state dict torch.load reads with weights_only=True ({reason})"
+        ) from None
+    if (
+        not isinstance(state, Mapping)
+        or not state
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+    ):
+        raise ValueError(
+            f"weights: {path} is not a state dict (a mapping of parameter names to tensors), got {type(state).__name__}"
+        )
     given = {k: v for k, v in state.items() if not k.startswith(IGNORED_PREFIX)}
     expected = {k: v for k, v in backbone.state_dict().items() if not k.startswith(IGNORED_PREFIX)}
     missing = [k for k in expected if k not in given]
     unexpected = [k for k in given if k not in expected]
-    misshaped = [f"{k} {tuple(given[k].shape)} for {tuple(v.shape)}" for k, v in expected.items()
-                 if k in given and given[k].shape != v.shape]
+    misshaped = [
+        f"{k} {tuple(given[k].shape)} for {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in given and given[k].shape != v.shape
+    ]
     if missing or unexpected or misshaped:
-        problems = [f"{len(names)} {what} ({_keys(names)})" for what, names in
-                    (("missing keys", missing), ("unexpected keys", unexpected), ("mis-shaped", misshaped)) if names]
+        problems = [
+            f"{len(names)} {what} ({_keys(names)})"
+            for what, names in (("missing keys", missing), ("unexpected keys", unexpected), ("mis-shaped", misshaped))
+            if names
+        ]
         raise ValueError(f"weights: {path} does not fit torchvision's {arch}: {'; '.join(problems)}")
     backbone.load_state_dict(given, strict=False)  # strict=False only for the classifier, checked above
     log.info("model: %s encoder loaded from %s", arch, path)

@@ -6,5 +6,15 @@ from mtl_bench.optim.paramwise import build_param_groups
 from mtl_bench.optim.scaled_adam import ScaledAdam
 from mtl_bench.optim.schedules import Constant, Cosine, MultiStep, StepDecay, WarmupSchedule
 
-__all__ = ["Constant", "Cosine", "CyclicSchedule", "Eden", "Eden2", "MultiStep", "ScaledAdam", "StepDecay",
-           "WarmupSchedule", "build_param_groups"]
+__all__ = [
+    "Constant",
+    "Cosine",
+    "CyclicSchedule",
+    "Eden",
+    "Eden2",
+    "MultiStep",
+    "ScaledAdam",
+    "StepDecay",
+    "WarmupSchedule",
+    "build_param_groups",
+]

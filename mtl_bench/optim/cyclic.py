@@ -26,9 +26,16 @@ class CyclicSchedule:
     starting a new cycle (mmcv wraps around when total_steps is not a multiple of cyclic_times).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, target_ratio: tuple[float, float] = (10, 1e-4),
-                 cyclic_times: int = 1, step_ratio_up: float = 0.4, anneal_strategy: str = "cos",
-                 momentum_target_ratio: Optional[tuple[float, float]] = (0.85 / 0.95, 1.0)) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        total_steps: int,
+        target_ratio: tuple[float, float] = (10, 1e-4),
+        cyclic_times: int = 1,
+        step_ratio_up: float = 0.4,
+        anneal_strategy: str = "cos",
+        momentum_target_ratio: Optional[tuple[float, float]] = (0.85 / 0.95, 1.0),
+    ) -> None:
         """
         optimizer: the optimizer (given by the engine).
         total_steps: the run's optimizer steps (given by the engine).
@@ -71,8 +78,9 @@ class CyclicSchedule:
         within = min(iteration, self.last_step) % self.period
         if within < self.steps_up:
             return anneal(1.0, targets[0], within / self.steps_up, self.anneal_strategy)
-        return anneal(targets[0], targets[1], (within - self.steps_up) / (self.period - self.steps_up),
-                      self.anneal_strategy)
+        return anneal(
+            targets[0], targets[1], (within - self.steps_up) / (self.period - self.steps_up), self.anneal_strategy
+        )
 
     def _apply(self) -> None:
         lr_ratio = self.ratio(self.iteration, self.target_ratio)

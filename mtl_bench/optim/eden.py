@@ -81,8 +81,14 @@ class Eden(_BatchEpochSchedule):
     """lr = initial_lr * ((b^2 + B^2)/B^2)^-0.25 * ((e^2 + E^2)/E^2)^-0.25 * warmup(b), with b batches and e
     epochs done, B = `lr_batches` (icefall suggests 5000), E = `lr_epochs` (about 6 for a 20-40 epoch run)."""
 
-    def __init__(self, optimizer: Optimizer, lr_batches: float = 7500.0, lr_epochs: float = 3.5,
-                 warmup_batches: float = 500.0, warmup_start: float = 0.5) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        lr_batches: float = 7500.0,
+        lr_epochs: float = 3.5,
+        warmup_batches: float = 500.0,
+        warmup_start: float = 0.5,
+    ) -> None:
         """
         optimizer: the optimizer (given by the engine).
         lr_batches: B, the batch count where the decay sets in (> 0; icefall zipformer: 7500).
@@ -98,16 +104,17 @@ class Eden(_BatchEpochSchedule):
         super().__init__(optimizer, warmup_batches, warmup_start)
 
     def factor(self) -> float:
-        b = ((self.batch ** 2 + self.lr_batches ** 2) / self.lr_batches ** 2) ** -0.25
-        e = ((self.epoch ** 2 + self.lr_epochs ** 2) / self.lr_epochs ** 2) ** -0.25
+        b = ((self.batch**2 + self.lr_batches**2) / self.lr_batches**2) ** -0.25
+        e = ((self.epoch**2 + self.lr_epochs**2) / self.lr_epochs**2) ** -0.25
         return b * e
 
 
 class Eden2(_BatchEpochSchedule):
     """lr = initial_lr * ((b^2 + B^2)/B^2)^-0.5 * warmup(b): Eden without epochs, decaying like 1/b late."""
 
-    def __init__(self, optimizer: Optimizer, lr_batches: float = 7500.0, warmup_batches: float = 500.0,
-                 warmup_start: float = 0.5) -> None:
+    def __init__(
+        self, optimizer: Optimizer, lr_batches: float = 7500.0, warmup_batches: float = 500.0, warmup_start: float = 0.5
+    ) -> None:
         """
         optimizer: the optimizer (given by the engine).
         lr_batches: B, the batch count where the decay sets in (> 0).
@@ -120,4 +127,4 @@ class Eden2(_BatchEpochSchedule):
         super().__init__(optimizer, warmup_batches, warmup_start)
 
     def factor(self) -> float:
-        return ((self.batch ** 2 + self.lr_batches ** 2) / self.lr_batches ** 2) ** -0.5
+        return ((self.batch**2 + self.lr_batches**2) / self.lr_batches**2) ** -0.5

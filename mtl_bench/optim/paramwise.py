@@ -8,8 +8,14 @@ from torch import nn
 
 from mtl_bench.errors import ConfigError
 
-PARAMWISE_KEYS = ("custom_keys", "bias_lr_mult", "bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult",
-                  "bypass_duplicate")
+PARAMWISE_KEYS = (
+    "custom_keys",
+    "bias_lr_mult",
+    "bias_decay_mult",
+    "norm_decay_mult",
+    "dwconv_decay_mult",
+    "bypass_duplicate",
+)
 CUSTOM_KEY_FIELDS = ("lr_mult", "decay_mult")
 NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.GroupNorm, nn.LayerNorm)
 
@@ -29,11 +35,14 @@ def _validate(cfg: dict[str, Any]) -> None:
     for key, fields in custom.items():
         bad = sorted(set(fields or {}) - set(CUSTOM_KEY_FIELDS)) if isinstance(fields, dict) else [repr(fields)]
         if bad:
-            raise ConfigError(f"optim.paramwise.custom_keys.{key}: unknown field {bad[0]}; allowed: lr_mult, decay_mult")
+            raise ConfigError(
+                f"optim.paramwise.custom_keys.{key}: unknown field {bad[0]}; allowed: lr_mult, decay_mult"
+            )
 
 
-def _multipliers(name: str, param_name: str, module: nn.Module, cfg: dict[str, Any],
-                 sorted_keys: list[str]) -> tuple[float, float]:
+def _multipliers(
+    name: str, param_name: str, module: nn.Module, cfg: dict[str, Any], sorted_keys: list[str]
+) -> tuple[float, float]:
     """(lr_mult, decay_mult) of one parameter; `name` is its full dotted name, `param_name` its last part."""
     custom = cfg.get("custom_keys") or {}
     for key in sorted_keys:  # longest first, ties alphabetical: the first hit wins and the other rules are off
@@ -54,8 +63,9 @@ def _multipliers(name: str, param_name: str, module: nn.Module, cfg: dict[str, A
     return lr_mult, decay_mult
 
 
-def build_param_groups(model: nn.Module, base_lr: float, base_wd: Optional[float],
-                       paramwise: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+def build_param_groups(
+    model: nn.Module, base_lr: float, base_wd: Optional[float], paramwise: Optional[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Optimizer param groups: one per distinct (lr, weight_decay), so batched optimizers keep batching.
 
     Each group has `params`, `param_names`, `lr`, `weight_decay` (only when `base_wd` is not None) and a
@@ -77,14 +87,20 @@ def build_param_groups(model: nn.Module, base_lr: float, base_wd: Optional[float
             if id(param) in seen:  # tied weights, or one module reached by two names
                 if not cfg or cfg.get("bypass_duplicate", False):
                     continue
-                raise ConfigError(f"parameter {name} is the same tensor as {seen[id(param)]}; "
-                                 "set optim.paramwise.bypass_duplicate=true to optimise it once")
+                raise ConfigError(
+                    f"parameter {name} is the same tensor as {seen[id(param)]}; "
+                    "set optim.paramwise.bypass_duplicate=true to optimise it once"
+                )
             seen[id(param)] = name
             mults = _multipliers(name, param_name, module, cfg, sorted_keys) if cfg else (1.0, 1.0)
             group = groups.get(mults)
             if group is None:
-                group = groups[mults] = {"name": _group_name(*mults), "params": [], "param_names": [],
-                                         "lr": base_lr * mults[0]}
+                group = groups[mults] = {
+                    "name": _group_name(*mults),
+                    "params": [],
+                    "param_names": [],
+                    "lr": base_lr * mults[0],
+                }
                 if base_wd is not None:
                     group["weight_decay"] = base_wd * mults[1]
             group["params"].append(param)
@@ -95,4 +111,3 @@ def build_param_groups(model: nn.Module, base_lr: float, base_wd: Optional[float
 def _group_name(lr_mult: float, decay_mult: float) -> str:
     parts = [f"lr_x{lr_mult:g}" if lr_mult != 1.0 else "", f"wd_x{decay_mult:g}" if decay_mult != 1.0 else ""]
     return "_".join(p for p in parts if p) or "default"
-

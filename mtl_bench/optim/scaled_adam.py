@@ -57,13 +57,28 @@ def _stats(ps: list[Tensor], gs: list[Tensor]) -> Tensor:
     out = []
     for p, g in zip(ps, gs):
         p, g = p.float(), g.float()
-        out.append(torch.stack(((g * g).sum(1, dtype=torch.float64), (p * g).sum(1, dtype=torch.float64),
-                                (p * p).sum(1, dtype=torch.float64)), dim=1))
+        out.append(
+            torch.stack(
+                (
+                    (g * g).sum(1, dtype=torch.float64),
+                    (p * g).sum(1, dtype=torch.float64),
+                    (p * p).sum(1, dtype=torch.float64),
+                ),
+                dim=1,
+            )
+        )
     return torch.cat(out).float()
 
 
-def _update(ps: list[Tensor], gs: list[Tensor], deltas: list[Tensor], avg_sqs: list[Tensor], alpha: Tensor,
-            size: Tensor, consts: Tensor) -> None:
+def _update(
+    ps: list[Tensor],
+    gs: list[Tensor],
+    deltas: list[Tensor],
+    avg_sqs: list[Tensor],
+    alpha: Tensor,
+    size: Tensor,
+    consts: Tensor,
+) -> None:
     """One pass over lists of (r, m) tensors, in place on p, delta and exp_avg_sq (float32).
 
     alpha, size (sum r, 1): per row, in order; consts (5,): [clip, beta1, beta2, exp_avg_sq scale, eps].
@@ -191,8 +206,10 @@ void mtl_sa_update(int n, float** ps, const float** gs, float** ds, float** vs, 
     }
 }
 """
-_NATIVE_FLAGS = (["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"],
-                 ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-shared", "-fPIC"])
+_NATIVE_FLAGS = (
+    ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"],
+    ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-shared", "-fPIC"],
+)
 _native_lib: Any = None  # the loaded kernel; False once building it has failed
 
 
@@ -232,8 +249,9 @@ def _build_native() -> Any:
             src.write_text(_NATIVE_SRC)
             tmp = lib_path.with_suffix(f".{os.getpid()}.tmp")
             try:
-                done = subprocess.run([cc, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True,
-                                      timeout=300)
+                done = subprocess.run(
+                    [cc, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True, timeout=300
+                )
                 if done.returncode != 0:
                     errors.append(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else cc)
                     continue
@@ -314,6 +332,7 @@ class _Bucket:
 @dataclass
 class _NativeSet:
     """The buckets of one group that the C kernel steps: each pass is one call over all their tensors."""
+
     buckets: list[_Bucket]
     params: list[Tensor]
     numels: list[int]
@@ -324,8 +343,11 @@ class _NativeSet:
 
     def valid(self) -> bool:
         """The parameters still are what the plan saw (the kernel writes through their raw memory)."""
-        return all(p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous() and p.numel() == b.numel
-                   for b in self.buckets for p in b.params)
+        return all(
+            p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous() and p.numel() == b.numel
+            for b in self.buckets
+            for p in b.params
+        )
 
 
 class ScaledAdam(torch.optim.Optimizer):
@@ -399,15 +421,26 @@ class ScaledAdam(torch.optim.Optimizer):
             raise ValueError(f"param_max_rms: must be > param_min_rms ({param_min_rms}), got {param_max_rms}")
         if not scalar_max > 0:
             raise ValueError(f"scalar_max: must be > 0, got {scalar_max}")
-        for name, period in (("size_update_period", size_update_period),
-                             ("clipping_update_period", clipping_update_period)):
+        for name, period in (
+            ("size_update_period", size_update_period),
+            ("clipping_update_period", clipping_update_period),
+        ):
             if isinstance(period, bool) or not isinstance(period, int) or period < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {period!r}")
         if compile not in ("auto", True, False) or not isinstance(compile, (bool, str)):
             raise ValueError(f"compile: must be 'auto', True or False, got {compile!r}")
-        defaults = dict(lr=lr, clipping_scale=clipping_scale, betas=tuple(betas), scalar_lr_scale=scalar_lr_scale,
-                        eps=eps, param_min_rms=param_min_rms, param_max_rms=param_max_rms, scalar_max=scalar_max,
-                        size_update_period=size_update_period, clipping_update_period=clipping_update_period)
+        defaults = dict(
+            lr=lr,
+            clipping_scale=clipping_scale,
+            betas=tuple(betas),
+            scalar_lr_scale=scalar_lr_scale,
+            eps=eps,
+            param_min_rms=param_min_rms,
+            param_max_rms=param_max_rms,
+            scalar_max=scalar_max,
+            size_update_period=size_update_period,
+            clipping_update_period=clipping_update_period,
+        )
         self.compile = compile
         self.stack_max_numel = STACK_MAX_NUMEL  # tests and benchmarks change it to force a layout
         self.use_native = True  # tests and benchmarks turn the C kernel off to time or check torch.compile alone
@@ -473,10 +506,16 @@ class ScaledAdam(torch.optim.Optimizer):
         for b in buckets:
             dev = b.params[0].device
             contiguous = all(p.is_contiguous() for p in b.params)
-            b.native = bool(self._native) and not b.scalar and dev.type == "cpu" and contiguous and (
-                b.params[0].dtype == torch.float32)
-            b.stacked = not b.native and (b.scalar or b.numel <= self.stack_max_numel or dev.type != "cpu"
-                                          or not contiguous)
+            b.native = (
+                bool(self._native)
+                and not b.scalar
+                and dev.type == "cpu"
+                and contiguous
+                and (b.params[0].dtype == torch.float32)
+            )
+            b.stacked = not b.native and (
+                b.scalar or b.numel <= self.stack_max_numel or dev.type != "cpu" or not contiguous
+            )
             b.calls = b.chunks()
             states = [self.state[p] for p in b.params]
             for p, st in zip(b.params, states):
@@ -498,8 +537,9 @@ class ScaledAdam(torch.optim.Optimizer):
             if not b.scalar:
                 names += ["param_rms", "scale_exp_avg_sq", "scale_grads"]
             for name in names:
-                stack = torch.stack([st[name].reshape(-1) if name in ("delta", "exp_avg_sq") else st[name]
-                                     for st in states]).to(device=dev, dtype=torch.float32)
+                stack = torch.stack(
+                    [st[name].reshape(-1) if name in ("delta", "exp_avg_sq") else st[name] for st in states]
+                ).to(device=dev, dtype=torch.float32)
                 b.rows[name] = stack
                 for i, (p, st) in enumerate(zip(b.params, states)):
                     st[name] = stack[i].view(p.shape) if name in ("delta", "exp_avg_sq") else stack[i]
@@ -511,8 +551,14 @@ class ScaledAdam(torch.optim.Optimizer):
             return None
         params = [p for b in mine for p in b.params]
         deltas, avg_sqs = [self.state[p]["delta"] for p in params], [self.state[p]["exp_avg_sq"] for p in params]
-        return _NativeSet(mine, params, [p.numel() for p in params], deltas + avg_sqs,
-                          [t.data_ptr() for t in deltas], [t.data_ptr() for t in avg_sqs])
+        return _NativeSet(
+            mine,
+            params,
+            [p.numel() for p in params],
+            deltas + avg_sqs,
+            [t.data_ptr() for t in deltas],
+            [t.data_ptr() for t in avg_sqs],
+        )
 
     @staticmethod
     def _init_state(group: dict[str, Any], p: Tensor, st: dict[str, Any]) -> None:
@@ -528,8 +574,11 @@ class ScaledAdam(torch.optim.Optimizer):
         """At the first step: compiled or eager, and whether the C kernel takes the float32 CPU tensors."""
         tensors = [p for g in self.param_groups for p in g["params"] if p.numel() > 1]
         self._use_compiled = should_compile(self.compile, sum(p.numel() for p in tensors))
-        wanted = self._use_compiled and self.use_native and any(
-            p.device.type == "cpu" and p.dtype == torch.float32 for p in tensors)
+        wanted = (
+            self._use_compiled
+            and self.use_native
+            and any(p.device.type == "cpu" and p.dtype == torch.float32 for p in tensors)
+        )
         self._native = bool(wanted and _native_kernels() is not None)
         self._plans = None  # lay the buckets out for that choice
 
@@ -550,8 +599,11 @@ class ScaledAdam(torch.optim.Optimizer):
         except Exception as e:  # a compile failure happens before the call mutates anything
             if not self._use_compiled or self.compile is True:
                 raise
-            log.warning("ScaledAdam: torch.compile failed (%s: %s); using the eager update",
-                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            log.warning(
+                "ScaledAdam: torch.compile failed (%s: %s); using the eager update",
+                type(e).__name__,
+                str(e).splitlines()[0] if str(e) else "",
+            )
             self._use_compiled = False
             return (_stats, _update)[which](*args)
 
@@ -629,8 +681,17 @@ class ScaledAdam(torch.optim.Optimizer):
         consts = torch.tensor([clip, beta1, beta2, v_scale, group["eps"]], device=dev)
         assert b.ps is not None and b.gs is not None
         if b.stacked:
-            self._call(1, b.ps, b.gs, [b.rows["delta"]], [b.rows["exp_avg_sq"]], alpha, size, consts,
-                       eager=b.scalar and bool(self._native))
+            self._call(
+                1,
+                b.ps,
+                b.gs,
+                [b.rows["delta"]],
+                [b.rows["exp_avg_sq"]],
+                alpha,
+                size,
+                consts,
+                eager=b.scalar and bool(self._native),
+            )
             p2 = b.ps[0]
             if b.scalar:  # after the update, as upstream intends
                 p2.clamp_(-group["scalar_max"], group["scalar_max"])
@@ -661,11 +722,19 @@ class ScaledAdam(torch.optim.Optimizer):
         ps = _array(ctypes.c_void_p, [p.data_ptr() for p in ns.params])
         gs = _array(ctypes.c_void_p, [g.data_ptr() for g in grads])
         numels = _array(ctypes.c_int64, ns.numels)
-        _native_kernels().mtl_sa_stats(n, ctypes.addressof(ps), ctypes.addressof(gs), ctypes.addressof(numels),
-                                       int(full), threads, partial.data_ptr(), out.data_ptr())
+        _native_kernels().mtl_sa_stats(
+            n,
+            ctypes.addressof(ps),
+            ctypes.addressof(gs),
+            ctypes.addressof(numels),
+            int(full),
+            threads,
+            partial.data_ptr(),
+            out.data_ptr(),
+        )
         stats, o = out.float(), 0
         for b in ns.buckets:
-            b.stats, b.pg_ready = stats[o:o + len(b.params)], full
+            b.stats, b.pg_ready = stats[o : o + len(b.params)], full
             o += len(b.params)
         ns.grads = grads
 
@@ -686,21 +755,30 @@ class ScaledAdam(torch.optim.Optimizer):
             bias2 = 1 - beta2 ** (step + 1)
             v_scale = 1 / bias2 if bias2 < 0.99 else 1.0  # icefall drops the correction once it is small
             consts = torch.tensor([clip, beta1, beta2, v_scale, group["eps"]], dtype=torch.float32)
-            arrays = [_array(ctypes.c_void_p, [ptrs[i] for i in rows]) for ptrs in (p_ptrs, g_ptrs, ns.deltas,
-                                                                                  ns.avg_sqs)]
+            arrays = [
+                _array(ctypes.c_void_p, [ptrs[i] for i in rows]) for ptrs in (p_ptrs, g_ptrs, ns.deltas, ns.avg_sqs)
+            ]
             numels = _array(ctypes.c_int64, [ns.numels[i] for i in rows])
             sub = rows if len(rows) < len(step_of_row) else slice(None)
             out = torch.empty(len(rows), dtype=torch.float64)
             partial = torch.empty(len(rows) * threads, dtype=torch.float64)
             a, z = alpha[sub].contiguous(), size[sub].contiguous()
-            _native_kernels().mtl_sa_update(len(rows), *map(ctypes.addressof, arrays), ctypes.addressof(numels),
-                                            a.data_ptr(), z.data_ptr(), consts.data_ptr(), threads,
-                                            partial.data_ptr(), out.data_ptr())
+            _native_kernels().mtl_sa_update(
+                len(rows),
+                *map(ctypes.addressof, arrays),
+                ctypes.addressof(numels),
+                a.data_ptr(),
+                z.data_ptr(),
+                consts.data_ptr(),
+                threads,
+                partial.data_ptr(),
+                out.data_ptr(),
+            )
             dots[sub] = out
         o = 0
         for b, step in zip(ns.buckets, steps):
             if not b.pg_ready:  # d(loss)/d(log scale) of each tensor for this step, from the clipped gradient
-                b.rows["scale_grads"][:, step % period] = dots[o:o + len(b.params)].float() * clip
+                b.rows["scale_grads"][:, step % period] = dots[o : o + len(b.params)].float() * clip
             o += len(b.params)
             b.clear()
             for p in b.params:
@@ -730,17 +808,18 @@ class ScaledAdam(torch.optim.Optimizer):
         _, beta2 = group["betas"]
         rms, scale_grads, avg_sq = b.rows["param_rms"], b.rows["scale_grads"], b.rows["scale_exp_avg_sq"]
         period = scale_grads.shape[1]
-        beta2_p = beta2 ** period  # one size step per period decays faster
-        avg_sq.mul_(beta2_p).add_((scale_grads ** 2).mean(dim=1), alpha=1 - beta2_p)
+        beta2_p = beta2**period  # one size step per period decays faster
+        avg_sq.mul_(beta2_p).add_((scale_grads**2).mean(dim=1), alpha=1 - beta2_p)
         bias2 = 1 - beta2_p ** ((step + 1) // period)
         size_lr = group["lr"] * group["scalar_lr_scale"]
-        scale_step = scale_grads.sum(dim=1) * (-size_lr * bias2 ** 0.5) / (avg_sq.sqrt() + group["eps"])
+        scale_step = scale_grads.sum(dim=1) * (-size_lr * bias2**0.5) / (avg_sq.sqrt() + group["eps"])
         scale_step = scale_step.masked_fill(rms < group["param_min_rms"], 0.0)  # too small: do not shrink
         return torch.minimum(scale_step, (group["param_max_rms"] - rms) / rms)  # never grow past the max
 
     # ------------------------------------------------------------------ clipping and diagnostics
-    def _clip_factor(self, gi: int, group: dict[str, Any], buckets: list[_Bucket], first: dict[str, Any],
-                     norm: float, norm_t: Tensor) -> float:
+    def _clip_factor(
+        self, gi: int, group: dict[str, Any], buckets: list[_Bucket], first: dict[str, Any], norm: float, norm_t: Tensor
+    ) -> float:
         period = group["clipping_update_period"]
         step = first["step"]
         norms = first.get("model_norms")
@@ -758,9 +837,14 @@ class ScaledAdam(torch.optim.Optimizer):
             first["model_norm_threshold"] = threshold
             clipped = first.get("num_clipped", 0) * 100.0 / k
             first["num_clipped"] = 0
-            log.info("ScaledAdam group %d: clipping_scale=%s, grad-norm quartiles %s, threshold=%.3e, "
-                     "percent-clipped=%.1f", gi, group["clipping_scale"],
-                     " ".join(f"{q:.3e}" for q in quartiles), threshold, clipped)
+            log.info(
+                "ScaledAdam group %d: clipping_scale=%s, grad-norm quartiles %s, threshold=%.3e, percent-clipped=%.1f",
+                gi,
+                group["clipping_scale"],
+                " ".join(f"{q:.3e}" for q in quartiles),
+                threshold,
+                clipped,
+            )
         threshold = first.get("model_norm_threshold")
         if threshold is None:
             return 1.0
@@ -768,8 +852,13 @@ class ScaledAdam(torch.optim.Optimizer):
         if factor < 1.0:
             first["num_clipped"] = first.get("num_clipped", 0) + 1
         if factor < 0.1:
-            log.warning("ScaledAdam group %d: scaling gradients by %.3g, model_norm_threshold=%.3e%s", gi, factor,
-                        threshold, self._dominant(gi, group, buckets, norm))
+            log.warning(
+                "ScaledAdam group %d: scaling gradients by %.3g, model_norm_threshold=%.3e%s",
+                gi,
+                factor,
+                threshold,
+                self._dominant(gi, group, buckets, norm),
+            )
         return factor
 
     def _row_contributions(self, group: dict[str, Any], b: _Bucket) -> Tensor:
@@ -780,25 +869,38 @@ class ScaledAdam(torch.optim.Optimizer):
     def _dominant(self, gi: int, group: dict[str, Any], buckets: list[_Bucket], norm: float) -> str:
         """', dominated by <name> (...)': the tensor with the largest share of the norm; never raises."""
         try:
-            best = max(((c, b, i) for b in buckets
-                        for i, c in enumerate(self._row_contributions(group, b).tolist())), key=lambda t: t[0])
+            best = max(
+                ((c, b, i) for b in buckets for i, c in enumerate(self._row_contributions(group, b).tolist())),
+                key=lambda t: t[0],
+            )
             share, b, i = best
             gsq = b.stats[i, 0].item()  # type: ignore[index]
-            return (f", dominated by {self.param_name(gi, b.index[i])} (share {share / max(norm * norm, 1e-30):.2f}"
-                    f", grad_sumsq={gsq:.3e}, weighted={share:.3e})")
+            return (
+                f", dominated by {self.param_name(gi, b.index[i])} (share {share / max(norm * norm, 1e-30):.2f}"
+                f", grad_sumsq={gsq:.3e}, weighted={share:.3e})"
+            )
         except Exception as e:  # diagnostics must never stop training
             return f" (no diagnostics: {type(e).__name__})"
 
     def _report_nonfinite(self, plans: list[tuple[list[_Bucket], _NativeSet | None]], norms: list[float]) -> None:
         self.skipped_steps += 1
         try:
-            bad = [self.param_name(gi, b.index[i]) for gi, (buckets, _) in enumerate(plans) for b in buckets
-                   for i, gsq in enumerate(b.stats[:, 0].tolist()) if not math.isfinite(gsq)]  # type: ignore[index]
+            bad = [
+                self.param_name(gi, b.index[i])
+                for gi, (buckets, _) in enumerate(plans)
+                for b in buckets
+                for i, gsq in enumerate(b.stats[:, 0].tolist())
+                if not math.isfinite(gsq)
+            ]  # type: ignore[index]
             shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         except Exception as e:  # diagnostics must never stop training
             shown = f"unknown ({type(e).__name__})"
-        log.warning("ScaledAdam: skipped step (non-finite gradient norm %s; skipped so far: %d); "
-                    "non-finite gradients in: %s", norms, self.skipped_steps, shown or "none (norm overflowed)")
+        log.warning(
+            "ScaledAdam: skipped step (non-finite gradient norm %s; skipped so far: %d); non-finite gradients in: %s",
+            norms,
+            self.skipped_steps,
+            shown or "none (norm overflowed)",
+        )
         for buckets, native in plans:
             for b in buckets:
                 b.clear()

@@ -49,8 +49,9 @@ class Constant(WarmupSchedule):
 class StepDecay(WarmupSchedule):
     """After warmup, the lr is multiplied by `gamma` every `step_size` steps."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, step_size: int = 1000, gamma: float = 0.1,
-                 warmup_steps: int = 0) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, step_size: int = 1000, gamma: float = 0.1, warmup_steps: int = 0
+    ) -> None:
         """
         optimizer: the optimizer (given by the engine).
         step_size: steps between decays (> 0).
@@ -71,8 +72,9 @@ class StepDecay(WarmupSchedule):
 class MultiStep(WarmupSchedule):
     """After warmup, the lr is multiplied by `gamma` at each of `milestones` (steps counted after warmup)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, milestones: Sequence[int], gamma: float = 0.1,
-                 warmup_steps: int = 0) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, milestones: Sequence[int], gamma: float = 0.1, warmup_steps: int = 0
+    ) -> None:
         """
         optimizer: the optimizer (given by the engine).
         milestones: increasing positive step counts, at least one, e.g. [1000, 2000].
@@ -94,8 +96,9 @@ class MultiStep(WarmupSchedule):
 class Cosine(WarmupSchedule):
     """After warmup, the lr follows half a cosine from lr to `min_lr_ratio` × lr over the remaining steps."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, min_lr_ratio: float = 0.0,
-                 warmup_steps: int = 0) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, total_steps: int, min_lr_ratio: float = 0.0, warmup_steps: int = 0
+    ) -> None:
         """
         optimizer: the optimizer (given by the engine).
         total_steps: the run's optimizer steps (given by the engine).

@@ -23,8 +23,7 @@ def collect(paths: list[Path]) -> list[Run]:
     return list(runs.values())
 
 
-def make_report(paths: list[Path], fmt: str, baseline: Optional[str],
-                plots: Optional[Path]) -> tuple[str, list[Path]]:
+def make_report(paths: list[Path], fmt: str, baseline: Optional[str], plots: Optional[Path]) -> tuple[str, list[Path]]:
     """The rendered report and the plot files written."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: allowed: {', '.join(FORMATS)}")

@@ -97,8 +97,10 @@ def write_plots(groups: list[Group], out_dir: Path, baseline: Optional[str] = No
     written = []
     for name, part in parts.items():
         suffix = f"-{name}" if len(parts) > 1 else ""
-        written += [_weights(plt, part, out_dir / f"weights{suffix}.png"),
-                    _metrics(plt, part, out_dir / f"metrics{suffix}.png")]
+        written += [
+            _weights(plt, part, out_dir / f"weights{suffix}.png"),
+            _metrics(plt, part, out_dir / f"metrics{suffix}.png"),
+        ]
         if any(g.time_per_step is not None for g in part):
             stem = "delta_m_vs_time" if any(g.delta_m is not None for g in part) else "rank_vs_time"
             written.append(_cost(plt, part, out_dir / f"{stem}{suffix}.png", baseline))
@@ -128,20 +130,44 @@ def _weights(plt, groups: list[Group], path: Path) -> Path:
         for i, (tag, points) in enumerate(curves):
             steps, values = [s for s, _ in points], [v for _, v in points]
             every = max(1, len(points) // 8)
-            ax.plot(steps, values, label=tag.split("/", 1)[1], color=color(i), linestyle=LINESTYLES[(i // 10 + i) % 4],
-                    marker=marker(i), markersize=5, markevery=(i * every // max(n, 1) % every, every),
-                    linewidth=2.8 - 1.8 * i / max(n - 1, 1), alpha=0.9)
+            ax.plot(
+                steps,
+                values,
+                label=tag.split("/", 1)[1],
+                color=color(i),
+                linestyle=LINESTYLES[(i // 10 + i) % 4],
+                marker=marker(i),
+                markersize=5,
+                markevery=(i * every // max(n, 1) % every, every),
+                linewidth=2.8 - 1.8 * i / max(n - 1, 1),
+                alpha=0.9,
+            )
         _scale(ax, "y", [v for _, points in curves for _, v in points])
         seed = f" (seed {run.seed})" if run.seed is not None else ""
         ax.set_title(f"{group.label}{seed}", fontsize=9)
         ax.set_ylabel("loss weight" + (" (log)" if ax.get_yscale() == "log" else ""))
         ax.grid(True, which="major", alpha=0.3)
         if curves:
-            ax.legend(fontsize=7, ncol=1 if n <= 12 else math.ceil(n / 12), loc="upper left",
-                      bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title="task", title_fontsize=7)
+            ax.legend(
+                fontsize=7,
+                ncol=1 if n <= 12 else math.ceil(n / 12),
+                loc="upper left",
+                bbox_to_anchor=(1.01, 1.0),
+                borderaxespad=0,
+                title="task",
+                title_fontsize=7,
+            )
         else:  # runs without TensorBoard files have nothing to draw
-            ax.text(0.5, 0.5, f"no weight/<task> scalars in {run.path.name}'s TensorBoard files", ha="center",
-                    va="center", transform=ax.transAxes, fontsize=8, color="0.4")
+            ax.text(
+                0.5,
+                0.5,
+                f"no weight/<task> scalars in {run.path.name}'s TensorBoard files",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=8,
+                color="0.4",
+            )
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     return _save(plt, fig, path)
@@ -155,21 +181,43 @@ def _metrics(plt, groups: list[Group], path: Path) -> Path:
     nrows = math.ceil(len(columns) / ncols)
     labels = [g.label for g in groups]
     width = min(9.0, 0.065 * max(len(label) for label in labels) + 1.0)  # room for the group names
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width + 3.3 * ncols, 0.9 + nrows * (0.35 * len(groups) + 1.1)),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        nrows,
+        ncols,
+        figsize=(width + 3.3 * ncols, 0.9 + nrows * (0.35 * len(groups) + 1.1)),
+        squeeze=False,
+        sharey=True,
+    )
     ys = list(range(len(groups)))
     for k, (ax, (task, name)) in enumerate(zip(axes.flat, columns)):
-        higher = next((g.higher_is_better[task][name] for g in groups
-                       if name in g.higher_is_better.get(task, {})), None)
+        higher = next(
+            (g.higher_is_better[task][name] for g in groups if name in g.higher_is_better.get(task, {})), None
+        )
         values: list[float] = []
         for i, group in enumerate(groups):
             stat = group.stats.get(task, {}).get(name)
             if stat is None:
                 continue
-            ax.scatter(stat.values, [i + 0.25] * len(stat.values), color=color(i), alpha=0.5, s=16,
-                       marker=marker(i), linewidths=0)  # just under the mean's bar
-            ax.errorbar([stat.mean], [i], xerr=[[_ci(stat.ci)], [_ci(stat.ci)]], color=color(i), marker=marker(i),
-                        markersize=7, markeredgecolor="black", capsize=4, linewidth=1.6)
+            ax.scatter(
+                stat.values,
+                [i + 0.25] * len(stat.values),
+                color=color(i),
+                alpha=0.5,
+                s=16,
+                marker=marker(i),
+                linewidths=0,
+            )  # just under the mean's bar
+            ax.errorbar(
+                [stat.mean],
+                [i],
+                xerr=[[_ci(stat.ci)], [_ci(stat.ci)]],
+                color=color(i),
+                marker=marker(i),
+                markersize=7,
+                markeredgecolor="black",
+                capsize=4,
+                linewidth=1.6,
+            )
             values += [*stat.values, stat.mean - _ci(stat.ci), stat.mean + _ci(stat.ci)]
         _scale(ax, "x", values)
         direction = "" if higher is None else (" ↑ higher is better" if higher else " ↓ lower is better")
@@ -178,11 +226,12 @@ def _metrics(plt, groups: list[Group], path: Path) -> Path:
         ax.tick_params(axis="x", labelsize=8)
         if k % ncols == 0:
             ax.set_yticks(ys, labels, fontsize=8)
-    for ax in list(axes.flat)[len(columns):]:
+    for ax in list(axes.flat)[len(columns) :]:
         ax.set_visible(False)
     axes[0, 0].set_ylim(len(groups) - 0.5, -0.5)  # the table's order, top to bottom
-    fig.suptitle("final test metrics: group mean ± 95% CI over seeds (Student t; no bar: one seed), faint: each "
-                 "seed", fontsize=9)
+    fig.suptitle(
+        "final test metrics: group mean ± 95% CI over seeds (Student t; no bar: one seed), faint: each seed", fontsize=9
+    )
     fig.tight_layout()
     return _save(plt, fig, path)
 
@@ -202,8 +251,11 @@ def _cost(plt, groups: list[Group], path: Path, baseline: Optional[str] = None) 
         elif not with_dm and g.mean_rank is not None:
             shown.append((i, g, g.time_per_step, {"rank": (g.mean_rank, 0.0)}))
     if with_dm:
-        keys = ["flat"] + (["task_averaged"] if any(not math.isclose(ys["flat"][0], ys["task_averaged"][0],
-                                                                      abs_tol=1e-9) for *_, ys in shown) else [])
+        keys = ["flat"] + (
+            ["task_averaged"]
+            if any(not math.isclose(ys["flat"][0], ys["task_averaged"][0], abs_tol=1e-9) for *_, ys in shown)
+            else []
+        )
     else:
         keys = ["rank"]
     fig, axes = plt.subplots(1, len(keys), figsize=(6.6 * len(keys), 4.8), squeeze=False)
@@ -212,9 +264,19 @@ def _cost(plt, groups: list[Group], path: Path, baseline: Optional[str] = None) 
         points: list[tuple[float, float, str, str]] = []
         for i, group, t, ys in shown:
             y, yerr = ys[key]
-            ax.errorbar([1000 * t.mean], [y], xerr=[[1000 * _ci(t.ci)], [1000 * _ci(t.ci)]], yerr=[[yerr], [yerr]],
-                        color=color(i), marker=marker(i), markersize=8, markeredgecolor="black", capsize=4,
-                        linestyle="none", label=group.label)
+            ax.errorbar(
+                [1000 * t.mean],
+                [y],
+                xerr=[[1000 * _ci(t.ci)], [1000 * _ci(t.ci)]],
+                yerr=[[yerr], [yerr]],
+                color=color(i),
+                marker=marker(i),
+                markersize=8,
+                markeredgecolor="black",
+                capsize=4,
+                linestyle="none",
+                label=group.label,
+            )
             points.append((1000 * t.mean, y, group.label, color(i)))
         _scale(ax, "x", [1000 * t.mean for _, _, t, _ in shown])
         if ax.get_xscale() == "linear" and ax.get_xlim()[0] < 0:
@@ -246,14 +308,21 @@ def _label_points(fig, ax, points: list[tuple[float, float, str, str]]) -> None:
     overlaps no label already placed."""
     renderer = fig.canvas.get_renderer()
     placed: list = []
-    offsets = [(7, 5, "left"), (7, -12, "left"), (-7, 5, "right"), (-7, -12, "right"), (7, 14, "left"),
-               (7, -21, "left")]
+    offsets = [
+        (7, 5, "left"),
+        (7, -12, "left"),
+        (-7, 5, "right"),
+        (-7, -12, "right"),
+        (7, 14, "left"),
+        (7, -21, "left"),
+    ]
     for x, y, text, colour in points:
         fx, _ = ax.transAxes.inverted().transform(ax.transData.transform((x, y)))
         order = offsets if fx < 0.6 else [(-dx, dy, "right" if ha == "left" else "left") for dx, dy, ha in offsets]
         for k, (dx, dy, ha) in enumerate(order):
-            label = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=7,
-                                color=colour)
+            label = ax.annotate(
+                text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=7, color=colour
+            )
             box = label.get_window_extent(renderer)
             if k == len(offsets) - 1 or not any(box.overlaps(other) for other in placed):
                 placed.append(box)
@@ -283,17 +352,34 @@ def _tradeoff(plt, groups: list[Group], tasks: list[str], path: Path) -> Path:
     for i, group in enumerate(groups):
         sx, sy = group.stats[tasks[0]][mx], group.stats[tasks[1]][my]
         ax.scatter(sx.values, sy.values, color=color(i), marker=marker(i), alpha=0.3, s=18)
-        ax.errorbar([sx.mean], [sy.mean], xerr=[[_ci(sx.ci)], [_ci(sx.ci)]], yerr=[[_ci(sy.ci)], [_ci(sy.ci)]],
-                    color=color(i), marker=marker(i), markersize=9, markeredgecolor="black", capsize=4,
-                    linestyle="none", label=group.label)
+        ax.errorbar(
+            [sx.mean],
+            [sy.mean],
+            xerr=[[_ci(sx.ci)], [_ci(sx.ci)]],
+            yerr=[[_ci(sy.ci)], [_ci(sy.ci)]],
+            color=color(i),
+            marker=marker(i),
+            markersize=9,
+            markeredgecolor="black",
+            capsize=4,
+            linestyle="none",
+            label=group.label,
+        )
         means.append((sx.mean, sy.mean))
         xs_all += sx.values + [sx.mean - _ci(sx.ci), sx.mean + _ci(sx.ci)]
         ys_all += sy.values + [sy.mean - _ci(sy.ci), sy.mean + _ci(sy.ci)]
     higher = (bool(hib.get(tasks[0], {}).get(mx, False)), bool(hib.get(tasks[1], {}).get(my, False)))
     front = sorted((means[i] for i in pareto_front(means, higher)), key=lambda p: p[0])
     if len(groups) > 1:
-        ax.plot([p[0] for p in front], [p[1] for p in front], color="0.3", linestyle="--", linewidth=1, zorder=0,
-                label="Pareto front of the group means")
+        ax.plot(
+            [p[0] for p in front],
+            [p[1] for p in front],
+            color="0.3",
+            linestyle="--",
+            linewidth=1,
+            zorder=0,
+            label="Pareto front of the group means",
+        )
     _scale(ax, "x", xs_all)
     _scale(ax, "y", ys_all)
     ax.set_xlabel(f"{tasks[0]}/{mx} ({'higher' if higher[0] else 'lower'} is better)")

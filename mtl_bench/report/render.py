@@ -32,7 +32,7 @@ def _finite(x: float | None) -> float | None:
 
 def significant(x: float, digits: int) -> str:
     """`x` to `digits` significant digits as %g does, but large values as whole numbers (2742, 130: not 2.742e+03)."""
-    if math.isfinite(x) and abs(float(f"{x:.{digits}g}")) >= 10 ** digits:
+    if math.isfinite(x) and abs(float(f"{x:.{digits}g}")) >= 10**digits:
         return f"{float(f'{x:.{digits}g}'):.0f}"
     return f"{x:.{digits}g}"
 
@@ -115,18 +115,22 @@ def csv_rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
             row += ["", "", ""] if stat is None else [_number(stat.mean), _number(stat.std), _number(stat.ci)]
         if with_dm:
             for key in DM_HEADER:
-                row += ["", ""] if group.delta_m is None else \
-                    [_number(group.delta_m[key]), _number((group.delta_m_ci or {}).get(key, math.nan))]
+                row += (
+                    ["", ""]
+                    if group.delta_m is None
+                    else [_number(group.delta_m[key]), _number((group.delta_m_ci or {}).get(key, math.nan))]
+                )
         time = group.time_per_step
-        row += [_number(group.mean_rank),
-                *(["", ""] if time is None else [_number(1000 * time.mean), _number(1000 * time.ci)])]
+        row += [
+            _number(group.mean_rank),
+            *(["", ""] if time is None else [_number(1000 * time.mean), _number(1000 * time.ci)]),
+        ]
         body.append(row)
     return header, body
 
 
 def _stat_json(stat: Stat, scale: float = 1.0) -> dict[str, Any]:
-    return {"mean": scale * stat.mean, "std": _finite(scale * stat.std), "ci95": _finite(scale * stat.ci),
-            "n": stat.n}
+    return {"mean": scale * stat.mean, "std": _finite(scale * stat.std), "ci95": _finite(scale * stat.ci), "n": stat.n}
 
 
 def problem_line(p: dict[str, Any]) -> str:
@@ -135,48 +139,73 @@ def problem_line(p: dict[str, Any]) -> str:
     return f"{p['status']}: {where}: {p['reason']}" if p["reason"] else f"{p['status']}: {where}"
 
 
-def footer(groups: list[Group], problems: list[dict[str, Any]], baseline: str | None,
-           common: list[str]) -> list[str]:
+def footer(groups: list[Group], problems: list[dict[str, Any]], baseline: str | None, common: list[str]) -> list[str]:
     repeated = " (runs of one seed averaged first)" if any(len(g.runs) > g.seeds for g in groups) else ""
-    lines = [f"final test metrics, mean ± 95% confidence interval over seeds{repeated} (Student t: "
-             f"± t_0.975,n−1 · s/√n, s the sample std over n seeds; {NA} with one seed); model selection: "
-             f"{MODEL_SELECTION}"]
+    lines = [
+        f"final test metrics, mean ± 95% confidence interval over seeds{repeated} (Student t: "
+        f"± t_0.975,n−1 · s/√n, s the sample std over n seeds; {NA} with one seed); model selection: "
+        f"{MODEL_SELECTION}"
+    ]
     if common:
         lines.append("every group also has: " + " ".join(common))
     if baseline:
-        lines.append(f"Δm against {baseline} (flat: mean over all metrics; task-avg: LibMTL, mean within each "
-                     "task first; lower is better), ± the 95% CI of each seed's Δm against the baseline's means")
-    lines.append("mean rank: each group's rank among the groups on every metric (1 = best, ties share the mean "
-                 "rank), averaged over the metrics; lower is better")
+        lines.append(
+            f"Δm against {baseline} (flat: mean over all metrics; task-avg: LibMTL, mean within each "
+            "task first; lower is better), ± the 95% CI of each seed's Δm against the baseline's means"
+        )
+    lines.append(
+        "mean rank: each group's rank among the groups on every metric (1 = best, ties share the mean "
+        "rank), averaged over the metrics; lower is better"
+    )
     if any(g.time_per_step is not None for g in groups):
-        lines.append("time/step: each run's wall_time_s / step from its metrics.json (every session of a resumed "
-                     "run; periodic evaluation and checkpoints included), mean ± 95% CI over seeds; compare on one "
-                     "machine")
+        lines.append(
+            "time/step: each run's wall_time_s / step from its metrics.json (every session of a resumed "
+            "run; periodic evaluation and checkpoints included), mean ± 95% CI over seeds; compare on one "
+            "machine"
+        )
     else:
         lines.append("time/step: no run recorded wall_time_s and step in its metrics.json")
     if problems:
-        lines.append(f"not in the table ({len(problems)} run{'s' if len(problems) != 1 else ''} "
-                     "that did not complete; never averaged):")
+        lines.append(
+            f"not in the table ({len(problems)} run{'s' if len(problems) != 1 else ''} "
+            "that did not complete; never averaged):"
+        )
         lines += ["  " + problem_line(p) for p in problems]
     return lines
 
 
-def render(groups: list[Group], problems: list[dict[str, Any]], fmt: str, baseline: str | None,
-           common: list[str]) -> str:
+def render(
+    groups: list[Group], problems: list[dict[str, Any]], fmt: str, baseline: str | None, common: list[str]
+) -> str:
     if fmt == "json":
-        return json.dumps({
-            "model_selection": MODEL_SELECTION, "baseline": baseline, "common_overrides": common,
-            "groups": [{"group": g.label, "settings": g.settings, "seeds": g.seeds, "n_runs": len(g.runs),
-                        "runs": [str(r.path) for r in g.runs], "baseline_group": g.baseline_label,
+        return json.dumps(
+            {
+                "model_selection": MODEL_SELECTION,
+                "baseline": baseline,
+                "common_overrides": common,
+                "groups": [
+                    {
+                        "group": g.label,
+                        "settings": g.settings,
+                        "seeds": g.seeds,
+                        "n_runs": len(g.runs),
+                        "runs": [str(r.path) for r in g.runs],
+                        "baseline_group": g.baseline_label,
                         "delta_m": g.delta_m,
-                        "delta_m_ci95": None if g.delta_m_ci is None else
-                        {k: _finite(v) for k, v in g.delta_m_ci.items()},
+                        "delta_m_ci95": None
+                        if g.delta_m_ci is None
+                        else {k: _finite(v) for k, v in g.delta_m_ci.items()},
                         "mean_rank": g.mean_rank,
                         "time_per_step_ms": None if g.time_per_step is None else _stat_json(g.time_per_step, 1000.0),
-                        "metrics": {t: {m: _stat_json(s) for m, s in ms.items()} for t, ms in g.stats.items()}}
-                       for g in groups],
-            "problems": problems,
-        }, indent=2, ensure_ascii=False)
+                        "metrics": {t: {m: _stat_json(s) for m, s in ms.items()} for t, ms in g.stats.items()},
+                    }
+                    for g in groups
+                ],
+                "problems": problems,
+            },
+            indent=2,
+            ensure_ascii=False,
+        )
     if fmt == "csv":
         header, body = csv_rows(groups)
         out = io.StringIO()

@@ -72,14 +72,15 @@ def tied_ranks(values: Sequence[float], higher_is_better: bool) -> list[float]:
         end = start
         while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
             end += 1
-        for i in order[start:end + 1]:
+        for i in order[start : end + 1]:
             ranks[i] = (start + end) / 2 + 1  # positions start..end hold ranks start+1..end+1
         start = end + 1
     return ranks
 
 
-def mean_ranks(means: Sequence[dict[str, dict[str, float]]],
-               higher_is_better: dict[str, dict[str, bool]]) -> list[Optional[float]]:
+def mean_ranks(
+    means: Sequence[dict[str, dict[str, float]]], higher_is_better: dict[str, dict[str, bool]]
+) -> list[Optional[float]]:
     """Each group's mean rank over the metrics (task -> metric -> mean per group, in order).
 
     A metric is ranked among the groups that have a (non-nan) value for it; metrics of unknown direction are
@@ -91,8 +92,9 @@ def mean_ranks(means: Sequence[dict[str, dict[str, float]]],
         higher = higher_is_better.get(task, {}).get(name)
         if higher is None:
             continue
-        present = [(i, m[task][name]) for i, m in enumerate(means)
-                   if name in m.get(task, {}) and not math.isnan(m[task][name])]
+        present = [
+            (i, m[task][name]) for i, m in enumerate(means) if name in m.get(task, {}) and not math.isnan(m[task][name])
+        ]
         for (i, _), rank in zip(present, tied_ranks([v for _, v in present], higher)):
             per_group[i].append(rank)
     return [statistics.fmean(r) if r else None for r in per_group]

@@ -117,7 +117,7 @@ class Group:
 
     @property
     def count(self) -> str:
-        """"3" for three runs of three seeds, "3 runs, 1 seed" when seeds repeat."""
+        """ "3" for three runs of three seeds, "3 runs, 1 seed" when seeds repeat."""
         n, seeds = len(self.runs), self.seeds
         return str(seeds) if n == seeds else f"{n} runs, {seeds} seed{'s' if seeds != 1 else ''}"
 
@@ -171,9 +171,19 @@ def summarise(runs: list[Run]) -> Group | None:
         view = {override_key(item): item.split("=", 1)[1] for item in training_overrides(first) if "=" in item}
         choice_keys = set()
         settings = identity = {**choices, **view}
-    return Group("", settings, identity, completed, stats, first.metrics.get("higher_is_better", {}),
-                 time_per_step=time_per_step, per_seed=per_seed, view=view, choice_keys=choice_keys,
-                 overridden=overridden)
+    return Group(
+        "",
+        settings,
+        identity,
+        completed,
+        stats,
+        first.metrics.get("higher_is_better", {}),
+        time_per_step=time_per_step,
+        per_seed=per_seed,
+        view=view,
+        choice_keys=choice_keys,
+        overridden=overridden,
+    )
 
 
 def _under(key: str, node: str) -> bool:
@@ -191,8 +201,11 @@ def label_groups(groups: list[Group]) -> None:
     """
     if len(groups) == 1:
         group = groups[0]
-        shared = [item for item in training_overrides(group.runs[0])
-                  if all(item in training_overrides(run) for run in group.runs[1:])]
+        shared = [
+            item
+            for item in training_overrides(group.runs[0])
+            if all(item in training_overrides(run) for run in group.runs[1:])
+        ]
         group.label = " ".join(shared) or "(defaults)"
         return
     keys = list(dict.fromkeys(key for group in groups for key in group.view))
@@ -314,8 +327,10 @@ def find_baseline(group: Group, groups: list[Group], selector: dict[str, str]) -
     keys = list(selector)
     wanted = _without(group.identity, keys)
     for candidate in groups:
-        if all(matches(candidate.settings.get(k, _ABSENT), v) for k, v in selector.items()) and \
-                _without(candidate.identity, keys) == wanted:
+        if (
+            all(matches(candidate.settings.get(k, _ABSENT), v) for k, v in selector.items())
+            and _without(candidate.identity, keys) == wanted
+        ):
             return candidate
     return None
 
@@ -342,8 +357,10 @@ def add_delta_m(groups: list[Group], baseline: str) -> None:
         # the interval: Δm of each seed's metrics against the baseline's means (held fixed: the baseline's own
         # spread over seeds is not in it), Student t over those per-seed values
         seeds = [relative_drops(metrics, base_means, group.higher_is_better) for metrics in group.per_seed.values()]
-        group.delta_m_ci = {key: ci_half_width([v for v in map(convention, seeds) if not math.isnan(v)])
-                            for key, convention in (("flat", delta_m_flat), ("task_averaged", delta_m_task_averaged))}
+        group.delta_m_ci = {
+            key: ci_half_width([v for v in map(convention, seeds) if not math.isnan(v)])
+            for key, convention in (("flat", delta_m_flat), ("task_averaged", delta_m_task_averaged))
+        }
         matched = True
     if not matched:
         what = "reference values (tasks.reference)" if not selector else f"a group with {baseline}"
@@ -352,6 +369,13 @@ def add_delta_m(groups: list[Group], baseline: str) -> None:
 
 def describe_problems(runs: list[Run]) -> list[dict[str, Any]]:
     """Failed, diverged and incomplete runs with their reason: listed apart, never averaged."""
-    return [{"path": str(r.path), "status": run_status(r), "reason": run_reason(r),
-             "overrides": " ".join(varied_overrides(r))}
-            for r in runs if run_status(r) != "completed"]
+    return [
+        {
+            "path": str(r.path),
+            "status": run_status(r),
+            "reason": run_reason(r),
+            "overrides": " ".join(varied_overrides(r)),
+        }
+        for r in runs
+        if run_status(r) != "completed"
+    ]

@@ -9,5 +9,15 @@ from mtl_bench.tasks.office31 import Office31
 from mtl_bench.tasks.office_home import OfficeHome
 from mtl_bench.tasks.toy import ToyRegression
 
-__all__ = ["CelebA", "Cityscapes", "Digits", "NYUv2", "Office31", "OfficeHome", "Split", "Task", "TaskSet",
-           "ToyRegression"]
+__all__ = [
+    "CelebA",
+    "Cityscapes",
+    "Digits",
+    "NYUv2",
+    "Office31",
+    "OfficeHome",
+    "Split",
+    "Task",
+    "TaskSet",
+    "ToyRegression",
+]

@@ -73,14 +73,23 @@ class TaskSet:
     `trainer.step_mode=per_task` (one batch per task per step) and each task is evaluated on its own data.
     """
 
-    def __init__(self, tasks: list[Task], input_shape: Sequence[int], train: Splits, val: Splits,
-                 test: Splits, reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+    def __init__(
+        self,
+        tasks: list[Task],
+        input_shape: Sequence[int],
+        train: Splits,
+        val: Splits,
+        test: Splits,
+        reference: Optional[Mapping[str, Mapping[str, float]]] = None,
+    ) -> None:
         self.tasks, self.input_shape = list(tasks), tuple(int(n) for n in input_shape)
         self.train, self.val, self.test = train, val, test
         for split in (train, val, test):
             if isinstance(split, Mapping) and set(split) != set(self.task_names):
-                raise ValueError(f"a multi-input split must have one dataset per task ({', '.join(self.task_names)}); "
-                                 f"got {', '.join(split)}")
+                raise ValueError(
+                    f"a multi-input split must have one dataset per task ({', '.join(self.task_names)}); "
+                    f"got {', '.join(split)}"
+                )
         self.reference = check_reference(reference, self.tasks)
 
     @property
@@ -102,8 +111,9 @@ class TaskSet:
         return self
 
 
-def check_reference(reference: Optional[Mapping[str, Mapping[str, float]]],
-                    tasks: list[Task]) -> Optional[dict[str, dict[str, float]]]:
+def check_reference(
+    reference: Optional[Mapping[str, Mapping[str, float]]], tasks: list[Task]
+) -> Optional[dict[str, dict[str, float]]]:
     """`reference` may name only these tasks and their metrics (or "loss"), with numbers."""
     if reference is None:
         return None
@@ -126,6 +136,7 @@ def check_reference(reference: Optional[Mapping[str, Mapping[str, float]]],
 def root_folder(root: Optional[str], holds: str, option: str, expected: str) -> Path:
     """`tasks.root` as an existing folder, else ValueError("root: <what is wrong>; <expected>"): `holds` says what
     the folder holds (for the error when it is not set), `option` the task set's option (for its example)."""
+
     def fail(message: str) -> ValueError:
         return ValueError(f"root: {message}; {expected}")
 

@@ -60,23 +60,62 @@ from torchvision.transforms.v2 import functional as TF
 from mtl_bench.tasks.base import Task, TaskSet, root_folder
 
 ATTRIBUTES = (
-    "5_o_Clock_Shadow", "Arched_Eyebrows", "Attractive", "Bags_Under_Eyes", "Bald", "Bangs", "Big_Lips", "Big_Nose",
-    "Black_Hair", "Blond_Hair", "Blurry", "Brown_Hair", "Bushy_Eyebrows", "Chubby", "Double_Chin", "Eyeglasses",
-    "Goatee", "Gray_Hair", "Heavy_Makeup", "High_Cheekbones", "Male", "Mouth_Slightly_Open", "Mustache",
-    "Narrow_Eyes", "No_Beard", "Oval_Face", "Pale_Skin", "Pointy_Nose", "Receding_Hairline", "Rosy_Cheeks",
-    "Sideburns", "Smiling", "Straight_Hair", "Wavy_Hair", "Wearing_Earrings", "Wearing_Hat", "Wearing_Lipstick",
-    "Wearing_Necklace", "Wearing_Necktie", "Young",
+    "5_o_Clock_Shadow",
+    "Arched_Eyebrows",
+    "Attractive",
+    "Bags_Under_Eyes",
+    "Bald",
+    "Bangs",
+    "Big_Lips",
+    "Big_Nose",
+    "Black_Hair",
+    "Blond_Hair",
+    "Blurry",
+    "Brown_Hair",
+    "Bushy_Eyebrows",
+    "Chubby",
+    "Double_Chin",
+    "Eyeglasses",
+    "Goatee",
+    "Gray_Hair",
+    "Heavy_Makeup",
+    "High_Cheekbones",
+    "Male",
+    "Mouth_Slightly_Open",
+    "Mustache",
+    "Narrow_Eyes",
+    "No_Beard",
+    "Oval_Face",
+    "Pale_Skin",
+    "Pointy_Nose",
+    "Receding_Hairline",
+    "Rosy_Cheeks",
+    "Sideburns",
+    "Smiling",
+    "Straight_Hair",
+    "Wavy_Hair",
+    "Wearing_Earrings",
+    "Wearing_Hat",
+    "Wearing_Lipstick",
+    "Wearing_Necklace",
+    "Wearing_Necktie",
+    "Young",
 )  # the header of list_attr_celeba.txt, in its order
 HEIGHT, WIDTH = 218, 178  # img_align_celeba
 SPLITS = {"train": 0, "val": 1, "test": 2}  # list_eval_partition.txt
 METRICS = {"accuracy": True, "error": False, "f1": True}  # name -> higher is better
 IMAGES, ATTR, PARTITION = "img_align_celeba", "list_attr_celeba.txt", "list_eval_partition.txt"
-ORIGINAL = {IMAGES: "Img/img_align_celeba", ATTR: "Anno/list_attr_celeba.txt",
-            PARTITION: "Eval/list_eval_partition.txt"}  # the original release's folders
+ORIGINAL = {
+    IMAGES: "Img/img_align_celeba",
+    ATTR: "Anno/list_attr_celeba.txt",
+    PARTITION: "Eval/list_eval_partition.txt",
+}  # the original release's folders
 EPS = 1e-8  # FAMO's CelebaMetrics
 
-EXPECTED = (f"expected torchvision's CelebA layout: {IMAGES}/ (178x218 JPEGs), {ATTR} and {PARTITION} in tasks.root "
-            f"or in tasks.root/celeba (or the original release's Img/, Anno/, Eval/ folders)")
+EXPECTED = (
+    f"expected torchvision's CelebA layout: {IMAGES}/ (178x218 JPEGs), {ATTR} and {PARTITION} in tasks.root "
+    f"or in tasks.root/celeba (or the original release's Img/, Anno/, Eval/ folders)"
+)
 
 
 def _fail(message: str) -> ValueError:
@@ -88,8 +127,10 @@ def _fail(message: str) -> ValueError:
 
 def _check_shapes(pred: Tensor, target: Tensor) -> None:
     if pred.dim() != 2 or pred.shape[1] != 1 or pred.shape != target.shape:
-        raise ValueError(f"prediction shape {tuple(pred.shape)} and target shape {tuple(target.shape)}: "
-                         f"expected (N, 1) logits and (N, 1) targets in {{0, 1}}")
+        raise ValueError(
+            f"prediction shape {tuple(pred.shape)} and target shape {tuple(target.shape)}: "
+            f"expected (N, 1) logits and (N, 1) targets in {{0, 1}}"
+        )
 
 
 def attribute_loss(pred: Tensor, target: Tensor) -> Tensor:
@@ -104,8 +145,12 @@ def attribute_metrics(pred: Tensor, target: Tensor) -> dict[str, Tensor]:
     _check_shapes(pred, target)
     positive = torch.sigmoid(pred.float()).gt(0.5).float()
     target = target.float()
-    return {"correct": (positive == target).sum().float(), "tp": (positive * target).sum(),
-            "fp": (positive * (1 - target)).sum(), "fn": ((1 - positive) * target).sum()}
+    return {
+        "correct": (positive == target).sum().float(),
+        "tp": (positive * target).sum(),
+        "fp": (positive * (1 - target)).sum(),
+        "fn": ((1 - positive) * target).sum(),
+    }
 
 
 def attribute_summary(sums: dict[str, Tensor], n: int, metrics: Sequence[str]) -> dict[str, Tensor]:
@@ -118,9 +163,15 @@ def attribute_summary(sums: dict[str, Tensor], n: int, metrics: Sequence[str]) -
 
 
 def attribute_task(name: str, metrics: Sequence[str]) -> Task:
-    return Task(name=name, out_dim=1, loss=attribute_loss, metrics=attribute_metrics,
-                higher_is_better={m: METRICS[m] for m in metrics}, initial_loss=math.log(2),
-                summarize=functools.partial(attribute_summary, metrics=tuple(metrics)))
+    return Task(
+        name=name,
+        out_dim=1,
+        loss=attribute_loss,
+        metrics=attribute_metrics,
+        higher_is_better={m: METRICS[m] for m in metrics},
+        initial_loss=math.log(2),
+        summarize=functools.partial(attribute_summary, metrics=tuple(metrics)),
+    )
 
 
 # --------------------------------------------------------------------------- the tree
@@ -141,8 +192,9 @@ def find_files(root: Optional[str]) -> dict[str, Path]:
             return files
     original = any((folder / part).is_dir() for part in ("Img", "Anno", "Eval"))
     files = layouts[1] if original else layouts[0]
-    missing = [str(p.relative_to(folder)) + ("/" if key == IMAGES else "") for key, p in files.items()
-               if not p.exists()]
+    missing = [
+        str(p.relative_to(folder)) + ("/" if key == IMAGES else "") for key, p in files.items() if not p.exists()
+    ]
     present = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
     hint = ""
     if {"train/", "val/"} <= set(present):
@@ -170,8 +222,10 @@ def read_attributes(path: Path) -> tuple[list[str], Tensor]:
         first = " ".join(head[0]) if head else "nothing"
         raise _fail(f"{path} line 1 is {first[:40]!r}, not the image count")
     if tuple(head[1]) != ATTRIBUTES:
-        raise _fail(f"{path} line 2 names {len(head[1])} attributes ({' '.join(head[1][:3])} ...), not CelebA's 40 "
-                    f"({ATTRIBUTES[0]} ... {ATTRIBUTES[-1]})")
+        raise _fail(
+            f"{path} line 2 names {len(head[1])} attributes ({' '.join(head[1][:3])} ...), not CelebA's 40 "
+            f"({ATTRIBUTES[0]} ... {ATTRIBUTES[-1]})"
+        )
     pairs = [line.split(None, 1) for line in lines[2:] if line.strip()]
     count = int(head[0][0])
     if len(pairs) != count:
@@ -194,8 +248,10 @@ def read_attributes(path: Path) -> tuple[list[str], Tensor]:
         for i, pair in enumerate(pairs):
             row = pair[1].split() if len(pair) > 1 else []
             if len(row) != len(ATTRIBUTES) or any(v not in ("1", "-1") for v in row):
-                raise _fail(f"{path} row {i + 1} ({pair[0]}) has {len(row)} values "
-                            f"{' '.join(sorted(set(row))[:4])}, not 40 values of -1 or 1")
+                raise _fail(
+                    f"{path} row {i + 1} ({pair[0]}) has {len(row)} values "
+                    f"{' '.join(sorted(set(row))[:4])}, not 40 values of -1 or 1"
+                )
         values = np.array([[int(v) for v in pair[1].split()] for pair in pairs])
     if len(set(names)) != len(names):
         raise _fail(f"{path} lists an image twice")
@@ -226,8 +282,9 @@ def load_image(path: Path, size: Sequence[int]) -> Tensor:
                 raise _fail(f"{path} is {file.size[0]}x{file.size[1]} ({file.mode}), not {WIDTH}x{HEIGHT}")
             image = file.convert("RGB")
     except (OSError, SyntaxError) as err:  # PIL: UnidentifiedImageError, truncated file; SyntaxError: broken header
-        raise _fail(f"{path} is not a readable image ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
-                    ) from None
+        raise _fail(
+            f"{path} is not a readable image ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+        ) from None
     image = TF.resize(image, list(size), interpolation=InterpolationMode.BILINEAR, antialias=True)
     return TF.pil_to_tensor(image).float().div_(255)
 
@@ -235,8 +292,14 @@ def load_image(path: Path, size: Sequence[int]) -> Tensor:
 class CelebAImages(Dataset):
     """Items `(image (3, H, W) float32 in [0, 1], {attribute: (1,) float32 in {0, 1}})` of the listed images."""
 
-    def __init__(self, image_dir: Path, names: Sequence[str], labels: Tensor, attributes: Sequence[str],
-                 image_size: Sequence[int]) -> None:
+    def __init__(
+        self,
+        image_dir: Path,
+        names: Sequence[str],
+        labels: Tensor,
+        attributes: Sequence[str],
+        image_size: Sequence[int],
+    ) -> None:
         self.image_dir, self.names, self.attributes = Path(image_dir), list(names), list(attributes)
         self.labels = labels.float()  # (N, len(attributes)) in {0, 1}
         self.image_size = tuple(image_size)
@@ -247,13 +310,17 @@ class CelebAImages(Dataset):
     def __getitem__(self, i: int) -> tuple[Tensor, dict[str, Tensor]]:
         image = load_image(self.image_dir / self.names[i], self.image_size)
         row = self.labels[i]
-        return image, {name: row[j: j + 1].clone() for j, name in enumerate(self.attributes)}
+        return image, {name: row[j : j + 1].clone() for j, name in enumerate(self.attributes)}
 
 
-def _check_options(image_size: Sequence[int], attributes: Optional[Sequence[str]], metrics: Sequence[str]
-                   ) -> tuple[tuple[int, int], list[str], list[str]]:
-    if (isinstance(image_size, (str, bytes)) or len(image_size) != 2
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in image_size)):
+def _check_options(
+    image_size: Sequence[int], attributes: Optional[Sequence[str]], metrics: Sequence[str]
+) -> tuple[tuple[int, int], list[str], list[str]]:
+    if (
+        isinstance(image_size, (str, bytes))
+        or len(image_size) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in image_size)
+    ):
         raise ValueError(f"image_size: must be [height, width], two integers > 0, got {image_size!r}")
     if attributes is None:
         chosen = list(ATTRIBUTES)
@@ -268,8 +335,9 @@ def _check_options(image_size: Sequence[int], attributes: Optional[Sequence[str]
     if isinstance(metrics, str):
         metrics = [metrics]
     if not metrics or any(m not in METRICS for m in metrics) or len(set(metrics)) != len(metrics):
-        raise ValueError(f"metrics: must be a non-empty list of distinct names among {', '.join(METRICS)}, "
-                         f"got {list(metrics)!r}")
+        raise ValueError(
+            f"metrics: must be a non-empty list of distinct names among {', '.join(METRICS)}, got {list(metrics)!r}"
+        )
     return (int(image_size[0]), int(image_size[1])), chosen, list(metrics)
 
 
@@ -277,9 +345,14 @@ class CelebA(TaskSet):
     """One task per CelebA attribute (all 40, or `attributes`), each a (1,) logit with `metrics` (accuracy, error,
     f1); inputs (3, 64, 64) by default. Layout, transforms, loss and metrics: the module's docstring."""
 
-    def __init__(self, root: Optional[str] = None, image_size: Sequence[int] = (64, 64),
-                 attributes: Optional[Sequence[str]] = None, metrics: Sequence[str] = ("accuracy", "error"),
-                 reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        image_size: Sequence[int] = (64, 64),
+        attributes: Optional[Sequence[str]] = None,
+        metrics: Sequence[str] = ("accuracy", "error"),
+        reference: Optional[Mapping[str, Mapping[str, float]]] = None,
+    ) -> None:
         """
         root: the folder holding img_align_celeba/, list_attr_celeba.txt and list_eval_partition.txt, or its parent
             holding celeba/ (torchvision's root), or the original release's folder (Img/, Anno/, Eval/); checked
@@ -296,8 +369,10 @@ class CelebA(TaskSet):
         present = set(os.listdir(files[IMAGES]))
         absent = [n for n in names if n not in present]
         if absent:
-            raise _fail(f"{files[IMAGES]} lacks {len(absent)} of the {len(names)} images listed in {files[ATTR]} "
-                        f"(e.g. {absent[0]})")
+            raise _fail(
+                f"{files[IMAGES]} lacks {len(absent)} of the {len(names)} images listed in {files[ATTR]} "
+                f"(e.g. {absent[0]})"
+            )
         columns = [ATTRIBUTES.index(a) for a in chosen]
         labels = (values[:, columns] > 0).to(torch.int8)
         splits = {}

@@ -16,16 +16,23 @@ from typing import Mapping, Optional
 from mtl_bench.tasks.base import TaskSet
 from mtl_bench.tasks.dense import Layout, build_splits, depth_task, segmentation_task
 
-LAYOUT = Layout(name="Cityscapes", option="cityscapes", height=128, width=256, label="label_7", num_classes=7,
-                normal=False)
+LAYOUT = Layout(
+    name="Cityscapes", option="cityscapes", height=128, width=256, label="label_7", num_classes=7, normal=False
+)
 
 
 class Cityscapes(TaskSet):
     """Tasks `segmentation` (7 classes: miou, pixel_acc) and `depth` (abs_err, rel_err); inputs (3, 128, 256)."""
 
-    def __init__(self, root: Optional[str] = None, augment: bool = True, val_fraction: float = 0.0,
-                 split_seed: int = 0, error_batch: Optional[int] = 8,
-                 reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        augment: bool = True,
+        val_fraction: float = 0.0,
+        split_seed: int = 0,
+        error_batch: Optional[int] = 8,
+        reference: Optional[Mapping[str, Mapping[str, float]]] = None,
+    ) -> None:
         """
         root: the preprocessed tree (holds train/ and val/); checked here: folders, file counts, every file's
             shape and dtype.

@@ -73,8 +73,9 @@ def _check_shapes(pred: Tensor, target: Tensor, segmentation: bool = False) -> N
     expected = (pred.shape[0], *pred.shape[2:]) if segmentation else pred.shape
     if pred.dim() != 4 or tuple(target.shape) != tuple(expected):
         want = "(N, C, H, W) logits and (N, H, W) labels" if segmentation else "(N, C, H, W) both"
-        raise ValueError(f"prediction shape {tuple(pred.shape)} and target shape {tuple(target.shape)}: "
-                         f"expected {want}")
+        raise ValueError(
+            f"prediction shape {tuple(pred.shape)} and target shape {tuple(target.shape)}: expected {want}"
+        )
 
 
 def valid_pixels(target: Tensor) -> Tensor:
@@ -154,8 +155,10 @@ def depth_metrics(pred: Tensor, target: Tensor, error_batch: Optional[int]) -> d
     ids, count = _groups(len(pred), error_batch, pred.device)
     valid = _per_group(valid, ids, count)
     has = valid > 0  # a group without valid pixels is left out (the references would divide by zero)
-    means = {name: torch.where(has, _per_group(s.double(), ids, count) / valid.clamp_min(1), 0.0).sum()
-             for name, s in (("abs_err", abs_sum), ("rel_err", rel_sum))}
+    means = {
+        name: torch.where(has, _per_group(s.double(), ids, count) / valid.clamp_min(1), 0.0).sum()
+        for name, s in (("abs_err", abs_sum), ("rel_err", rel_sum))
+    }
     return {**means, "count": has.sum()}
 
 
@@ -183,7 +186,7 @@ def _group_medians(angles: Tensor, mask: Tensor, group: int, valid: Tensor, chun
     high = (valid // 2).clamp(max=flat.shape[1] - 1).long()
     medians = []
     for start in range(0, count, chunk):  # bounds the sort's memory
-        ordered = flat[start:start + chunk].sort(dim=1).values
+        ordered = flat[start : start + chunk].sort(dim=1).values
         rows = slice(start, start + chunk)
         pair = ordered.gather(1, torch.stack([low[rows], high[rows]], dim=1))
         medians.append(pair.mean(dim=1))
@@ -209,8 +212,10 @@ def normal_metrics(pred: Tensor, target: Tensor, error_batch: Optional[int]) -> 
     ids, count = _groups(len(pred), error_batch, pred.device)
     group_valid = _per_group(valid, ids, count)
     has = group_valid > 0
-    sums = {k: torch.where(has, _per_group(v, ids, count) / group_valid.clamp_min(1), 0.0).sum()
-            for k, v in per_sample.items()}
+    sums = {
+        k: torch.where(has, _per_group(v, ids, count) / group_valid.clamp_min(1), 0.0).sum()
+        for k, v in per_sample.items()
+    }
     medians = _group_medians(angles, mask, error_batch, group_valid)
     sums["angle_median"] = torch.where(has, medians.double(), 0.0).sum()
     return {**sums, "count": has.sum()}
@@ -232,8 +237,9 @@ def histogram_median(histogram: Tensor, width: float = HIST_BIN_DEGREES) -> Tens
 def normal_summary(sums: dict[str, Tensor], n: int) -> dict[str, Tensor]:
     count = sums["count"].double()
     out = {name: sums[name].double() / count for name in ("angle_mean", *ANGLE_THRESHOLDS)}
-    out["angle_median"] = (histogram_median(sums["histogram"]) if "histogram" in sums
-                           else sums["angle_median"].double() / count)
+    out["angle_median"] = (
+        histogram_median(sums["histogram"]) if "histogram" in sums else sums["angle_median"].double() / count
+    )
     order = ("angle_mean", "angle_median", *ANGLE_THRESHOLDS)
     return {name: out[name].float() for name in order}
 
@@ -242,40 +248,59 @@ def normal_summary(sums: dict[str, Tensor], n: int) -> dict[str, Tensor]:
 
 
 def check_error_batch(error_batch: Optional[int]) -> None:
-    if error_batch is not None and (isinstance(error_batch, bool) or not isinstance(error_batch, int)
-                                    or error_batch < 1):
-        raise ValueError(f"error_batch: must be a number of images >= 1 (errors averaged per group of that many "
-                         f"test images, as the references' test batches) or null (over all pixels), "
-                         f"got {error_batch!r}")
+    if error_batch is not None and (
+        isinstance(error_batch, bool) or not isinstance(error_batch, int) or error_batch < 1
+    ):
+        raise ValueError(
+            f"error_batch: must be a number of images >= 1 (errors averaged per group of that many "
+            f"test images, as the references' test batches) or null (over all pixels), "
+            f"got {error_batch!r}"
+        )
 
 
 def segmentation_task(num_classes: int, name: str = "segmentation") -> Task:
-    return Task(name=name, out_dim=num_classes, loss=segmentation_loss,
-                metrics=functools.partial(segmentation_metrics, num_classes=num_classes),
-                higher_is_better={"miou": True, "pixel_acc": True}, initial_loss=math.log(num_classes),
-                summarize=segmentation_summary)
+    return Task(
+        name=name,
+        out_dim=num_classes,
+        loss=segmentation_loss,
+        metrics=functools.partial(segmentation_metrics, num_classes=num_classes),
+        higher_is_better={"miou": True, "pixel_acc": True},
+        initial_loss=math.log(num_classes),
+        summarize=segmentation_summary,
+    )
 
 
 def depth_task(error_batch: Optional[int], name: str = "depth") -> Task:
     check_error_batch(error_batch)
-    return Task(name=name, out_dim=1, loss=depth_loss,
-                metrics=functools.partial(depth_metrics, error_batch=error_batch),
-                higher_is_better={"abs_err": False, "rel_err": False}, summarize=depth_summary)
+    return Task(
+        name=name,
+        out_dim=1,
+        loss=depth_loss,
+        metrics=functools.partial(depth_metrics, error_batch=error_batch),
+        higher_is_better={"abs_err": False, "rel_err": False},
+        summarize=depth_summary,
+    )
 
 
 def normal_task(error_batch: Optional[int], name: str = "normal") -> Task:
     check_error_batch(error_batch)
     higher = {"angle_mean": False, "angle_median": False, **{k: True for k in ANGLE_THRESHOLDS}}
-    return Task(name=name, out_dim=3, loss=normal_loss,
-                metrics=functools.partial(normal_metrics, error_batch=error_batch),
-                higher_is_better=higher, summarize=normal_summary)
+    return Task(
+        name=name,
+        out_dim=3,
+        loss=normal_loss,
+        metrics=functools.partial(normal_metrics, error_batch=error_batch),
+        higher_is_better=higher,
+        summarize=normal_summary,
+    )
 
 
 # --------------------------------------------------------------------------- augmentation
 
 
-def scale_crop(image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor], scale: float, top: int,
-               left: int) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+def scale_crop(
+    image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor], scale: float, top: int, left: int
+) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """MTAN's RandomScaleCrop with its draws given: the (H/scale, W/scale) window at (top, left) resized back to
     (H, W); image and normal bilinear (align_corners=True), label and depth nearest, depth divided by scale."""
     height, width = image.shape[-2:]
@@ -286,12 +311,13 @@ def scale_crop(image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Ten
     nearest = torch.cat([label[None], depth])
     nearest = F.interpolate(nearest[None][window], size=(height, width), mode="nearest")[0]
     image_out = smooth[: len(image)]
-    normal_out = None if normal is None else smooth[len(image):]
+    normal_out = None if normal is None else smooth[len(image) :]
     return image_out, nearest[0], nearest[1:] / scale, normal_out
 
 
-def hflip(image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor]
-          ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+def hflip(
+    image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor]
+) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """Mirror left-right; a normal's x component changes sign."""
     if normal is not None:
         normal = normal.flip(-1)
@@ -299,8 +325,9 @@ def hflip(image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor]
     return image.flip(-1), label.flip(-1), depth.flip(-1), normal
 
 
-def mtan_augment(image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor],
-                 generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+def mtan_augment(
+    image: Tensor, label: Tensor, depth: Tensor, normal: Optional[Tensor], generator: Optional[torch.Generator] = None
+) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """MTAN's training augmentation: random scale-crop (scale 1, 1.2 or 1.5, uniform window), then a
     horizontal flip with probability 1/2. The draws come from `generator` (torch's global one when None; MTAN
     draws the crop from Python's `random`, same distributions)."""
@@ -340,8 +367,9 @@ class Layout:
         return folders
 
     def describe(self) -> str:
-        return (f"the {self.name} layout {{train,val}}/{{{','.join(self.folders)}}}/<i>.npy at "
-                f"{self.height}x{self.width}")
+        return (
+            f"the {self.name} layout {{train,val}}/{{{','.join(self.folders)}}}/<i>.npy at {self.height}x{self.width}"
+        )
 
 
 KIND_NAMES = {"f": "float", "fi": "float or signed int"}
@@ -370,8 +398,9 @@ def scan_split(split_dir: Path, layout: Layout) -> int:
     missing = [f for f in layout.folders if f not in present]
     if missing:
         hint = _guess_layout(present)
-        raise _fail(f"{split_dir} has no {', '.join(missing)} folder (it has: {', '.join(present) or 'nothing'})"
-                    f"{hint}", layout)
+        raise _fail(
+            f"{split_dir} has no {', '.join(missing)} folder (it has: {', '.join(present) or 'nothing'}){hint}", layout
+        )
     count = None
     for folder, (shape, kinds) in layout.folders.items():
         directory = split_dir / folder
@@ -382,8 +411,11 @@ def scan_split(split_dir: Path, layout: Layout) -> int:
         if len(numbers) != len(names) or numbers != list(range(len(numbers))):
             wanted = set(range(len(names)))
             odd = sorted(set(names) - {f"{i}.npy" for i in wanted})[:3]
-            raise _fail(f"{directory} holds {len(names)} .npy files that are not 0.npy..{len(names) - 1}.npy "
-                        f"(e.g. {', '.join(odd)})", layout)
+            raise _fail(
+                f"{directory} holds {len(names)} .npy files that are not 0.npy..{len(names) - 1}.npy "
+                f"(e.g. {', '.join(odd)})",
+                layout,
+            )
         if count is None:
             count, first = len(names), directory
         elif len(names) != count:
@@ -428,8 +460,11 @@ def _check_labels(path: Path, layout: Layout) -> None:
     values = np.unique(labels)
     bad = values[(values != np.round(values)) | (values < IGNORE_INDEX) | (values >= layout.num_classes)]
     if len(bad):
-        raise _fail(f"{path} holds label values {bad[:5].tolist()}, not class indices 0..{layout.num_classes - 1} "
-                    f"or {IGNORE_INDEX} (ignored)", layout)
+        raise _fail(
+            f"{path} holds label values {bad[:5].tolist()}, not class indices 0..{layout.num_classes - 1} "
+            f"or {IGNORE_INDEX} (ignored)",
+            layout,
+        )
 
 
 def _guess_layout(folders: Sequence[str]) -> str:
@@ -475,8 +510,9 @@ class DenseTree(Dataset):
         return image.contiguous(), targets
 
 
-def build_splits(root: Optional[str], layout: Layout, augment: bool, val_fraction: float, split_seed: int
-                 ) -> tuple[DenseTree, DenseTree, DenseTree]:
+def build_splits(
+    root: Optional[str], layout: Layout, augment: bool, val_fraction: float, split_seed: int
+) -> tuple[DenseTree, DenseTree, DenseTree]:
     """train (augmented if asked), val and test (= the tree's val/, as in every reference).
 
     val_fraction 0: val is the test split (the references have no validation split; mtl-bench selects the
@@ -493,9 +529,14 @@ def build_splits(root: Optional[str], layout: Layout, augment: bool, val_fractio
         return DenseTree(path / "train", layout, range(n_train), augment), test, test
     n_val = round(val_fraction * n_train)
     if not 1 <= n_val < n_train:
-        raise ValueError(f"val_fraction: {val_fraction} of {n_train} training images leaves {n_val} for val and "
-                         f"{n_train - n_val} for train; both need at least 1")
+        raise ValueError(
+            f"val_fraction: {val_fraction} of {n_train} training images leaves {n_val} for val and "
+            f"{n_train - n_val} for train; both need at least 1"
+        )
     order = torch.randperm(n_train, generator=torch.Generator().manual_seed(split_seed)).tolist()
     val_indices, train_indices = sorted(order[:n_val]), sorted(order[n_val:])
-    return (DenseTree(path / "train", layout, train_indices, augment), DenseTree(path / "train", layout, val_indices),
-            test)
+    return (
+        DenseTree(path / "train", layout, train_indices, augment),
+        DenseTree(path / "train", layout, val_indices),
+        test,
+    )

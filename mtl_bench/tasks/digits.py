@@ -36,8 +36,15 @@ def source_pools(data_seed: int = 0) -> dict[str, Tensor]:
 class Digits(TaskSet):
     """MultiMNIST-style pairs: tasks left, right (10-class) and sum (regression); see the module docstring."""
 
-    def __init__(self, n_train: int = 10000, n_val: int = 2000, n_test: int = 2000, overlap: int = 4,
-                 data_seed: int = 0, reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+    def __init__(
+        self,
+        n_train: int = 10000,
+        n_val: int = 2000,
+        n_test: int = 2000,
+        overlap: int = 4,
+        data_seed: int = 0,
+        reference: Optional[Mapping[str, Mapping[str, float]]] = None,
+    ) -> None:
         """
         n_train: training pairs (> 0).
         n_val: validation pairs (> 0).
@@ -65,8 +72,13 @@ class Digits(TaskSet):
                 "sum": (labels[left] + labels[right]).float().unsqueeze(1),  # (N, 1), like the head's output
             }
             splits[split] = Split(inputs=_compose(images[left], images[right], overlap), targets=targets)
-        classify = dict(out_dim=10, loss=cross_entropy_loss, metrics=accuracy_metrics,
-                        higher_is_better={"accuracy": True}, initial_loss=math.log(10))
+        classify = dict(
+            out_dim=10,
+            loss=cross_entropy_loss,
+            metrics=accuracy_metrics,
+            higher_is_better={"accuracy": True},
+            initial_loss=math.log(10),
+        )
         tasks = [
             Task(name="left", **classify),  # type: ignore[arg-type]
             Task(name="right", **classify),  # type: ignore[arg-type]
@@ -88,7 +100,7 @@ def _pools(gen: Generator) -> dict[str, Tensor]:
     n = len(_load()[1])
     order = torch.randperm(n, generator=gen)
     n_train, n_val = round(POOL_FRACTIONS[0] * n), round(POOL_FRACTIONS[1] * n)
-    return {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}
+    return {"train": order[:n_train], "val": order[n_train : n_train + n_val], "test": order[n_train + n_val :]}
 
 
 def _compose(left: Tensor, right: Tensor, overlap: int) -> Tensor:
@@ -96,5 +108,5 @@ def _compose(left: Tensor, right: Tensor, overlap: int) -> Tensor:
     width = 2 * SIDE - overlap
     canvas = torch.zeros(len(left), 1, SIDE, width)
     canvas[:, 0, :, :SIDE] = left
-    canvas[:, 0, :, width - SIDE:] = torch.maximum(canvas[:, 0, :, width - SIDE:], right)
+    canvas[:, 0, :, width - SIDE :] = torch.maximum(canvas[:, 0, :, width - SIDE :], right)
     return canvas

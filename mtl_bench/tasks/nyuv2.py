@@ -23,9 +23,15 @@ class NYUv2(TaskSet):
     """Tasks `segmentation` (13 classes: miou, pixel_acc), `depth` (abs_err, rel_err) and `normal`
     (angle_mean, angle_median, within_11_25, within_22_5, within_30); inputs (3, 288, 384)."""
 
-    def __init__(self, root: Optional[str] = None, augment: bool = True, val_fraction: float = 0.0,
-                 split_seed: int = 0, error_batch: Optional[int] = 2,
-                 reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        augment: bool = True,
+        val_fraction: float = 0.0,
+        split_seed: int = 0,
+        error_batch: Optional[int] = 2,
+        reference: Optional[Mapping[str, Mapping[str, float]]] = None,
+    ) -> None:
         """
         root: the preprocessed tree (holds train/ and val/); checked here: folders, file counts, every file's
             shape and dtype.

@@ -42,9 +42,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
-from PIL import Image, UnidentifiedImageError
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.v2 import functional as TF
 
@@ -90,8 +90,10 @@ def _fail(message: str, layout: OfficeLayout) -> ValueError:
 
 def _files_fail(message: str, layout: OfficeLayout) -> ValueError:
     domains = ",".join(layout.domains)
-    return ValueError(f"split_files: {message}; expected LibMTL's data_txt/{layout.split_folder} folder: "
-                      f"{{{domains}}}_{{train,val,test}}.txt, lines '<domain>/.../<class>/<file> <label>'")
+    return ValueError(
+        f"split_files: {message}; expected LibMTL's data_txt/{layout.split_folder} folder: "
+        f"{{{domains}}}_{{train,val,test}}.txt, lines '<domain>/.../<class>/<file> <label>'"
+    )
 
 
 # --------------------------------------------------------------------------- the tree
@@ -103,7 +105,7 @@ def _domain_dir(root: Path, candidates: Sequence[str]) -> Optional[Path]:
 
 def _hint(root: Path, layout: OfficeLayout) -> str:
     """Why the domain folders may be missing: the tree of the other dataset, or the domains one level down."""
-    import mtl_bench.tasks.office31, mtl_bench.tasks.office_home  # noqa: E401, F401  (register both layouts)
+    import mtl_bench.tasks.office31  # noqa: E401, F401  (register both layouts)
 
     for other in LAYOUTS.values():
         if other is not layout and all(_domain_dir(root, c) for c in other.domains.values()):
@@ -117,12 +119,18 @@ def _hint(root: Path, layout: OfficeLayout) -> str:
 def domain_dirs(root: Path, layout: OfficeLayout) -> dict[str, Path]:
     found = {task: _domain_dir(root, candidates) for task, candidates in layout.domains.items()}
     # a domain's folder names, e.g. "amazon" (of amazon/images, amazon), "Real_World or Real World"
-    missing = [" or ".join(dict.fromkeys(Path(c).parts[0] for c in layout.domains[task]))
-               for task, d in found.items() if d is None]
+    missing = [
+        " or ".join(dict.fromkeys(Path(c).parts[0] for c in layout.domains[task]))
+        for task, d in found.items()
+        if d is None
+    ]
     if missing:
         present = sorted(p.name for p in root.iterdir() if p.is_dir())
-        raise _fail(f"{root} has no {', '.join(missing)} folder (it has: {', '.join(present) or 'nothing'})"
-                    f"{_hint(root, layout)}", layout)
+        raise _fail(
+            f"{root} has no {', '.join(missing)} folder (it has: {', '.join(present) or 'nothing'})"
+            f"{_hint(root, layout)}",
+            layout,
+        )
     return found  # type: ignore[return-value]
 
 
@@ -139,11 +147,16 @@ def scan_domain(directory: Path, layout: OfficeLayout) -> dict[str, list[Path]]:
     unknown = [f for f in folders if f not in known]
     if unknown:
         example = ", ".join(sorted(layout.classes)[:3])
-        raise _fail(f"{directory} holds folders that are not {layout.name} classes: {', '.join(unknown[:5])}"
-                    f"{' ...' if len(unknown) > 5 else ''} (its classes: {example}, ...)", layout)
+        raise _fail(
+            f"{directory} holds folders that are not {layout.name} classes: {', '.join(unknown[:5])}"
+            f"{' ...' if len(unknown) > 5 else ''} (its classes: {example}, ...)",
+            layout,
+        )
     images = {}
     for name in folders:
-        files = sorted(entry.name for entry in os.scandir(directory / name) if entry.is_file() and _is_image(entry.name))
+        files = sorted(
+            entry.name for entry in os.scandir(directory / name) if entry.is_file() and _is_image(entry.name)
+        )
         if not files:
             raise _fail(f"{directory / name} holds no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)", layout)
         images[name] = [directory / name / f for f in files]
@@ -153,8 +166,7 @@ def scan_domain(directory: Path, layout: OfficeLayout) -> dict[str, list[Path]]:
 # --------------------------------------------------------------------------- splits
 
 
-def seeded_split(images: Mapping[str, Sequence[Path]], task: str, split_seed: int
-                 ) -> dict[str, list[tuple[Path, str]]]:
+def seeded_split(images: Mapping[str, Sequence[Path]], task: str, split_seed: int) -> dict[str, list[tuple[Path, str]]]:
     """LibMTL's proportions per class: int(0.6 n) train, int(0.2 n) val, the rest test; each class's files
     permuted by a generator seeded from split_seed, the domain and the class (a class's split does not depend
     on which other classes or domains are present)."""
@@ -164,7 +176,7 @@ def seeded_split(images: Mapping[str, Sequence[Path]], task: str, split_seed: in
         seed = split_seed * 1_000_003 + zlib.crc32(f"{task}/{name}".encode())
         order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed)).tolist()
         n_train, n_val = (int(f * len(files)) for f in FRACTIONS)
-        cut = {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}
+        cut = {"train": order[:n_train], "val": order[n_train : n_train + n_val], "test": order[n_train + n_val :]}
         for split, picked in cut.items():
             out[split].extend((files[i], name) for i in sorted(picked))
     return out
@@ -173,8 +185,12 @@ def seeded_split(images: Mapping[str, Sequence[Path]], task: str, split_seed: in
 _LINE = re.compile(r"^(?P<path>.+?)\s+(?P<label>-?\d+)$")
 
 
-def read_split_files(folder: Optional[str], layout: OfficeLayout, dirs: Mapping[str, Path],
-                     images: Mapping[str, Mapping[str, Sequence[Path]]]) -> dict[str, dict[str, list[tuple[Path, str]]]]:
+def read_split_files(
+    folder: Optional[str],
+    layout: OfficeLayout,
+    dirs: Mapping[str, Path],
+    images: Mapping[str, Mapping[str, Sequence[Path]]],
+) -> dict[str, dict[str, list[tuple[Path, str]]]]:
     """{task: {split: [(path, class)]}} from LibMTL's split files, each path found under the domain's folder."""
     path = Path(str(folder)).expanduser()
     if not path.is_dir():
@@ -208,8 +224,9 @@ def read_split_files(folder: Optional[str], layout: OfficeLayout, dirs: Mapping[
                     raise _files_fail(f"{where} gives {name} label {label}, {first[1]} gave it {first[0]}", layout)
                 image = dirs[task] / name / parts[-1]
                 if image not in on_disk[task]:
-                    raise _files_fail(f"{where} names {match['path']}, which is not at {image} under tasks.root",
-                                      layout)
+                    raise _files_fail(
+                        f"{where} names {match['path']}, which is not at {image} under tasks.root", layout
+                    )
                 if image in seen:
                     raise _files_fail(f"{where} names {match['path']}, already listed at {seen[image]}", layout)
                 seen[image] = where
@@ -261,8 +278,7 @@ def decode_all(paths: Sequence[Path], size: int, layout: OfficeLayout, keep: boo
     workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     pool = ThreadPoolExecutor(max_workers=max(1, min(16, workers)))
     try:
-        for i, (image, reason) in enumerate(pool.map(functools.partial(_try_load, size=size if keep else None),
-                                                     paths)):
+        for i, (image, reason) in enumerate(pool.map(functools.partial(_try_load, size=size if keep else None), paths)):
             if image is None:
                 raise _fail(f"{paths[i]} cannot be decoded as an image ({reason})", layout)
             if out is not None:
@@ -280,8 +296,15 @@ def normalize(image: Tensor) -> Tensor:
 class OfficeDomain(Dataset):
     """One domain's split: items `(image (3, size, size) float32, {task: 0-d int64 label})`."""
 
-    def __init__(self, task: str, paths: Sequence[Path], labels: Sequence[int], size: int, layout: OfficeLayout,
-                 images: Optional[Tensor] = None) -> None:
+    def __init__(
+        self,
+        task: str,
+        paths: Sequence[Path],
+        labels: Sequence[int],
+        size: int,
+        layout: OfficeLayout,
+        images: Optional[Tensor] = None,
+    ) -> None:
         self.task, self.paths, self.size, self.layout = task, list(paths), size, layout
         self.labels = torch.tensor(list(labels), dtype=torch.int64)
         self.images = images  # preloaded uint8 (N, 3, size, size), or None: decoded when read
@@ -304,8 +327,14 @@ class OfficeDomain(Dataset):
 
 
 def classification_task(name: str, num_classes: int) -> Task:
-    return Task(name=name, out_dim=num_classes, loss=cross_entropy_loss, metrics=accuracy_metrics,
-                higher_is_better={"accuracy": True}, initial_loss=math.log(num_classes))
+    return Task(
+        name=name,
+        out_dim=num_classes,
+        loss=cross_entropy_loss,
+        metrics=accuracy_metrics,
+        higher_is_better={"accuracy": True},
+        initial_loss=math.log(num_classes),
+    )
 
 
 def check_options(split_seed: int, image_size: int) -> None:
@@ -315,9 +344,15 @@ def check_options(split_seed: int, image_size: int) -> None:
         raise ValueError(f"image_size: must be a number of pixels >= 1 (LibMTL: 224), got {image_size!r}")
 
 
-def build_office(layout: OfficeLayout, root: Optional[str], split_files: Optional[str], split_seed: int,
-                 image_size: int, check_images: bool, preload: bool
-                 ) -> tuple[list[Task], dict[str, dict[str, OfficeDomain]]]:
+def build_office(
+    layout: OfficeLayout,
+    root: Optional[str],
+    split_files: Optional[str],
+    split_seed: int,
+    image_size: int,
+    check_images: bool,
+    preload: bool,
+) -> tuple[list[Task], dict[str, dict[str, OfficeDomain]]]:
     """The tasks and {split: {task: OfficeDomain}}; every check runs here, before training."""
     check_options(split_seed, image_size)
     path = root_folder(root, "the domain folders", layout.option, f"expected {layout.describe()}")
@@ -329,9 +364,12 @@ def build_office(layout: OfficeLayout, root: Optional[str], split_files: Optiona
             for split, rows in by_split.items():
                 if not rows:
                     count = sum(len(v) for v in images[task].values())
-                    raise _fail(f"the seeded split leaves no {split} images in {dirs[task]} ({count} images in "
-                                f"{len(images[task])} classes; per class int(0.6 n) train, int(0.2 n) val, the rest "
-                                f"test)", layout)
+                    raise _fail(
+                        f"the seeded split leaves no {split} images in {dirs[task]} ({count} images in "
+                        f"{len(images[task])} classes; per class int(0.6 n) train, int(0.2 n) val, the rest "
+                        f"test)",
+                        layout,
+                    )
     else:
         chosen = read_split_files(split_files, layout, dirs, images)
     labels = layout.labels
@@ -343,7 +381,8 @@ def build_office(layout: OfficeLayout, root: Optional[str], split_files: Optiona
             kept = decode_all(paths, image_size, layout, keep=True) if preload else None
             splits[split][task] = OfficeDomain(task, paths, [labels[c] for _, c in rows], image_size, layout, kept)
     if check_images and not preload:
-        decode_all([p for split in splits.values() for d in split.values() for p in d.paths], image_size, layout,
-                   keep=False)
+        decode_all(
+            [p for split in splits.values() for d in split.values() for p in d.paths], image_size, layout, keep=False
+        )
     tasks = [classification_task(task, len(layout.classes)) for task in layout.domains]
     return tasks, splits

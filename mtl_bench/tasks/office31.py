@@ -17,24 +17,64 @@ from mtl_bench.tasks.base import TaskSet
 from mtl_bench.tasks.office import OfficeLayout, build_office, register
 
 CLASSES = (
-    "back_pack", "bike", "bike_helmet", "bookcase", "bottle", "calculator", "desk_chair", "desk_lamp",
-    "desktop_computer", "file_cabinet", "headphones", "keyboard", "laptop_computer", "letter_tray", "mobile_phone",
-    "monitor", "mouse", "mug", "paper_notebook", "pen", "phone", "printer", "projector", "punchers", "ring_binder",
-    "ruler", "scissors", "speaker", "stapler", "tape_dispenser", "trash_can",
+    "back_pack",
+    "bike",
+    "bike_helmet",
+    "bookcase",
+    "bottle",
+    "calculator",
+    "desk_chair",
+    "desk_lamp",
+    "desktop_computer",
+    "file_cabinet",
+    "headphones",
+    "keyboard",
+    "laptop_computer",
+    "letter_tray",
+    "mobile_phone",
+    "monitor",
+    "mouse",
+    "mug",
+    "paper_notebook",
+    "pen",
+    "phone",
+    "printer",
+    "projector",
+    "punchers",
+    "ring_binder",
+    "ruler",
+    "scissors",
+    "speaker",
+    "stapler",
+    "tape_dispenser",
+    "trash_can",
 )
 
-LAYOUT = register(OfficeLayout(
-    name="Office-31", option="office31",
-    domains={d: (f"{d}/images", d) for d in ("amazon", "dslr", "webcam")},
-    classes=CLASSES, pattern="{amazon,dslr,webcam}/images/<class>/<image>.jpg", split_folder="office-31"))
+LAYOUT = register(
+    OfficeLayout(
+        name="Office-31",
+        option="office31",
+        domains={d: (f"{d}/images", d) for d in ("amazon", "dslr", "webcam")},
+        classes=CLASSES,
+        pattern="{amazon,dslr,webcam}/images/<class>/<image>.jpg",
+        split_folder="office-31",
+    )
+)
 
 
 class Office31(TaskSet):
     """Tasks `amazon`, `dslr`, `webcam` (31 classes each: accuracy); inputs (3, 224, 224); multi-input."""
 
-    def __init__(self, root: Optional[str] = None, split_files: Optional[str] = None, split_seed: int = 0,
-                 image_size: int = 224, check_images: bool = True, preload: bool = False,
-                 reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        split_files: Optional[str] = None,
+        split_seed: int = 0,
+        image_size: int = 224,
+        check_images: bool = True,
+        preload: bool = False,
+        reference: Optional[Mapping[str, Mapping[str, float]]] = None,
+    ) -> None:
         """
         root: the folder holding amazon/, dslr/ and webcam/; checked here: domain and class folders, at least one
             image per class folder, and (check_images) every image decodes.
@@ -50,5 +90,6 @@ class Office31(TaskSet):
         reference: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
         """
         tasks, splits = build_office(LAYOUT, root, split_files, split_seed, image_size, check_images, preload)
-        super().__init__(tasks, (3, image_size, image_size), splits["train"], splits["val"], splits["test"],
-                         reference=reference)
+        super().__init__(
+            tasks, (3, image_size, image_size), splits["train"], splits["val"], splits["test"], reference=reference
+        )

@@ -18,30 +18,104 @@ from mtl_bench.tasks.base import TaskSet
 from mtl_bench.tasks.office import OfficeLayout, build_office, register
 
 CLASSES = (
-    "Alarm_Clock", "Backpack", "Batteries", "Bed", "Bike", "Bottle", "Bucket", "Calculator", "Calendar", "Candles",
-    "Chair", "Clipboards", "Computer", "Couch", "Curtains", "Desk_Lamp", "Drill", "Eraser", "Exit_Sign", "Fan",
-    "File_Cabinet", "Flipflops", "Flowers", "Folder", "Fork", "Glasses", "Hammer", "Helmet", "Kettle", "Keyboard",
-    "Knives", "Lamp_Shade", "Laptop", "Marker", "Monitor", "Mop", "Mouse", "Mug", "Notebook", "Oven", "Pan",
-    "Paper_Clip", "Pen", "Pencil", "Postit_Notes", "Printer", "Push_Pin", "Radio", "Refrigerator", "Ruler",
-    "Scissors", "Screwdriver", "Shelf", "Sink", "Sneakers", "Soda", "Speaker", "Spoon", "TV", "Table", "Telephone",
-    "ToothBrush", "Toys", "Trash_Can", "Webcam",
+    "Alarm_Clock",
+    "Backpack",
+    "Batteries",
+    "Bed",
+    "Bike",
+    "Bottle",
+    "Bucket",
+    "Calculator",
+    "Calendar",
+    "Candles",
+    "Chair",
+    "Clipboards",
+    "Computer",
+    "Couch",
+    "Curtains",
+    "Desk_Lamp",
+    "Drill",
+    "Eraser",
+    "Exit_Sign",
+    "Fan",
+    "File_Cabinet",
+    "Flipflops",
+    "Flowers",
+    "Folder",
+    "Fork",
+    "Glasses",
+    "Hammer",
+    "Helmet",
+    "Kettle",
+    "Keyboard",
+    "Knives",
+    "Lamp_Shade",
+    "Laptop",
+    "Marker",
+    "Monitor",
+    "Mop",
+    "Mouse",
+    "Mug",
+    "Notebook",
+    "Oven",
+    "Pan",
+    "Paper_Clip",
+    "Pen",
+    "Pencil",
+    "Postit_Notes",
+    "Printer",
+    "Push_Pin",
+    "Radio",
+    "Refrigerator",
+    "Ruler",
+    "Scissors",
+    "Screwdriver",
+    "Shelf",
+    "Sink",
+    "Sneakers",
+    "Soda",
+    "Speaker",
+    "Spoon",
+    "TV",
+    "Table",
+    "Telephone",
+    "ToothBrush",
+    "Toys",
+    "Trash_Can",
+    "Webcam",
 )
 
-LAYOUT = register(OfficeLayout(
-    name="Office-Home", option="office_home",
-    domains={"Art": ("Art",), "Clipart": ("Clipart",), "Product": ("Product",),
-             "Real_World": ("Real_World", "Real World")},
-    classes=CLASSES, pattern="{Art,Clipart,Product,Real_World}/<class>/<image>.jpg (or 'Real World')",
-    split_folder="office-home"))
+LAYOUT = register(
+    OfficeLayout(
+        name="Office-Home",
+        option="office_home",
+        domains={
+            "Art": ("Art",),
+            "Clipart": ("Clipart",),
+            "Product": ("Product",),
+            "Real_World": ("Real_World", "Real World"),
+        },
+        classes=CLASSES,
+        pattern="{Art,Clipart,Product,Real_World}/<class>/<image>.jpg (or 'Real World')",
+        split_folder="office-home",
+    )
+)
 
 
 class OfficeHome(TaskSet):
     """Tasks `Art`, `Clipart`, `Product`, `Real_World` (65 classes each: accuracy); inputs (3, 224, 224);
     multi-input."""
 
-    def __init__(self, root: Optional[str] = None, split_files: Optional[str] = None, split_seed: int = 0,
-                 image_size: int = 224, check_images: bool = True, preload: bool = False,
-                 reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        split_files: Optional[str] = None,
+        split_seed: int = 0,
+        image_size: int = 224,
+        check_images: bool = True,
+        preload: bool = False,
+        reference: Optional[Mapping[str, Mapping[str, float]]] = None,
+    ) -> None:
         """
         root: the folder holding Art/, Clipart/, Product/ and Real_World/ (or Real World/); checked here: domain
             and class folders, at least one image per class folder, and (check_images) every image decodes.
@@ -57,5 +131,6 @@ class OfficeHome(TaskSet):
         reference: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
         """
         tasks, splits = build_office(LAYOUT, root, split_files, split_seed, image_size, check_images, preload)
-        super().__init__(tasks, (3, image_size, image_size), splits["train"], splits["val"], splits["test"],
-                         reference=reference)
+        super().__init__(
+            tasks, (3, image_size, image_size), splits["train"], splits["val"], splits["test"], reference=reference
+        )

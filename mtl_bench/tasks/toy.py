@@ -30,7 +30,11 @@ from mtl_bench.tasks.losses import mse_loss, mse_metrics
 
 
 def toy_params(
-    n_tasks: int, in_dim: int = 250, out_dim: int = 100, b_var: float = 10.0, eps_var: float = 3.5,
+    n_tasks: int,
+    in_dim: int = 250,
+    out_dim: int = 100,
+    b_var: float = 10.0,
+    eps_var: float = 3.5,
     data_seed: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """(B, eps): B (out_dim, in_dim) and eps (n_tasks, out_dim, in_dim), exactly as `ToyRegression` draws them."""
@@ -71,8 +75,13 @@ class ToyRegression(TaskSet):
         """
         if len(sigmas) == 0:
             raise ValueError("sigmas: need one scale per task, got none")
-        for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test), ("in_dim", in_dim),
-                           ("out_dim", out_dim)):
+        for key, value in (
+            ("n_train", n_train),
+            ("n_val", n_val),
+            ("n_test", n_test),
+            ("in_dim", in_dim),
+            ("out_dim", out_dim),
+        ):
             if not value > 0:
                 raise ValueError(f"{key}: must be > 0, got {value}")
         if input_std is None:
@@ -106,8 +115,9 @@ def _generator(data_seed: int) -> Generator:
     return torch.Generator().manual_seed(data_seed)
 
 
-def _draw_params(gen: Generator, n_tasks: int, in_dim: int, out_dim: int, b_var: float, eps_var: float
-                 ) -> tuple[Tensor, Tensor]:
+def _draw_params(
+    gen: Generator, n_tasks: int, in_dim: int, out_dim: int, b_var: float, eps_var: float
+) -> tuple[Tensor, Tensor]:
     b = torch.randn(out_dim, in_dim, generator=gen) * math.sqrt(b_var)
     eps = torch.randn(n_tasks, out_dim, in_dim, generator=gen) * math.sqrt(eps_var)
     return b, eps
