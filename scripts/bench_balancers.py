@@ -215,12 +215,12 @@ def _torchjd(aggregator_name: str, **options) -> Callable:
 
 def _libmtl_weighting(name: str, model: MultiTaskModel, names: list[str], rep_grad: bool):
     """LibMTL 1.1.5's weighting mixed into `model` as its trainer does, loaded from its file as the exactness
-    tests load it (tests/balancer_kit.py)."""
+    tests load it (tests/helpers/balancer_kit.py)."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from balancer_kit import libmtl_weighting
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.helpers.balancer_kit import libmtl_weighting
 
     return libmtl_weighting(name, model, names, rep_grad)
 

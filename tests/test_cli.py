@@ -157,7 +157,7 @@ def test_list_shows_groups():
     assert "tasks: celeba, cityscapes, digits, nyuv2, office31, office_home, toy, toy10" in result.output
 
 
-# Presets of the standard benchmarks read data from tasks.root: tests/test_benchmark_presets.py runs them on
+# Presets of the standard benchmarks read data from tasks.root: tests/integration/test_benchmark_presets.py runs them on
 # tiny trees in the real format.
 ON_DISK = ("nyuv2_", "cityscapes_", "celeba_", "office")
 

@@ -1,0 +1,134 @@
+"""The gradient methods' shared machinery (mtl_bench.balancers.jacobian); the helpers their tests share are in
+balancer_kit."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtl_bench.balancers import IMTL, MGDA, BackwardContext, GradVac, PCGrad, UPGrad
+from mtl_bench.balancers.jacobian import grads_at_shared, gramian, head_params, param_jacobian
+from tests.helpers.balancer_kit import TASKS3, batch, make_model, no_host_sync, task_losses
+
+# ---------------------------------------------------------------------------------------------- the machinery
+
+
+def test_batched_jacobian_equals_per_task_autograd():
+    model, (x, y) = make_model(), batch()
+    out, losses = task_losses(model, x, y)
+    params = list(model.trunk.parameters())
+    ids = {id(p) for p in params}
+    ordered = [losses[t] for t in TASKS3]
+    rows, heads = grads_at_shared(ordered, out.shared, None, ids)
+    blocks = param_jacobian(out.shared, params, rows)
+    for i, t in enumerate(TASKS3):
+        _, fresh = task_losses(model, x, y)
+        expected = torch.autograd.grad(fresh[t], params + list(model.heads[t].parameters()))
+        for block, e in zip(blocks, expected):
+            torch.testing.assert_close(block[i], e)
+        assert {id(p) for p, _ in heads[i]} == {id(p) for p in model.heads[t].parameters()}
+        for p, g in heads[i]:
+            index = [id(q) for q in model.heads[t].parameters()].index(id(p))
+            torch.testing.assert_close(g, expected[len(params) + index])
+    flat = torch.cat([b.reshape(3, -1) for b in blocks], 1)
+    torch.testing.assert_close(gramian(blocks), flat @ flat.T)
+
+
+def test_head_reading_the_trunk_elsewhere_is_refused():
+    trunk = nn.Linear(2, 2)
+    shared_in = torch.ones(1, 2)
+    shared = trunk(shared_in)
+    loss = shared.sum() + trunk.weight.sum()
+    with pytest.raises(ValueError, match="shared_params"):
+        head_params(loss, shared, {id(p) for p in trunk.parameters()})
+
+
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [(IMTL, {}), (MGDA, {}), (UPGrad, {}), (PCGrad, {"seed": 0}), (GradVac, {"seed": 0})],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_no_host_sync_on_cpu(method, options: dict, monkeypatch: pytest.MonkeyPatch):
+    model, (x, y) = make_model(), batch()
+    bal = method(list(TASKS3), list(model.trunk.parameters()), **options)
+    with no_host_sync(monkeypatch):
+        out, losses = task_losses(model, x, y)
+        bal.backward(losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu")))
+        bal.step()
+
+
+# ---------------------------------------------------------------------------------------------- DDP
+
+
+def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from mtl_bench.balancers import MGDA, PCGrad, UPGrad
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        results = {}
+        for name, make in (
+            ("pcgrad", lambda m: PCGrad(list(TASKS3), list(m.trunk.parameters()), seed=3)),
+            ("mgda", lambda m: MGDA(list(TASKS3), list(m.trunk.parameters()))),
+            ("upgrad", lambda m: UPGrad(list(TASKS3), list(m.trunk.parameters()))),
+            ("mgda_ub", lambda m: MGDA(list(TASKS3), grad_source="shared_rep")),
+        ):
+            model = make_model()
+            ddp = DistributedDataParallel(model)
+            bal = make(model)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+            checks = []
+            for step in range(3):
+                x, y = batch(seed=10 * step + rank, n=4 + 2 * rank)
+                opt.zero_grad()
+                out = ddp(x)
+                losses = {t: F.mse_loss(out.preds[t], y[t]) for t in TASKS3}
+                metrics = bal.backward(losses, out.shared)
+                if name != "mgda_ub":  # the direction DDP gives = mean over ranks of w·J_rank
+                    w = torch.stack([metrics[f"weight/{t}"] for t in TASKS3])
+                    local_model = copy.deepcopy(model)
+                    _, local = task_losses(local_model, x, y)
+                    rows = [
+                        torch.autograd.grad(local[t], list(local_model.trunk.parameters()), retain_graph=True)
+                        for t in TASKS3
+                    ]
+                    local_dir = [sum(w[i] * rows[i][k] for i in range(3)) for k in range(len(rows[0]))]
+                    for d in local_dir:
+                        dist.all_reduce(d)
+                        d /= world
+                    checks.append(
+                        max((p.grad - d).abs().max().item() for p, d in zip(model.trunk.parameters(), local_dir))
+                    )
+                opt.step()
+                bal.step()
+            results[name] = {
+                "params": [p.detach().clone() for p in model.parameters()],
+                "checks": checks,
+                "weights": [metrics[f"weight/{t}"].item() for t in TASKS3],
+            }
+        torch.save(results, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_ranks_agree_and_ddp_averages_the_direction(tmp_path: Path):
+    """2 gloo processes with different batches: the Gramian is averaged before the solve, so both ranks get
+    the same weights; our one autograd write of w·J fires DDP's hooks, so DDP averages it over the ranks."""
+    from tests.helpers.processes import spawn_and_wait
+
+    spawn_and_wait(_ddp_worker, (2, str(tmp_path / "init"), str(tmp_path)), 2, 240, "gradient balancers under DDP hung")
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    for name in r0:
+        assert r0[name]["weights"] == r1[name]["weights"], name
+        for p, q in zip(r0[name]["params"], r1[name]["params"]):
+            assert torch.equal(p, q), name
+        assert all(c < 1e-6 for c in r0[name]["checks"] + r1[name]["checks"]), (name, r0[name]["checks"])

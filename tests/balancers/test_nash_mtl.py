@@ -1,0 +1,95 @@
+"""Nash-MTL: the bargaining condition Gα = 1/α, against the authors' code (numbers below) and torchjd 0.18,
+state across steps (warm start, update_weights_every), resume, skipped steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("cvxpy")
+pytest.importorskip("ecos")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+from mtl_bench.balancers import BackwardContext, NashMTL  # noqa: E402
+from mtl_bench.balancers.nash_mtl import NashSolver  # noqa: E402
+from tests.helpers.balancer_kit import (  # noqa: E402
+    TASKS3,
+    assert_per_task_is_the_joint_step,
+    assert_resume_and_skip_keep_the_state,
+    assert_same_parameters,
+    make_model,
+    train_ours,
+    train_torchjd,
+)
+
+# AvivNavon/nash-mtl at cce18403ef5557a6b30f4ba43b896117107d6902, methods/weight_methods.py NashMTL(n_tasks=3,
+# max_norm=1.0), on make_model() with SGD lr 0.1 and batches batch(seed=step), steps 0-3: α per step and two
+# parameters after the 4 steps (the heads trained on Σ α_i L_i, the trunk's update clipped to norm 1).
+AUTHORS_ALPHA = [[2.6309917758884724, 0.49212930748059064, 2.146109960426134]] * 3 + [
+    [1.3404053137326555, 0.811984043187253, 5.7096864367615945]
+]
+AUTHORS_TRUNK0_WEIGHT = [
+    [0.008079352788627148, 0.3267533481121063, -0.5012377500534058],
+    [-0.3910234272480011, -0.24079546332359314, 0.13412337005138397],
+    [0.040128085762262344, 0.4175960123538971, -0.08604202419519424],
+    [0.13240976631641388, -0.08394885808229446, -0.12570667266845703],
+]
+AUTHORS_HEAD_B_WEIGHT = [
+    [0.2433210015296936, -0.1794532835483551, 0.06939530372619629, 0.3239147365093231, 0.5179555416107178],
+    [0.12566855549812317, 0.0938023030757904, 0.2489919811487198, -0.12832553684711456, 0.17854785919189453],
+]
+
+
+def build(model, tasks=TASKS3, **options) -> NashMTL:
+    return NashMTL(list(tasks), list(model.trunk.parameters()), **options)
+
+
+def test_solution_is_the_bargaining_point():
+    rng = np.random.default_rng(0)
+    jac = rng.normal(size=(3, 7))
+    gram = jac @ jac.T
+    norm = np.linalg.norm(gram)
+    alpha = NashSolver(3, 50, "ECOS")(gram / norm, norm, np.ones(3))
+    np.testing.assert_allclose(gram @ alpha, 1 / alpha, rtol=2e-3)  # α_i·n·(Ĝα)_i = α_i·(Gα)_i = 1
+
+
+def test_matches_the_authors_code():
+    model = make_model()
+    history = train_ours(model, build(model), 4)
+    for metrics, expected in zip(history, AUTHORS_ALPHA):
+        assert [metrics[f"nash_mtl/alpha/{t}"].item() for t in TASKS3] == pytest.approx(expected, rel=1e-5)
+    torch.testing.assert_close(model.trunk[0].weight, torch.tensor(AUTHORS_TRUNK0_WEIGHT), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.heads["b"].weight, torch.tensor(AUTHORS_HEAD_B_WEIGHT), rtol=1e-5, atol=1e-6)
+
+
+def test_matches_torchjd_with_heads_at_weight_one():
+    aggregation = pytest.importorskip("torchjd.aggregation")
+    for every in (1, 2):
+        ours, reference = make_model(), make_model()
+        train_ours(ours, build(ours, head_weights="ones", update_weights_every=every), 6)
+        train_torchjd(reference, aggregation.NashMTL(n_tasks=3, update_weights_every=every), 6)
+        assert_same_parameters(ours, reference)
+
+
+def test_resume_and_skipped_steps_keep_the_state():
+    saved = assert_resume_and_skip_keep_the_state(
+        lambda model: build(model, update_weights_every=2), first=3, resumed_seed=4
+    )
+    assert set(saved) == {"alpha", "steps"} and saved["steps"].item() == 3
+
+
+def test_per_task_mode_weights_the_heads_after_the_solve():
+    assert_per_task_is_the_joint_step(build, ("b", "a", "c"), BackwardContext())
+
+
+def test_bad_options_fail_clearly():
+    model = make_model()
+    with pytest.raises(ValueError, match="^update_weights_every"):
+        build(model, update_weights_every=0)
+    with pytest.raises(ValueError, match="^max_norm"):
+        build(model, max_norm=-1.0)
+    with pytest.raises(ValueError, match="^head_weights"):
+        build(model, head_weights="sum")
+    with pytest.raises(ValueError, match="^solver: NOPE is not installed"):
+        build(model, solver="NOPE")
