@@ -79,7 +79,7 @@ def report(
     if output is None:
         typer.echo(text, nl=False)
     else:
-        from mtl_bench.engine.files import write_text
+        from mtl_bench.files import write_text
 
         write_text(output, text)
         typer.echo(f"report written to {output}", err=True)

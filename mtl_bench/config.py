@@ -1,22 +1,44 @@
-"""The run-level structured config: the trainer's settings, seed and tag.
+"""The run-level structured config: the trainer's settings, seed and labels, each declared once.
 
 The parts (model, tasks, balancer, optim, optim.schedule, precision) are not declared here: each YAML
 names its class by `_target_`, and the class's constructor signature is the one declaration of its
 options (engine/builders.py checks the keys and types against it before anything is built). The
-trainer's settings are the loop's own, declared once here; their value checks run in `__post_init__`
-(when `OmegaConf.to_object` builds the objects) and raise ConfigError.
-This module imports nothing of ours but the error type, and no torch.
+trainer's settings are the loop's own, declared once here with `option(...)`: its help text and its facts
+(may it change when a run resumes? does it change what is trained, so that the report tells runs apart by
+it? is it a key the engine reads from a part's node?) are metadata on the field, and the resume check, the
+report's grouping, the config check and docs/configuration.md read them from there. Value checks run in
+`__post_init__` (when `OmegaConf.to_object` builds the objects) and raise ConfigError.
+This module imports nothing of ours but the error type and the settings' parsers, and no torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from mtl_bench.errors import ConfigError
+from mtl_bench.settings import check_setting, compile_mode
+
+
+def option(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    resumable: bool = False,
+    training: bool = True,
+    factory: Optional[Callable[[], Any]] = None,
+) -> Any:
+    """A config field with its facts. resumable: may differ when a run resumes (how long, how often it logs,
+    where it runs); training: changes what is trained or reported, so `mtl-bench report` groups runs by it (how
+    often a run logs or where it runs does not)."""
+    metadata = {"help": help, "resumable": resumable, "training": training}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -51,9 +73,9 @@ def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
 class GradClipConf:
     """mmcv's grad_clip: by global norm (max_norm, norm_type) or by value; grad_norm/total is logged either way."""
 
-    max_norm: Optional[float] = None  # null: no clipping by norm
-    norm_type: float = 2.0
-    clip_value: Optional[float] = None  # clamp every gradient element to [-clip_value, clip_value]
+    max_norm: Optional[float] = option(None, "clip the global gradient norm to this (null: no clipping by norm)")
+    norm_type: float = option(2.0, "the norm's p")
+    clip_value: Optional[float] = option(None, "or clamp every gradient element to [-clip_value, clip_value]")
 
     def __post_init__(self) -> None:
         _require(self.max_norm is None or self.max_norm > 0, "trainer.grad_clip.max_norm", self.max_norm, "null or > 0")
@@ -72,45 +94,118 @@ class GradClipConf:
         _positive("trainer.grad_clip.norm_type", self.norm_type)
 
 
+SELECTIONS = ("final", "best_val", "last_k")
+
+
 @dataclass
 class TrainerConf:
-    max_steps: int = 1000  # optimizer steps; ignored when epochs is set
-    epochs: Optional[int] = None  # train for this many passes over the training split instead
-    batch_size: int = 128
-    eval_every: int = 250  # evaluate on val every N steps (and always at the end)
-    # samples per evaluation batch (image task sets read from disk: keep it small enough for the device's
-    # memory; dense task sets average errors per error_batch images and need a multiple of it)
-    eval_batch_size: int = 1024
-    log_every: int = 50  # read losses/weights from the device and log them every N steps
-    checkpoint_every: int = 500  # save checkpoints/last.pt every N steps (and always at the end); 0 = only at the end
-    resume: Optional[str] = None  # null | auto (this run dir's checkpoint, if any) | a checkpoint or run-dir path
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # torch intra-op threads: auto (1 for a small model, else the cores this process may use over the runs
-    # started at once; engine/threads.py) | an integer | null (torch's default: one per core)
-    num_threads: Any = "auto"
-    compile: Any = False  # torch.compile the model's trunk: false | true | a mode (engine/compile.py)
-    num_workers: int = 0  # DataLoader worker processes for task sets read from disk (in-memory sets ignore it)
-    progress: str = "auto"  # auto (bar on a terminal, log lines otherwise) | bar | log
-    grad_clip: GradClipConf = field(default_factory=GradClipConf)
-    # name, once, every trainable parameter that does not reach the loss (costs a graph walk per session)
-    detect_anomalous_params: bool = False
-    # joint: one batch carries every task's targets; per_task: one batch per task (its own sample stream),
-    # forwarded and backpropagated in turn, gradients accumulate, one optimizer step
-    step_mode: str = "joint"
-    grad_accumulation_steps: int = 1  # loader steps per optimizer step; the gradient is their mean
-    on_nonfinite: str = "skip"  # a non-finite loss: skip the step (counted, logged) | raise (stop, naming task/step)
-    # skip: stop the run as diverged when more than this fraction of the last skipped_window steps were
-    # skipped for non-finite losses or gradients (checked at log points); null: never
-    max_skipped_fraction: Optional[float] = 0.1
-    skipped_window: int = 100
-    diagnostics_every: int = (
-        100  # with balancer.diagnostics=true: gradient diagnostics at every N-th step (a log point)
+    max_steps: Optional[int] = option(
+        1000, "optimizer steps to train (or trainer.epochs: one of the two)", resumable=True
     )
-    profile: bool = False  # write a torch profiler trace of a few steps (TensorBoard's profile tab)
+    epochs: Optional[int] = option(
+        None, "passes over the training split (or trainer.max_steps: one of the two)", resumable=True
+    )
+    batch_size: int = option(128, "samples per optimizer step (per task with step_mode=per_task)")
+    eval_every: int = option(
+        250, "evaluate on val every N steps (and always at the end)", resumable=True, training=False
+    )
+    eval_batch_size: int = option(
+        1024,
+        "samples per evaluation batch (images from disk: keep it small; dense task sets need a multiple of "
+        "tasks.error_batch)",
+        resumable=True,
+        training=False,
+    )
+    log_every: int = option(
+        50, "read losses and weights from the device and log them every N steps", resumable=True, training=False
+    )
+    checkpoint_every: int = option(
+        500,
+        "write checkpoints/last.pt every N steps (and at the end); 0: only at the end",
+        resumable=True,
+        training=False,
+    )
+    resume: Optional[str] = option(
+        None,
+        "null | auto (this run dir's checkpoint, if any) | a checkpoint or run-dir path",
+        resumable=True,
+        training=False,
+    )
+    device: str = option("auto", "auto | cpu | cuda | cuda:N", resumable=True, training=False)
+    num_threads: Any = option(
+        "auto",
+        "torch intra-op threads: auto (1 for a small model, else the cores over the runs started at once) | N | "
+        "null (torch's default)",
+        resumable=True,
+        training=False,
+    )
+    compile: Any = option(
+        False,
+        "torch.compile the model's trunk: false | true | default | reduce-overhead | max-autotune | "
+        "max-autotune-no-cudagraphs",
+        resumable=True,
+        training=False,
+    )
+    num_workers: int = option(
+        0, "DataLoader worker processes for task sets read from disk", resumable=True, training=False
+    )
+    progress: str = option(
+        "auto", "auto (a bar on a terminal, log lines otherwise) | bar | log", resumable=True, training=False
+    )
+    grad_clip: GradClipConf = option(help="gradient clipping (mmcv's grad_clip)", factory=GradClipConf)
+    detect_anomalous_params: bool = option(
+        False, "name, once, every trainable parameter that does not reach the loss", training=False
+    )
+    step_mode: str = option(
+        "joint",
+        "joint (one batch carries every task's targets) | per_task (one batch per task, forwarded and "
+        "backpropagated in turn, one optimizer step)",
+    )
+    grad_accumulation_steps: int = option(1, "loader steps per optimizer step; the gradient is their mean")
+    on_nonfinite: str = option("skip", "a non-finite loss: skip the step (counted, logged) | raise (stop)")
+    max_skipped_fraction: Optional[float] = option(
+        0.1,
+        "stop as diverged when more than this fraction of the last skipped_window steps were skipped; null: never",
+        resumable=True,
+    )
+    skipped_window: int = option(100, "steps the skipped fraction is counted over", resumable=True)
+    diagnostics: bool = option(
+        False,
+        "per-task gradient norms and cosines and a cosine heatmap every diagnostics_every steps (any balancer; "
+        "one extra backward per task at those steps)",
+        resumable=True,
+        training=False,
+    )
+    diagnostics_every: int = option(
+        100, "steps between gradient diagnostics (a log point)", resumable=True, training=False
+    )
+    select: str = option(
+        "final",
+        "which evaluation the run reports: final (the last step) | best_val (the test metrics at the evaluation "
+        "with the best select_criterion on val) | last_k (the mean test metrics of the last select_k evaluations)",
+    )
+    select_criterion: str = option(
+        "delta_m",
+        "best_val's criterion on val: delta_m (against tasks.reference) | <metric> (its mean over tasks) | "
+        "<task>/<metric>",
+    )
+    select_k: int = option(10, "last_k: how many evaluations to average")
+    profile: bool = option(
+        False,
+        "write a torch profiler trace of a few steps (TensorBoard's profile tab)",
+        resumable=True,
+        training=False,
+    )
 
     def __post_init__(self) -> None:
-        _positive("trainer.max_steps", self.max_steps)
+        _require(self.max_steps is None or self.max_steps > 0, "trainer.max_steps", self.max_steps, "null or > 0")
         _require(self.epochs is None or self.epochs > 0, "trainer.epochs", self.epochs, "null or > 0")
+        _require(
+            (self.max_steps is None) != (self.epochs is None),
+            "trainer.max_steps",
+            self.max_steps,
+            f"set exactly one of trainer.max_steps and trainer.epochs (epochs={self.epochs})",
+        )
         for key in ("batch_size", "eval_every", "eval_batch_size", "log_every"):
             _positive(f"trainer.{key}", getattr(self, key))
         _non_negative("trainer.checkpoint_every", self.checkpoint_every)
@@ -120,10 +215,6 @@ class TrainerConf:
             self.device,
             "auto, cpu, cuda or cuda:N",
         )
-        # imported here: the parsers live with the engine code that uses them, and this module stays free of torch
-        from mtl_bench.engine.compile import compile_mode
-        from mtl_bench.engine.threads import check_setting
-
         _check_with(check_setting, self.num_threads)
         _check_with(compile_mode, self.compile)
         _non_negative("trainer.num_workers", self.num_workers)
@@ -139,6 +230,26 @@ class TrainerConf:
         )
         _positive("trainer.skipped_window", self.skipped_window)
         _positive("trainer.diagnostics_every", self.diagnostics_every)
+        _one_of("trainer.select", self.select, SELECTIONS)
+        _positive("trainer.select_k", self.select_k)
+
+
+# ----------------------------------------------------------------------------- the optimizer's engine keys
+
+
+@dataclass
+class OptimEngineKeys:
+    """Keys of the `optim` node that the engine reads itself and does not pass to the optimizer class (the
+    class's own options, lr and weight_decay among them, are its signature's)."""
+
+    schedule: Any = option(help="the learning-rate schedule (optim/schedule=<option>)")
+    paramwise: Any = option(None, "mmcv-style per-parameter lr and weight-decay multipliers (optim/paramwise.py)")
+
+
+# Per part: the keys of its node that the engine reads itself.
+ENGINE_KEYS: dict[str, tuple[str, ...]] = {"optim": tuple(f.name for f in dataclasses.fields(OptimEngineKeys))}
+# Part options that are labels: the task set's published reference numbers are read by the report, never by training.
+PART_LABELS = ("tasks.reference",)
 
 
 # ----------------------------------------------------------------------------- top level
@@ -146,15 +257,35 @@ class TrainerConf:
 
 @dataclass
 class RunConf:
-    model: Any = MISSING
-    tasks: Any = MISSING
-    balancer: Any = MISSING
-    optim: Any = MISSING
-    precision: Any = MISSING
-    trainer: TrainerConf = field(default_factory=TrainerConf)
-    seed: int = 0
-    # free-form label shown in TensorBoard's hparams table and in `mtl-bench report`
-    tag: Optional[str] = None
+    model: Any = option(help="the multi-task model (model=<option>)")
+    tasks: Any = option(help="the task set (tasks=<option>)")
+    balancer: Any = option(help="the loss balancer (balancer=<option>)")
+    optim: Any = option(help="the optimizer and its schedule (optim=<option>, optim/schedule=<option>)")
+    precision: Any = option(help="fp32 | fp16 | bf16 (precision=<option>)")
+    trainer: TrainerConf = option(help="the loop's settings", factory=TrainerConf)
+    seed: int = option(0, "seed of every random draw; runs over seeds form one group in the report", training=False)
+    tag: Any = option(
+        None,
+        "free-form labels: tag=<text> or +tag.<name>=<value>; shown in TensorBoard's hparams and the report, "
+        "never read by training",
+        resumable=True,
+        training=False,
+    )
+
+
+def options(schema: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
+    """(dotted key, field) of every option of a schema, nested dataclasses included."""
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        yield key, f
+        kind = f.type if isinstance(f.type, type) else globals().get(str(f.type))
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            yield from options(kind, prefix=f"{key}.")
+
+
+def keys_where(fact: str, value: bool = True) -> tuple[str, ...]:
+    """The run-level keys whose metadata `fact` (resumable, training) equals `value`."""
+    return tuple(key for key, f in options(RunConf) if f.metadata.get(fact, True) == value)
 
 
 def register_configs() -> None:

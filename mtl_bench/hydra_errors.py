@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 
 from hydra.errors import MissingConfigException, OverrideParseException
@@ -17,6 +18,12 @@ PLUGIN_GROUPS = {
 
 # Hydra's messages end with a config search path or a link to the grammar docs: noise for a user.
 _NOISE = re.compile(r"^(Config search path:|\s*provider=|See https://hydra\.cc|To append to your config)")
+
+
+def closest(name: str, allowed: list[str]) -> str:
+    """'; did you mean x?' for the closest allowed name, or ''."""
+    match = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]}?)" if match else ""
 
 
 def _first_lines(text: str) -> str:
@@ -43,7 +50,7 @@ def describe(err: BaseException) -> str:
         options = re.findall(r"^\t(\S+)$", str(err).split("Config search path:")[0], flags=re.M)
         if found and "/" in found.group(1) and options:
             group, option = found.group(1).rsplit("/", 1)
-            message = f"{group}={option}: no such option; allowed: {', '.join(options)}"
+            message = f"{group}={option}: no such option{closest(option, options)}; allowed: {', '.join(options)}"
             if group in PLUGIN_GROUPS:
                 message += f" ({PLUGIN_GROUPS[group]})"
             return message
@@ -64,12 +71,17 @@ def describe(err: BaseException) -> str:
     if type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
         allowed = _allowed_keys(object_type)
         section, _, last = full_key.rpartition(".")
-        message = f"{full_key}: no such key" + (f"; keys of {section}: {allowed}" if allowed else "")
+        names = [name.strip() for name in allowed.split(",")] if allowed else []
+        if not section and not names:  # the top level: its keys are the groups and the run-level options
+            names = list(group_keys().values()) + ["trainer", "seed", "tag"]
+        message = f"{full_key}: no such key{closest(last, names + list(config_options()))}"
+        message += f"; keys of {section or 'the config'}: {', '.join(names)}" if names else ""
         groups = {key: group for group, key in group_keys().items()}
         if last == "name" and section in groups:
             choices = ", ".join(config_options()[groups[section]])
             message += f"; choose an option with {groups[section]}=<option> ({choices})"
-        elif section in groups:
+        elif section in groups:  # a part: its class may take an option its YAML does not set
+            # a part's class may take an option its YAML does not set: check_part checks such a key against it
             message += f" (a new key needs a plus: +{full_key}=...; see the keys with mtl-bench train --cfg job)"
         return message
     return f"{full_key}: {reason}"

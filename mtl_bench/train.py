@@ -6,8 +6,11 @@ imported only inside the task function.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.errors import CompactHydraException
@@ -27,8 +30,6 @@ def hydra_main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from mtl_bench.engine.run import run_experiment
-
     try:
         return run_experiment(cfg)
     except ConfigError as err:
@@ -39,6 +40,57 @@ def hydra_main(cfg: DictConfig) -> float | None:
         # A user error: one line, no traceback, non-zero exit.
         print(f"mtl-bench: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def run_experiment(cfg: DictConfig) -> float:
+    """Returns what sweepers (Optuna) minimise: the mean over tasks of the final val loss divided by the
+    task's initial loss (L_i(0), measured on test before training), so that tasks of very different loss
+    scales weigh the same."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from mtl_bench.engine.compose import check_config
+    from mtl_bench.engine.progress import use_bar
+    from mtl_bench.engine.recipe import loss_ratio_sum, train
+    from mtl_bench.engine.threads import cores_of, parallel_runs_of
+    from mtl_bench.records import record_failure
+
+    hydra_cfg = HydraConfig.get()
+    choices = {
+        group: option
+        for group, option in hydra_cfg.runtime.choices.items()
+        if not group.startswith("hydra") and option is not None
+    }
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        check_config(cfg, overrides)
+        OmegaConf.to_object(cfg.trainer)  # the trainer's value checks
+    except Exception as err:
+        if multirun:
+            record_failure(run_dir, err, 0, overrides, choices)  # the sweep's report lists the job
+        else:
+            remove_if_only_hydras(run_dir)  # nothing was built: a typo leaves no run directory behind
+        raise
+    result = train(
+        cfg,
+        run_dir,
+        overrides=overrides,
+        choices=choices,
+        bar=use_bar(cfg.trainer.progress, multirun) and int(os.environ.get("RANK", "0")) == 0,
+        parallel_runs=parallel_runs_of(hydra_cfg.launcher),
+        cores=cores_of(hydra_cfg.launcher),
+    )
+    return loss_ratio_sum(result.val, result.initial_test) / len(result.val)
+
+
+def remove_if_only_hydras(run_dir: Path) -> None:
+    """Remove a run directory that holds nothing but what Hydra wrote when the job started."""
+    if not run_dir.is_dir() or not all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
+        return
+    logging.shutdown()  # the job's log file handler
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def run_hydra_app() -> None:

@@ -6,8 +6,9 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench.catalog import conf_root, config_options
-from mtl_bench.engine.builders import ENGINE_KEYS, SUPPLIED, build, check_part, node_dict, parameters, target_of
-from mtl_bench.engine.run import check_config
+from mtl_bench.config import ENGINE_KEYS
+from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, parameters, target_of
+from mtl_bench.engine.compose import check_config
 from mtl_bench.errors import ConfigError
 
 OPTIONS = [(group, option) for group, options in config_options().items() for option in options]

@@ -8,32 +8,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.json"
+from mtl_bench.config import PART_LABELS, keys_where
+from mtl_bench.records import METRICS_FILE
+
 CONFIG_FILE = ".hydra/config.yaml"  # the composed config Hydra saved (interpolations such as ${seed} kept as text)
 
 # Config keys that do not change what is trained, left out when runs are compared (a key here also covers every key
-# under it): the run's seed (runs of one config over seeds are one group), how the run was started or resumed,
-# how often it logs, evaluates and checkpoints (evaluation reads the model, it does not change it), where and with
-# how many threads or workers it runs (numbers may differ in the last bits across devices, not the experiment),
-# its progress display and profiler, its free-text tag, Hydra's own settings, and the task set's reference numbers
-# (read by `report --baseline reference`, never by training).
-NOT_TRAINING_KEYS = (
-    "seed",
-    "tag",
-    "hydra",
-    "trainer.resume",
-    "trainer.log_every",
-    "trainer.eval_every",
-    "trainer.eval_batch_size",
-    "trainer.checkpoint_every",
-    "trainer.progress",
-    "trainer.device",
-    "trainer.num_threads",
-    "trainer.compile",
-    "trainer.num_workers",
-    "trainer.profile",
-    "tasks.reference",
-)
+# under it): the options config.py declares with training=False (seed, labels, how often a run logs or where it
+# runs), the part options that are labels, and Hydra's own settings.
+NOT_TRAINING_KEYS = ("hydra", *keys_where("training", False), *PART_LABELS)
 
 
 def is_training_key(key: str) -> bool:

@@ -25,10 +25,7 @@ from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.errors import ConfigError
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
-# Keys of a part that the engine reads itself, whatever the class: the optimizer's schedule and parameter
-# groups; the balancer's gradient diagnostics (engine/diagnostics.py).
-ENGINE_KEYS = {"optim": ("schedule", "paramwise"), "balancer": ("diagnostics",)}
-# Each part's config key and the arguments the engine passes it by name at build time (Recipe.setup): these
+# Each part's config key and the arguments the engine passes it by name at build time (engine/compose.py): these
 # are never config keys.
 SUPPLIED: dict[str, tuple[str, ...]] = {
     "tasks": (),
@@ -36,7 +33,7 @@ SUPPLIED: dict[str, tuple[str, ...]] = {
     "balancer": tuple(BUILD_ARGUMENTS),
     "optim": ("params",),
     "precision": ("device",),
-    "optim.schedule": ("optimizer", "total_steps"),
+    "optim.schedule": ("optimizer", "total_steps", "steps_per_epoch"),
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mtl_bench.engine.files import atomic_write
+from mtl_bench.files import atomic_write
 from mtl_bench.errors import ConfigError, ResumeError
 
 CHECKPOINT_NAME = "last.pt"

@@ -27,35 +27,15 @@ compiler rejects), the forward runs eagerly from then on and one warning line sa
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from mtl_bench.models.base import ModelOutput, MultiTaskModel
+from mtl_bench.settings import CompileSetting, compile_mode
 
 log = logging.getLogger("mtl_bench")
-
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CompileSetting = Union[bool, str, None]
-
-
-def compile_mode(setting: CompileSetting) -> Optional[str]:
-    """None for no compilation, else the mode ("default" for true). ValueError naming trainer.compile for
-    anything else."""
-    if setting is None or setting is False:
-        return None
-    if setting is True:
-        return "default"
-    if isinstance(setting, str):
-        value = setting.strip().lower()
-        if value == "false":
-            return None
-        if value == "true":
-            return "default"
-        if value in MODES:
-            return value
-    raise ValueError(f"trainer.compile: must be false, true or one of {', '.join(MODES)}; got {setting!r}")
 
 
 def maybe_compile(model: nn.Module, setting: CompileSetting) -> nn.Module:

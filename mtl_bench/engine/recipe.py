@@ -19,11 +19,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench import tags
-from mtl_bench.balancers import Balancer
-from mtl_bench.balancers.base import BUILD_ARGUMENTS
-from mtl_bench.config import TrainerConf
+from mtl_bench.config import TrainerConf, keys_where
 from mtl_bench.engine.anomalous import parameters_outside_graph
-from mtl_bench.engine.builders import ENGINE_KEYS, build, node_dict, pick_device
+from mtl_bench.engine.builders import pick_device
 from mtl_bench.engine.checkpoint import (
     CHECKPOINT_NAME,
     find_checkpoint,
@@ -33,6 +31,7 @@ from mtl_bench.engine.checkpoint import (
     set_rng_state,
 )
 from mtl_bench.engine.compile import maybe_compile
+from mtl_bench.engine.compose import build_parts, describe_parts
 from mtl_bench.engine.diagnostics import GRAD_COS_MATRIX, GradientDiagnostics, heatmap
 from mtl_bench.engine.distributed import (
     DistInfo,
@@ -43,45 +42,25 @@ from mtl_bench.engine.distributed import (
     wrap_ddp,
 )
 from mtl_bench.engine.evaluate import evaluate
-from mtl_bench.engine.files import write_json
 from mtl_bench.engine.gradients import clip_gradients
 from mtl_bench.engine.nonfinite import NonFinitePolicy, nonfinite_flag, step_unless
-from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.profile import maybe_profile
 from mtl_bench.engine.progress import Progress
-from mtl_bench.engine.step import StepResult, StepRunner, optimizer_steps_per_epoch, samples_per_epoch
+from mtl_bench.engine.selection import Selection
+from mtl_bench.engine.step import StepResult, StepRunner
 from mtl_bench.engine.threads import choose_threads
-from mtl_bench.errors import ConfigError, Interrupted, ResumeError
-from mtl_bench.models import MultiTaskModel
-from mtl_bench.optim import build_param_groups
+from mtl_bench.errors import Interrupted, ResumeError
+from mtl_bench.files import write_json
 from mtl_bench.optim.cyclic import group_momentum
+from mtl_bench.records import METRICS_FILE, previous_status, record_failure
 from mtl_bench.run_logger import RunLogger, flatten_hparams
-from mtl_bench.tasks import TaskSet
 
 log = logging.getLogger("mtl_bench")
 
-METRICS_FILE = "metrics.json"
 Metrics = dict[str, dict[str, float]]
-# What may change when a run resumes: how long it trains, how often it logs, evaluates and checkpoints, and
-# where and how fast it runs. Any other difference would train another config than the run records.
-RESUMABLE_KEYS = (
-    "trainer.max_steps",
-    "trainer.epochs",
-    "trainer.log_every",
-    "trainer.eval_every",
-    "trainer.eval_batch_size",
-    "trainer.checkpoint_every",
-    "trainer.resume",
-    "trainer.device",
-    "trainer.num_threads",
-    "trainer.compile",
-    "trainer.num_workers",
-    "trainer.progress",
-    "trainer.profile",
-    "trainer.max_skipped_fraction",
-    "trainer.skipped_window",
-    "tag",
-)
+# What may change when a run resumes (config.py: the options declared resumable); any other difference would
+# train another config than the run records.
+RESUMABLE_KEYS = keys_where("resumable")
 
 
 @dataclass
@@ -97,11 +76,6 @@ class TrainResult:
 def loss_ratio_sum(test: Metrics, initial: Metrics) -> float:
     """The GradNorm paper's summary: sum_i L_i / L_i(0), test losses against those of the untrained model."""
     return sum(test[task]["loss"] / initial[task]["loss"] for task in test)
-
-
-def count_steps(conf: TrainerConf, n_train: int, world_size: int = 1) -> int:
-    """Optimizer steps of the whole run: trainer.epochs full passes, else trainer.max_steps."""
-    return conf.epochs * optimizer_steps_per_epoch(conf, n_train, world_size) if conf.epochs else conf.max_steps
 
 
 def seed_everything(seed: int) -> None:
@@ -151,23 +125,16 @@ class Recipe:
         self.device = device = rank_device(device, self.dist)
         self.run_dir = Path(broadcast_text(str(self.run_dir)))
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint = find_checkpoint(self._resume_setting(), self.run_dir)
+        resume = self._resume_setting()
+        checkpoint = find_checkpoint(resume, self.run_dir)
+        if resume == "auto" and checkpoint is None and self.dist.is_main:
+            log.warning("trainer.resume=auto: no checkpoint in %s, so this run starts at step 0", self.run_dir)
 
         seed_everything(self.seed)
-        self.taskset: TaskSet = build("tasks", cfg.tasks, TaskSet).to(device)
-        tasks = self.taskset.tasks
-        if self.taskset.multi_input and conf.step_mode != "per_task":
-            raise ConfigError(
-                f"trainer.step_mode={conf.step_mode}: tasks={type(self.taskset).__name__} is "
-                "multi-input (each task its own images); set trainer.step_mode=per_task"
-            )
-        self.model: MultiTaskModel = build(
-            "model",
-            cfg.model,
-            MultiTaskModel,
-            input_shape=self.taskset.input_shape,
-            heads={t.name: t.out_dim for t in tasks},
-        ).to(device)
+        parts = build_parts(cfg, conf, device, self.dist.world_size)
+        self.taskset, self.model, self.balancer = parts.taskset, parts.model, parts.balancer
+        self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
+        self.total_steps = parts.total_steps
         threads, why = choose_threads(
             conf.num_threads,
             model_numel=sum(p.numel() for p in self.model.parameters()),
@@ -175,38 +142,20 @@ class Recipe:
             cores=self.cores,
         )
         torch.set_num_threads(threads)
-        supplied = {
-            "task_names": self.taskset.task_names,
-            "shared_params": list(self.model.shared_parameters()),
-            "shared_layer": self.model.last_shared_layer,
-            "world_size": self.dist.world_size,
-            "initial_losses_known": {t.name: t.initial_loss for t in tasks},
-        }
-        assert set(supplied) == set(BUILD_ARGUMENTS)
-        # Built before the training forwards: a balancer may hook the model's last shared layer.
-        self.balancer: Balancer = build(
-            "balancer", cfg.balancer, Balancer, ignore=ENGINE_KEYS["balancer"], **supplied
-        ).to(device)
         self.diagnostics = (
-            GradientDiagnostics(supplied["shared_params"], self.taskset.task_names)
-            if cfg.balancer.get("diagnostics", False)
+            GradientDiagnostics(list(self.model.shared_parameters()), self.taskset.task_names)
+            if conf.diagnostics
             else None
         )
-        problem = self.balancer.per_task_problem() if conf.step_mode == "per_task" else None
-        if problem is not None:
-            raise ConfigError(f"trainer.step_mode=per_task: {problem}")
-        optim = node_dict(cfg.optim)
-        groups = build_param_groups(
-            self.model, optim.get("lr", 1e-3), optim.get("weight_decay"), optim.get("paramwise")
+        self.selection = Selection(
+            conf.select,
+            conf.select_criterion,
+            conf.select_k,
+            {t.name: {"loss": False, **t.higher_is_better} for t in self.taskset.tasks},
+            self.taskset.reference,
+            self.total_steps,
+            conf.eval_every,
         )
-        self.optimizer: torch.optim.Optimizer = build(
-            "optim", optim, torch.optim.Optimizer, ignore=ENGINE_KEYS["optim"], params=groups
-        )
-        self.total_steps = count_steps(conf, samples_per_epoch(self.taskset), self.dist.world_size)
-        self.scheduler = build(
-            "optim.schedule", optim["schedule"], None, optimizer=self.optimizer, total_steps=self.total_steps
-        )
-        self.precision: Precision = build("precision", cfg.precision, Precision, device=device)
         # Compiled after the balancer is built (it may hook the last shared layer); checkpoints and evaluation
         # use the eager model, whose parameters the compiled forward shares.
         forward_model = wrap_ddp(
@@ -233,12 +182,17 @@ class Recipe:
             total_steps=self.total_steps,
         )
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.implementations = describe_parts(
+            parts, {"trainer.compile": getattr(forward_model, "implementation", None)}
+        )
         if checkpoint is not None:
             self.restore(load_checkpoint(checkpoint, device), checkpoint)
         if self.dist.is_main:
             self.logger = RunLogger(self.run_dir, purge_step=self.step or None)
             if self.step == 0:
                 self._write_hparams()
+        for part, path in self.implementations.items():
+            log.info("%s: %s", part, path)
         log.info(why)  # after the build: a config error stays the one line a failed run prints
         ranks = f" x {self.dist.world_size} ranks" if self.dist.world_size > 1 else ""
         log.info(
@@ -256,8 +210,6 @@ class Recipe:
     def _resume_setting(self) -> str | None:
         """trainer.resume; a job that submitit requeued after preemption resumes its own run by itself."""
         if self.conf.resume is None and os.environ.get("SUBMITIT_EXECUTOR"):
-            from mtl_bench.engine.run import previous_status
-
             if previous_status(self.run_dir) == "interrupted":
                 return "auto"
         return self.conf.resume
@@ -299,6 +251,7 @@ class Recipe:
                 **self.nonfinite.state_dict(),
                 "rng": rng_state(),
                 "initial_test": self.initial_test,
+                "selection": self.selection.state_dict(),
                 "elapsed_s": elapsed,
                 "config": OmegaConf.to_yaml(self.cfg, resolve=True),  # what was trained (checked on resume)
                 "overrides": self.overrides,
@@ -347,6 +300,8 @@ class Recipe:
         set_rng_state(state["rng"])
         self.step = state["step"]
         self.initial_test = state["initial_test"]
+        if "selection" in state:
+            self.selection.load_state_dict(state["selection"])
         self.elapsed_before = state["elapsed_s"]
         log.info("resumed from %s at step %d", source, self.step)
 
@@ -391,7 +346,7 @@ class Recipe:
                     else:
                         progress.update(self.step)
                     if self.step % conf.eval_every == 0 and self.step < total:
-                        self._log_eval("val", self.evaluate("val"))
+                        self._evaluate_and_select()
                     if conf.checkpoint_every and self.step % conf.checkpoint_every == 0 and self.step < total:
                         self.nonfinite.check(self.step)
                         self.save(self.elapsed_before + time.perf_counter() - started)
@@ -401,13 +356,42 @@ class Recipe:
             progress.close()
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
-        val, test = self.evaluate("val"), self.evaluate("test")
+        val, test = self._evaluate_and_select()
+        assert test is not None  # the last evaluation always tests
+        val, test = self._selected(val, test)
         summary = {"test_loss_ratio_sum": loss_ratio_sum(test, self.initial_test)}
-        self._log_eval("val", val)
-        self._log_eval("test", test, extra={tags.TEST_LOSS_RATIO_SUM: summary["test_loss_ratio_sum"]})
+        if self.logger is not None:
+            self.logger.scalars({tags.TEST_LOSS_RATIO_SUM: summary["test_loss_ratio_sum"]}, self.step)
         wall = self.elapsed_before + time.perf_counter() - started
         self.save(wall)
         return TrainResult(self.step, val, test, summary, wall, self.initial_test)
+
+    def _evaluate_and_select(self) -> tuple[Metrics, Metrics | None]:
+        """Evaluate val (and test where the selection or the end of the run needs it); the selection sees both."""
+        val = self.evaluate("val")
+        self._log_eval("val", val)
+        test = None
+        if self.selection.wants_test(self.step) or self.step == self.total_steps:
+            test = self.evaluate("test")
+            self._log_eval("test", test)
+        self.selection.observe(self.step, val, test, self.model)
+        return val, test
+
+    def _selected(self, val: Metrics, test: Metrics) -> tuple[Metrics, Metrics]:
+        """The val and test metrics the run reports (trainer.select); the final model stays in the checkpoint."""
+        selection = self.selection
+        if selection.select == "last_k":
+            return val, selection.last_k_mean()
+        if selection.select != "best_val" or selection.best_step in (-1, self.step) or selection.best_state is None:
+            return val, test
+        final = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(selection.best_state)
+        try:
+            best_test = self.evaluate("test")
+        finally:
+            self.model.load_state_dict(final)
+        self._log_eval(f"test (best val {selection.criterion} at step {selection.best_step})", best_test, log_only=True)
+        return selection.best_val, best_test
 
     def _catch_stop_signals(self) -> dict[int, Any]:
         """SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (SLURM's and submitit's preemption notice) end the current
@@ -533,14 +517,14 @@ class Recipe:
             self.logger.scalars(scalars, self.step)
         progress.update(self.step, losses, rate)
 
-    def _log_eval(self, split: str, metrics: Metrics, extra: dict[str, float] | None = None) -> None:
+    def _log_eval(self, split: str, metrics: Metrics, log_only: bool = False) -> None:
         text = "; ".join(
             f"{task}: " + " ".join(f"{k} {v:.4g}" for k, v in values.items()) for task, values in metrics.items()
         )
         log.info("step %d %s | %s", self.step, split, text)
-        if self.logger is not None:
+        if self.logger is not None and not log_only:
             scalars = {tags.metric(split, t, name): v for t, values in metrics.items() for name, v in values.items()}
-            self.logger.scalars({**scalars, **(extra or {})}, self.step)
+            self.logger.scalars(scalars, self.step)
             self.logger.flush()
 
     # ------------------------------------------------------------------ cleanup
@@ -566,7 +550,8 @@ class Recipe:
             "summary": result.summary,
             "initial_test": result.initial_test,
             "higher_is_better": {t.name: {"loss": False, **t.higher_is_better} for t in self.taskset.tasks},
-            "model_selection": "final step",
+            "model_selection": self.selection.record(),
+            "implementations": self.implementations,
             "reference": self.taskset.reference,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
@@ -584,8 +569,6 @@ def train(
 ) -> TrainResult:
     """Set up, train and clean up one run with outputs in `run_dir`; usable without Hydra (tests, notebooks).
     Writes metrics.json (rank 0): the results, or `"status": "failed"` with the error."""
-    from mtl_bench.engine.run import record_failure
-
     recipe = Recipe(
         cfg, run_dir, overrides=overrides, choices=choices, bar=bar, parallel_runs=parallel_runs, cores=cores
     )

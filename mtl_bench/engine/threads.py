@@ -11,7 +11,9 @@ may use divided by the number of runs its launcher starts at once.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Union
+from typing import Any, Optional
+
+from mtl_bench.settings import Setting, check_setting
 
 # Below this many parameters a model's step gets one thread (scripts/bench_threads.py --sizes; docs/benchmarks.md,
 # "Threads"). On a quiet 2-core machine a second thread changed the step of the MLPs up to 156k parameters by
@@ -19,8 +21,6 @@ from typing import Any, Optional, Union
 # same machine busy (load 4-12), a second thread made every size up to 8.4M 3-20x slower. LeNet on digits (9k
 # parameters, but convolutions: more arithmetic per parameter) gains 7-15% from a second thread when quiet.
 SMALL_MODEL_NUMEL = 200_000
-
-Setting = Union[str, int, None]
 
 
 def available_cores() -> int:
@@ -84,28 +84,6 @@ def _local_processes() -> int:
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         return 1
-
-
-def check_setting(setting: Any) -> Setting:
-    """`setting` as None, "auto" or an int > 0 (its string is read as the int); ValueError naming
-    trainer.num_threads otherwise. Imports nothing (the config's value checks may call it)."""
-    bad = ValueError(f"trainer.num_threads: must be auto, null or an integer > 0, got {setting!r}")
-    if setting is None:
-        return None
-    if isinstance(setting, bool) or not isinstance(setting, (int, str)):
-        raise bad
-    if isinstance(setting, str):
-        if setting.strip().lower() == "auto":
-            return "auto"
-        if setting.strip().lower() in ("null", "none"):
-            return None
-        try:
-            setting = int(setting.strip())
-        except ValueError:
-            raise bad from None
-    if setting < 1:
-        raise bad
-    return setting
 
 
 def _threads(n: int) -> str:

@@ -1,7 +1,9 @@
 """Learning-rate schedules stepped once per optimizer step, each after an optional linear warmup.
 
 Chosen with `optim/schedule=<option>` (conf/optim/schedule/); the engine passes `optimizer` and, where the
-signature asks for it, `total_steps`. icefall's Eden/Eden2 and mmcv's cyclic schedule live in eden.py and
+signature asks for them, `total_steps` and `steps_per_epoch`. Every length (step_size, milestones, warmup_steps)
+is an optimizer-step count, or a string in epochs ("100 epochs") or in a fraction of the run ("50%"), converted
+here, so a preset's schedule stays right when the batch size or the run's length changes. icefall's Eden/Eden2 and mmcv's cyclic schedule live in eden.py and
 cyclic.py.
 """
 
@@ -9,24 +11,58 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
+
+
+Length = Union[int, str]
+
+
+def to_steps(name: str, value: Length, steps_per_epoch: int = 1, total_steps: Optional[int] = None) -> int:
+    """An optimizer-step count from `value`: an int (steps), "<x> epochs" or "<x>%" (of the run's steps)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: must be steps, '<n> epochs' or '<p>%', got {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value)
+    text = str(value).strip().lower()
+    try:
+        if text.endswith("%"):
+            if total_steps is None:
+                raise ValueError(f"{name}: {value!r} needs the run's length, which this schedule is not given")
+            return round(float(text[:-1]) / 100 * total_steps)
+        for unit in ("epochs", "epoch", "ep"):
+            if text.endswith(unit):
+                return round(float(text[: -len(unit)]) * steps_per_epoch)
+        return int(text)
+    except ValueError as err:
+        if str(err).startswith(name):
+            raise
+        raise ValueError(f"{name}: must be steps, '<n> epochs' or '<p>%', got {value!r}") from None
 
 
 class WarmupSchedule(LRScheduler):
     """lr = base lr × factor(step): step s < W gives (s + 1) / W (so the first step already moves and step
     W-1 reaches the full lr), then `decay(s - W)`. Without a decay this is a constant lr after warmup."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int = 0) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        warmup_steps: Length = 0,
+        steps_per_epoch: int = 1,
+        total_steps: Optional[int] = None,
+    ) -> None:
         """
         optimizer: the optimizer (given by the engine).
-        warmup_steps: linear warmup from lr/warmup_steps to lr over this many steps (>= 0).
+        warmup_steps: linear warmup from lr/warmup_steps to lr over this many steps (>= 0; or epochs, or %).
+        steps_per_epoch: the run's optimizer steps per epoch (given by the engine), to read lengths in epochs.
+        total_steps: the run's optimizer steps (given by the engine), to read lengths in %.
         """
-        if not warmup_steps >= 0:
+        warmup = to_steps("warmup_steps", warmup_steps, steps_per_epoch, total_steps)
+        if not warmup >= 0:
             raise ValueError(f"warmup_steps: must be >= 0, got {warmup_steps}")
-        self.warmup_steps = int(warmup_steps)
+        self.warmup_steps = warmup
         super().__init__(optimizer)
 
     def factor(self, step: int) -> float:
@@ -50,20 +86,29 @@ class StepDecay(WarmupSchedule):
     """After warmup, the lr is multiplied by `gamma` every `step_size` steps."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, step_size: int = 1000, gamma: float = 0.1, warmup_steps: int = 0
+        self,
+        optimizer: torch.optim.Optimizer,
+        step_size: Length = 1000,
+        gamma: float = 0.1,
+        warmup_steps: Length = 0,
+        steps_per_epoch: int = 1,
+        total_steps: Optional[int] = None,
     ) -> None:
         """
         optimizer: the optimizer (given by the engine).
-        step_size: steps between decays (> 0).
+        step_size: steps between decays (> 0; or "<n> epochs", or "<p>%" of the run).
         gamma: the factor of each decay (> 0).
         warmup_steps: linear warmup steps before the schedule (>= 0).
+        steps_per_epoch: the run's optimizer steps per epoch (given by the engine).
+        total_steps: the run's optimizer steps (given by the engine).
         """
-        if not step_size > 0:
+        size = to_steps("step_size", step_size, steps_per_epoch, total_steps)
+        if not size > 0:
             raise ValueError(f"step_size: must be > 0, got {step_size}")
         if not gamma > 0:
             raise ValueError(f"gamma: must be > 0, got {gamma}")
-        self.step_size, self.gamma = int(step_size), float(gamma)
-        super().__init__(optimizer, warmup_steps)
+        self.step_size, self.gamma = size, float(gamma)
+        super().__init__(optimizer, warmup_steps, steps_per_epoch, total_steps)
 
     def decay(self, since: int) -> float:
         return self.gamma ** (since // self.step_size)
@@ -73,21 +118,29 @@ class MultiStep(WarmupSchedule):
     """After warmup, the lr is multiplied by `gamma` at each of `milestones` (steps counted after warmup)."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, milestones: Sequence[int], gamma: float = 0.1, warmup_steps: int = 0
+        self,
+        optimizer: torch.optim.Optimizer,
+        milestones: Sequence[Length],
+        gamma: float = 0.1,
+        warmup_steps: Length = 0,
+        steps_per_epoch: int = 1,
+        total_steps: Optional[int] = None,
     ) -> None:
         """
         optimizer: the optimizer (given by the engine).
-        milestones: increasing positive step counts, at least one, e.g. [1000, 2000].
+        milestones: increasing positive step counts, at least one, e.g. [1000, 2000] (or epochs, or %).
         gamma: the factor at each milestone (> 0).
         warmup_steps: linear warmup steps before the schedule (>= 0).
+        steps_per_epoch: the run's optimizer steps per epoch (given by the engine).
+        total_steps: the run's optimizer steps (given by the engine).
         """
-        milestones = [int(m) for m in milestones]
+        milestones = [to_steps("milestones", m, steps_per_epoch, total_steps) for m in milestones]
         if not milestones or milestones != sorted(milestones) or milestones[0] <= 0:
             raise ValueError(f"milestones: need increasing positive step counts, e.g. [1000,2000], got {milestones}")
         if not gamma > 0:
             raise ValueError(f"gamma: must be > 0, got {gamma}")
         self.milestones, self.gamma = milestones, float(gamma)
-        super().__init__(optimizer, warmup_steps)
+        super().__init__(optimizer, warmup_steps, steps_per_epoch, total_steps)
 
     def decay(self, since: int) -> float:
         return self.gamma ** bisect.bisect_right(self.milestones, since)
@@ -97,19 +150,26 @@ class Cosine(WarmupSchedule):
     """After warmup, the lr follows half a cosine from lr to `min_lr_ratio` × lr over the remaining steps."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, total_steps: int, min_lr_ratio: float = 0.0, warmup_steps: int = 0
+        self,
+        optimizer: torch.optim.Optimizer,
+        total_steps: int,
+        min_lr_ratio: float = 0.0,
+        warmup_steps: Length = 0,
+        steps_per_epoch: int = 1,
     ) -> None:
         """
         optimizer: the optimizer (given by the engine).
         total_steps: the run's optimizer steps (given by the engine).
         min_lr_ratio: the final lr as a fraction of lr, 0..1.
-        warmup_steps: linear warmup steps before the schedule (>= 0).
+        warmup_steps: linear warmup steps before the schedule (>= 0; or epochs, or %).
+        steps_per_epoch: the run's optimizer steps per epoch (given by the engine).
         """
         if not 0 <= min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio: must be in 0..1, got {min_lr_ratio}")
         self.min_lr_ratio = float(min_lr_ratio)
-        self.decay_steps = max(1, int(total_steps) - int(warmup_steps))
-        super().__init__(optimizer, warmup_steps)
+        warmup = to_steps("warmup_steps", warmup_steps, steps_per_epoch, total_steps)
+        self.decay_steps = max(1, int(total_steps) - warmup)
+        super().__init__(optimizer, warmup, steps_per_epoch, total_steps)
 
     def decay(self, since: int) -> float:
         progress = min(1.0, since / self.decay_steps)

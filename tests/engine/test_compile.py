@@ -14,7 +14,8 @@ from torch._dynamo.utils import counters
 
 from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
-from mtl_bench.engine.builders import ENGINE_KEYS, build
+from mtl_bench.config import ENGINE_KEYS
+from mtl_bench.engine.builders import build
 from mtl_bench.engine.compile import CompiledForward, compile_mode, maybe_compile
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import StepRunner

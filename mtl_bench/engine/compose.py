@@ -1,0 +1,188 @@
+"""From the composed config to the parts of a run: check every key first, then build each part by `_target_`.
+
+`check_config` runs before anything is built (a typo costs no model build) and turns what a user typed into
+one line when it is refused: an unknown key anywhere, both run lengths on the command line, a part's key its
+class does not take. `build_parts` builds the task set, model, balancer, optimizer, schedule and precision in
+the order their arguments need each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+import mtl_bench.config as config_module
+from mtl_bench.balancers import Balancer
+from mtl_bench.balancers.base import BUILD_ARGUMENTS
+from mtl_bench.catalog import conf_root
+from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf
+from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, parameters, target_of
+from mtl_bench.engine.precision import Precision
+from mtl_bench.engine.step import optimizer_steps_per_epoch, samples_per_epoch
+from mtl_bench.errors import ConfigError
+from mtl_bench.hydra_errors import closest
+from mtl_bench.models import MultiTaskModel
+from mtl_bench.optim import build_param_groups
+from mtl_bench.tasks import TaskSet
+
+log = logging.getLogger("mtl_bench")
+
+LENGTH_KEYS = ("trainer.max_steps", "trainer.epochs")
+
+
+def _unknown_keys(node: Any, schema: type, prefix: str) -> None:
+    """A key under a schema's node that the schema does not declare (`+trainer.max_step=100`, `+nonsense=1`)."""
+    declared = {f.name: f for f in fields(schema)}
+    for key in map(str, node):
+        if key not in declared:
+            where = prefix.rstrip(".") or "the config"
+            hint = closest(key, list(declared)) or (
+                "; free-form labels go under tag: +tag.<name>=<value>" if not prefix else ""
+            )
+            raise ConfigError(f"{prefix}{key}: not a key of {where}{hint}; keys: {', '.join(declared)}")
+        kind = getattr(config_module, str(declared[key].type), None)  # annotations are strings (future import)
+        child = node[key]
+        if isinstance(kind, type) and is_dataclass(kind) and isinstance(child, DictConfig):
+            _unknown_keys(child, kind, f"{prefix}{key}.")
+
+
+def apply_length(cfg: DictConfig, overrides: list[str]) -> None:
+    """One way to say how long: a length typed on the command line replaces the preset's (the other is
+    dropped); both typed is an error."""
+    given = [key for key in LENGTH_KEYS if any(o.lstrip("+~").split("=", 1)[0] == key for o in overrides)]
+    if len(given) == 2:
+        raise ConfigError("trainer.max_steps and trainer.epochs: give one of them (a run's length is one or the other)")
+    if given:
+        other = LENGTH_KEYS[1 - LENGTH_KEYS.index(given[0])]
+        with open_dict(cfg):
+            OmegaConf.update(cfg, other, None)
+
+
+def apply_trainer_choice(cfg: DictConfig, overrides: list[str]) -> None:
+    """`trainer=<option>` typed on the command line wins over an experiment preset's trainer keys (so
+    trainer=smoke shortens any preset); trainer keys typed on the command line win over both."""
+    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] in ("trainer", "+trainer")]
+    if not chosen or "experiment" not in {o.split("=", 1)[0] for o in overrides}:
+        return
+    option = OmegaConf.load(conf_root() / "trainer" / f"{chosen[-1]}.yaml")
+    typed = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    with open_dict(cfg):
+        for key, value in OmegaConf.to_container(option).items():  # type: ignore[union-attr]
+            if key != "defaults" and f"trainer.{key}" not in typed:
+                OmegaConf.update(cfg, f"trainer.{key}", value, merge=False)
+
+
+def check_config(cfg: DictConfig, overrides: list[str]) -> None:
+    """Every key against its declaration, before anything is built.
+
+    Run-level keys (trainer, seed, tag) against config.RunConf; each part's keys and values against its
+    class's signature. A part whose `_target_` was replaced on the command line (`model._target_=my_lab.Net`)
+    keeps only the keys its new class takes or the command line set: the option's own keys (mlp's `widths`)
+    belong to the class it was written for.
+    """
+    apply_trainer_choice(cfg, overrides)
+    apply_length(cfg, overrides)
+    _unknown_keys(cfg, RunConf, "")
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    for key, supplied in SUPPLIED.items():
+        node = OmegaConf.select(cfg, key)
+        if f"{key}._target_" in given and isinstance(node, DictConfig):
+            params = parameters(target_of(key, node_dict(node)))
+            dropped = [
+                k
+                for k in map(str, node)
+                if not k.startswith("_")
+                and k not in params
+                and f"{key}.{k}" not in given
+                and k not in ENGINE_KEYS.get(key, ())
+            ]
+            with open_dict(node):
+                for k in dropped:
+                    node.pop(k)
+            if dropped:
+                log.debug("%s._target_ set: the option's keys %s do not apply to it and were dropped", key, dropped)
+        check_part(key, node_dict(node), supplied, ENGINE_KEYS.get(key, ()))
+
+
+@dataclass
+class Parts:
+    """What a run trains with, built from config."""
+
+    taskset: TaskSet
+    model: MultiTaskModel
+    balancer: Balancer
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    precision: Precision
+    total_steps: int
+
+
+def build_tasks(cfg: DictConfig, conf: TrainerConf, device: torch.device) -> TaskSet:
+    taskset: TaskSet = build("tasks", cfg.tasks, TaskSet).to(device)
+    if taskset.multi_input and conf.step_mode != "per_task":
+        raise ConfigError(
+            f"trainer.step_mode={conf.step_mode}: tasks={type(taskset).__name__} is multi-input (each task its own "
+            "images); set trainer.step_mode=per_task"
+        )
+    return taskset
+
+
+def build_model(cfg: DictConfig, taskset: TaskSet, device: torch.device) -> MultiTaskModel:
+    heads = {t.name: t.out_dim for t in taskset.tasks}
+    return build("model", cfg.model, MultiTaskModel, input_shape=taskset.input_shape, heads=heads).to(device)
+
+
+def build_balancer(
+    cfg: DictConfig, conf: TrainerConf, taskset: TaskSet, model: MultiTaskModel, world_size: int, device: torch.device
+) -> Balancer:
+    """Built before the training forwards: a balancer may hook the model's last shared layer."""
+    supplied = {
+        "task_names": taskset.task_names,
+        "shared_params": list(model.shared_parameters()),
+        "shared_layer": model.last_shared_layer,
+        "world_size": world_size,
+        "initial_losses_known": {t.name: t.initial_loss for t in taskset.tasks},
+    }
+    assert set(supplied) == set(BUILD_ARGUMENTS)
+    balancer: Balancer = build("balancer", cfg.balancer, Balancer, **supplied).to(device)
+    problem = balancer.per_task_problem() if conf.step_mode == "per_task" else None
+    if problem is not None:
+        raise ConfigError(f"trainer.step_mode=per_task: {problem}")
+    return balancer
+
+
+def build_optimizer(cfg: DictConfig, model: MultiTaskModel) -> torch.optim.Optimizer:
+    optim = node_dict(cfg.optim)
+    groups = build_param_groups(model, optim.get("lr", 1e-3), optim.get("weight_decay"), optim.get("paramwise"))
+    return build("optim", optim, torch.optim.Optimizer, ignore=ENGINE_KEYS["optim"], params=groups)
+
+
+def build_parts(cfg: DictConfig, conf: TrainerConf, device: torch.device, world_size: int = 1) -> Parts:
+    taskset = build_tasks(cfg, conf, device)
+    model = build_model(cfg, taskset, device)
+    balancer = build_balancer(cfg, conf, taskset, model, world_size, device)
+    optimizer = build_optimizer(cfg, model)
+    steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)
+    total_steps = conf.epochs * steps_per_epoch if conf.epochs else conf.max_steps
+    assert total_steps is not None  # TrainerConf: one of max_steps and epochs
+    schedule = node_dict(cfg.optim)["schedule"]
+    scheduler = build(
+        "optim.schedule", schedule, None, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch
+    )
+    precision: Precision = build("precision", cfg.precision, Precision, device=device)
+    return Parts(taskset, model, balancer, optimizer, scheduler, precision, total_steps)
+
+
+def describe_parts(parts: Parts, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """Which implementation each part runs, where a part says (`implementation` attribute): for the start line
+    and metrics.json."""
+    found = {
+        name: str(getattr(part, "implementation"))
+        for name, part in (("optim", parts.optimizer), ("model", parts.model))
+        if getattr(part, "implementation", None) is not None
+    }
+    return {**found, **(extra or {})}
