@@ -100,10 +100,15 @@ SELECTIONS = ("final", "best_val", "last_k")
 @dataclass
 class TrainerConf:
     max_steps: Optional[int] = option(
-        1000, "optimizer steps to train (or trainer.epochs: one of the two)", resumable=True
+        1000,
+        "optimizer steps to train, unless trainer.epochs is set (a length typed on the command line replaces the "
+        "other)",
+        resumable=True,
     )
     epochs: Optional[int] = option(
-        None, "passes over the training split (or trainer.max_steps: one of the two)", resumable=True
+        None,
+        "passes over the training split; when set, the run's length (instead of trainer.max_steps)",
+        resumable=True,
     )
     batch_size: int = option(128, "samples per optimizer step (per task with step_mode=per_task)")
     eval_every: int = option(
@@ -201,10 +206,10 @@ class TrainerConf:
         _require(self.max_steps is None or self.max_steps > 0, "trainer.max_steps", self.max_steps, "null or > 0")
         _require(self.epochs is None or self.epochs > 0, "trainer.epochs", self.epochs, "null or > 0")
         _require(
-            (self.max_steps is None) != (self.epochs is None),
+            self.max_steps is not None or self.epochs is not None,
             "trainer.max_steps",
             self.max_steps,
-            f"set exactly one of trainer.max_steps and trainer.epochs (epochs={self.epochs})",
+            "set trainer.max_steps or trainer.epochs",
         )
         for key in ("batch_size", "eval_every", "eval_batch_size", "log_every"):
             _positive(f"trainer.{key}", getattr(self, key))

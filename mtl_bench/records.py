@@ -22,14 +22,14 @@ def previous_status(run_dir: Path) -> str | None:
         return None
 
 
-def record_failure(
-    run_dir: Path, err: BaseException, step: int, overrides: list[str], choices: dict[str, str]
-) -> None:
+def record_failure(run_dir: Path, err: BaseException, step: int, overrides: list[str], choices: dict[str, str]) -> None:
     """metrics.json with status "failed" (or "diverged", "interrupted"), so a sweep's report lists the run with
     its reason; a finished run's results stay."""
     if not run_dir.is_dir() or previous_status(run_dir) == "completed":
         return
-    status = "diverged" if isinstance(err, DivergedError) else "interrupted" if isinstance(err, Interrupted) else "failed"
+    status = (
+        "diverged" if isinstance(err, DivergedError) else "interrupted" if isinstance(err, Interrupted) else "failed"
+    )
     write_json(
         run_dir / METRICS_FILE,
         {

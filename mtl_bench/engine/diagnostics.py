@@ -1,4 +1,4 @@
-"""Gradient diagnostics any balancer can turn on (`balancer.diagnostics=true`) without changing its update:
+"""Gradient diagnostics any balancer can turn on (`trainer.diagnostics=true`) without changing its update:
 each task's gradient at the shared parameters, measured by its own extra backward at diagnostic steps only,
 gives `grad_norm/<task>`, `grad_cos/<a>/<b>` and a heatmap of the cosines."""
 

@@ -64,7 +64,7 @@ def test_diagnostics_log_gradient_norms_cosines_and_a_heatmap_without_changing_t
 
     args = [f"balancer={balancer}", *TASK_SETS["digits"], *SHORT, "trainer.diagnostics_every=3"]
     plain = train(compose_cfg(*args), tmp_path / "plain")
-    seen = train(compose_cfg(*args, "balancer.diagnostics=true"), tmp_path / "seen")
+    seen = train(compose_cfg(*args, "trainer.diagnostics=true"), tmp_path / "seen")
     assert seen.test == plain.test  # the update is the same
     events = EventAccumulator(str(tmp_path / "seen"), size_guidance={"images": 0})
     events.Reload()

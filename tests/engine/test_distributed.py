@@ -18,16 +18,16 @@ SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=6
 def worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir: str) -> None:
     join_torchrun_env(rank, world, port)
     torch.set_num_threads(1)
-    from mtl_bench.engine import recipe
+    from mtl_bench.engine import compose, recipe
 
     built = {}
-    build = recipe.build
+    build = compose.build
 
     def keep(key, *args, **kwargs):  # hold on to this rank's balancer to compare its state afterwards
         built[key] = build(key, *args, **kwargs)
         return built[key]
 
-    recipe.build = keep
+    compose.build = keep
     recipe.train(conf, Path(run_dir) if rank == 0 else Path(out_dir) / "ignored")
     torch.save(built["balancer"].state_dict(), Path(out_dir) / f"balancer{rank}.pt")
 
@@ -36,10 +36,10 @@ def raising_worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir
     """Rank 1 alone meets NaN targets: with on_nonfinite=raise both ranks must stop (none may hang)."""
     join_torchrun_env(rank, world, port)
     torch.set_num_threads(1)
-    from mtl_bench.engine import recipe
+    from mtl_bench.engine import compose, recipe
     from mtl_bench.errors import NonFiniteLossError
 
-    build = recipe.build
+    build = compose.build
 
     def poisoned(key, *args, **kwargs):
         part = build(key, *args, **kwargs)
@@ -47,7 +47,7 @@ def raising_worker(rank: int, world: int, port: int, conf, run_dir: str, out_dir
             part.train.targets["t1"][:] = float("nan")
         return part
 
-    recipe.build = poisoned
+    compose.build = poisoned
     try:
         recipe.train(conf, Path(run_dir) if rank == 0 else Path(out_dir) / "ignored")
     except NonFiniteLossError as err:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mtl_bench.engine import recipe
+from mtl_bench.engine import compose
 from mtl_bench.engine.data import StepSampler
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import NonFiniteLossError
@@ -25,7 +25,7 @@ def small_conf(compose_cfg):
 @pytest.fixture
 def nan_target(monkeypatch):
     """Task t1's target of one training sample is NaN: every step whose batch holds it has a NaN loss."""
-    build = recipe.build
+    build = compose.build
 
     def poisoned(key, *args, **kwargs):
         part = build(key, *args, **kwargs)
@@ -33,7 +33,7 @@ def nan_target(monkeypatch):
             part.train.targets["t1"][BAD_SAMPLE] = float("nan")
         return part
 
-    monkeypatch.setattr("mtl_bench.engine.recipe.build", poisoned)
+    monkeypatch.setattr("mtl_bench.engine.compose.build", poisoned)
 
 
 def steps_with_bad_sample(n_steps: int, seed: int = 0) -> list[int]:

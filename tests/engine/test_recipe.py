@@ -184,9 +184,9 @@ def test_grad_norm_total_and_momentum_are_logged_and_clipping_applies(small_conf
 def test_unused_parameters_are_named_once(small_conf, tmp_path, caplog, monkeypatch):
     import torch
 
-    from mtl_bench.engine import recipe
+    from mtl_bench.engine import compose
 
-    build = recipe.build
+    build = compose.build
 
     def with_unused_layer(key, *args, **kwargs):
         part = build(key, *args, **kwargs)
@@ -194,7 +194,7 @@ def test_unused_parameters_are_named_once(small_conf, tmp_path, caplog, monkeypa
             part.spare = torch.nn.Linear(2, 2)  # never called in forward
         return part
 
-    monkeypatch.setattr("mtl_bench.engine.recipe.build", with_unused_layer)
+    monkeypatch.setattr("mtl_bench.engine.compose.build", with_unused_layer)
     with caplog.at_level("WARNING", logger="mtl_bench"):
         train(small_conf("trainer.detect_anomalous_params=true"), tmp_path)
     warnings = [r.getMessage() for r in caplog.records if "do not reach the loss" in r.getMessage()]

@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from mtl_bench.engine.builders import build
+from mtl_bench.engine.compose import check_config
 from mtl_bench.engine.evaluate import evaluate
 from mtl_bench.engine.recipe import train
-from mtl_bench.engine.compose import check_config
 from mtl_bench.errors import ConfigError
 from mtl_bench.models.celeba_cnn import CelebACNN
 from mtl_bench.tasks.celeba import ATTRIBUTES, CelebA, attribute_loss, attribute_task

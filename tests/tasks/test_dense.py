@@ -13,9 +13,9 @@ import torch
 from omegaconf import OmegaConf
 
 from mtl_bench.engine.builders import build
+from mtl_bench.engine.compose import check_config
 from mtl_bench.engine.evaluate import evaluate
 from mtl_bench.engine.recipe import train
-from mtl_bench.engine.compose import check_config
 from mtl_bench.errors import ConfigError
 from mtl_bench.tasks import Cityscapes, NYUv2
 from tests.helpers.dense_tree import TinyDense, write_cityscapes, write_nyuv2

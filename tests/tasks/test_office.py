@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from mtl_bench.engine.builders import build
-from mtl_bench.engine.recipe import train
 from mtl_bench.engine.compose import check_config
+from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 from mtl_bench.tasks.office31 import CLASSES as OFFICE31_CLASSES
 from mtl_bench.tasks.office31 import Office31
