@@ -14,6 +14,7 @@ This module imports nothing of ours but the error type and the settings' parsers
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -291,6 +292,26 @@ def options(schema: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.F
 def keys_where(fact: str, value: bool = True) -> tuple[str, ...]:
     """The run-level keys whose metadata `fact` (resumable, training) equals `value`."""
     return tuple(key for key, f in options(RunConf) if f.metadata.get(fact, True) == value)
+
+
+def options_markdown() -> str:
+    """docs/configuration.md's list of the run-level options, from their declarations (lines within 120 columns)."""
+    lines = []
+    for key, f in options(RunConf):
+        if f.default_factory is not dataclasses.MISSING:
+            continue  # a section (trainer, trainer.grad_clip): its options follow
+        if f.default is MISSING:
+            facts = ["a config group"]
+        else:
+            default = f.default
+            shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+            facts = [f"default `{shown}`"]
+            facts.append("may change on resume" if f.metadata["resumable"] else "fixed on resume")
+            if not f.metadata["training"]:
+                facts.append("not a training key: the report does not tell runs apart by it")
+        text = f"- `{key}` ({'; '.join(facts)}): {f.metadata['help']}"
+        lines.append(textwrap.fill(text, width=120, subsequent_indent="  ", break_on_hyphens=False))
+    return "\n".join(lines) + "\n"
 
 
 def register_configs() -> None:

@@ -3,31 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from mtl_bench.catalog import config_options
 from mtl_bench.cli import app
-
-SMOKE = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64"]
-
-
-def cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m mtl_bench ...` in a fresh process, as a user's shell would."""
-    return subprocess.run(
-        [sys.executable, "-m", "mtl_bench", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        timeout=300,
-    )
+from tests.helpers.cli import ON_DISK, SMOKE, cli
 
 
 def test_root_help_lists_subcommands_without_importing_torch():
@@ -159,7 +144,6 @@ def test_list_shows_groups():
 
 # Presets of the standard benchmarks read data from tasks.root: tests/integration/test_benchmark_presets.py runs them on
 # tiny trees in the real format.
-ON_DISK = ("nyuv2_", "cityscapes_", "celeba_", "office")
 
 
 def test_every_experiment_preset_runs(tmp_path):

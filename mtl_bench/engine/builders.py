@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
+import re
 import types
 import typing
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 from hydra._internal.utils import _locate  # what hydra.utils.get_object uses, without its ERROR log line
@@ -187,7 +188,7 @@ def build(key: str, node: Any, kind: type | None = None, ignore: Iterable[str] =
     except ConfigError:
         raise
     except Exception as err:
-        raise ConfigError(describe_build_error(key, err, params)) from None
+        raise ConfigError(describe_build_error(key, err, params, config)) from None
     if kind is not None and not isinstance(part, kind):
         raise ConfigError(
             f"{key}._target_: {config['_target_']} built a {type(part).__name__}, not a "
@@ -196,8 +197,12 @@ def build(key: str, node: Any, kind: type | None = None, ignore: Iterable[str] =
     return part
 
 
-def describe_build_error(key: str, err: BaseException, params: Mapping[str, Any]) -> str:
-    """`balancer.alpha: must be >= 0, got -1` when the message starts with an argument's name."""
+def describe_build_error(
+    key: str, err: BaseException, params: Mapping[str, Any], config: Optional[Mapping[str, Any]] = None
+) -> str:
+    """`balancer.alpha: must be >= 0, got -1` when the message starts with an argument's name; a message that
+    names no argument (torch's "Invalid learning rate: -1") is given the key whose value it quotes, when
+    exactly one key of the node has that value."""
     while type(err).__name__ == "InstantiationException" and err.__cause__ is not None:
         err = err.__cause__
     message = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -206,7 +211,16 @@ def describe_build_error(key: str, err: BaseException, params: Mapping[str, Any]
     head = message.split(":", 1)[0].split(".", 1)[0]
     if head in params and ":" in message:
         return f"{key}.{message}"
+    words = set(re.findall(r"[-+\w.]+", message))
+    quoted = [name for name, value in (config or {}).items() if name not in HYDRA_KEYS and _shown(value) in words]
+    if len(quoted) == 1:
+        return f"{key}.{quoted[0]}: {message}"
     return f"{key}: {message}"
+
+
+def _shown(value: Any) -> str:
+    """How a message would print a config value (ints as ints, -1.0 as -1.0)."""
+    return str(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else "\0"
 
 
 def pick_device(name: str) -> torch.device:

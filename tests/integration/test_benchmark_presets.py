@@ -59,7 +59,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_every_benchmark_preset_is_covered_here():
-    from test_cli import ON_DISK
+    from tests.helpers.cli import ON_DISK
 
     on_disk = {e for e in config_options()["experiment"] if e.startswith(ON_DISK)}
     assert on_disk == set(PRESETS)

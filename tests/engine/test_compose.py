@@ -1,0 +1,89 @@
+"""What a user types is used or refused before anything is built (engine/compose.py check_config)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mtl_bench.engine.compose import check_config
+from mtl_bench.errors import ConfigError
+from mtl_bench.optim.schedules import MultiStep, StepDecay, to_steps
+from tests.helpers.cli import SMOKE, cli
+
+
+@pytest.fixture
+def checked(compose_cfg):
+    def _checked(*overrides: str):
+        cfg = compose_cfg(*overrides)
+        check_config(cfg, list(overrides))
+        return cfg
+
+    return _checked
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("+trainer.max_step=100", "trainer.max_step: not a key of trainer (did you mean max_steps?)"),
+        ("+trainer.grad_clip.max_nrom=1", "trainer.grad_clip.max_nrom: not a key of trainer.grad_clip (did you mean"),
+        ("+nonsense=1", "nonsense: not a key of the config; free-form labels go under tag: +tag.<name>=<value>"),
+        ("+balancer.diagnostics=true", "balancer.diagnostics: not an option of"),
+    ],
+)
+def test_unknown_keys_are_refused_with_the_closest_valid_key(checked, override, expected):
+    with pytest.raises(ConfigError, match=None) as err:
+        checked(override)
+    assert str(err.value).startswith(expected)
+
+
+def test_labels_go_under_tag(checked):
+    assert OmegaConf.to_container(checked("+tag.lab=ours", "+tag.round=2").tag) == {"lab": "ours", "round": 2}
+    assert checked("tag=baseline").tag == "baseline"
+
+
+def test_a_length_typed_on_the_command_line_replaces_the_presets(checked):
+    cfg = checked("experiment=celeba_cnn", "trainer.max_steps=10")
+    assert (cfg.trainer.max_steps, cfg.trainer.epochs) == (10, None)
+    cfg = checked("trainer.epochs=3")
+    assert (cfg.trainer.max_steps, cfg.trainer.epochs) == (None, 3)
+    with pytest.raises(ConfigError, match="trainer.max_steps and trainer.epochs: give one of them"):
+        checked("trainer.max_steps=10", "trainer.epochs=2")
+
+
+def test_trainer_smoke_shortens_any_preset_and_typed_keys_win(checked):
+    cfg = checked("experiment=nyuv2_segnet_mtan", "trainer=smoke")
+    assert (cfg.trainer.max_steps, cfg.trainer.epochs, cfg.trainer.eval_every) == (20, None, 10)
+    assert cfg.trainer.eval_batch_size == 8  # a key smoke does not set stays the preset's
+    cfg = checked("experiment=nyuv2_segnet_mtan", "trainer=smoke", "trainer.max_steps=4")
+    assert cfg.trainer.max_steps == 4
+
+
+def test_a_constructors_message_names_the_full_key(tmp_path):
+    result = cli("train", "optim.lr=-1", f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "mtl-bench: error: optim.lr: Invalid learning rate: -1"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["balancers=uw"], "mtl-bench: error: balancers: no such key (did you mean balancer?); keys of the config:"),
+        (["balancer=gradnrom"], "mtl-bench: error: balancer=gradnrom: no such option (did you mean gradnorm?)"),
+    ],
+)
+def test_misspelled_groups_and_options_suggest_the_closest(tmp_path, args, expected):
+    result = cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and result.stderr.startswith(expected), result.stderr
+
+
+def test_schedule_lengths_in_epochs_and_percent_follow_the_run():
+    assert to_steps("step_size", "2 epochs", steps_per_epoch=16) == 32
+    assert to_steps("step_size", "1.5ep", steps_per_epoch=10) == 15
+    assert to_steps("step_size", "50%", total_steps=300) == 150
+    assert to_steps("step_size", 7) == 7
+    with pytest.raises(ValueError, match="step_size: must be steps, '<n> epochs' or '<p>%'"):
+        to_steps("step_size", "two epochs")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    assert StepDecay(optimizer, step_size="100 epochs", steps_per_epoch=397).step_size == 39700
+    assert MultiStep(optimizer, milestones=["50%", "75%"], total_steps=200).milestones == [100, 150]
