@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mtl_bench.files import atomic_write
 from mtl_bench.errors import ConfigError, ResumeError
+from mtl_bench.files import atomic_write
 
 CHECKPOINT_NAME = "last.pt"
 

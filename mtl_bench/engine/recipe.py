@@ -370,6 +370,10 @@ class Recipe:
         """Evaluate val (and test where the selection or the end of the run needs it); the selection sees both."""
         val = self.evaluate("val")
         self._log_eval("val", val)
+        if hasattr(self.scheduler, "validation_step"):  # a schedule stepped by a validation criterion (Plateau)
+            self.scheduler.validation_step(
+                self.selection.score(val, self.scheduler.criterion, "optim.schedule.criterion")
+            )
         test = None
         if self.selection.wants_test(self.step) or self.step == self.total_steps:
             test = self.evaluate("test")

@@ -50,21 +50,23 @@ class Selection:
         if select == "best_val":
             self.score({t: {m: 1.0 for m in names} for t, names in higher_is_better.items()})  # checks the criterion
 
-    def score(self, val: Metrics) -> float:
-        """The criterion on `val` as a cost (lower is better)."""
-        if self.criterion == "delta_m":
+    def score(self, val: Metrics, criterion: Optional[str] = None, key: str = "trainer.select_criterion") -> float:
+        """`criterion` (the selection's by default) on `val` as a cost (lower is better); `key` names the setting
+        in errors."""
+        criterion = criterion or self.criterion
+        if criterion == "delta_m":
             if not self.reference:
                 raise ConfigError(
-                    "trainer.select_criterion=delta_m needs tasks.reference (single-task numbers); choose a metric "
-                    "instead, e.g. trainer.select_criterion=loss"
+                    f"{key}=delta_m needs tasks.reference (single-task numbers); choose a metric instead, e.g. "
+                    f"{key}=loss"
                 )
             return delta_m_flat(relative_drops(val, self.reference, self.higher_is_better))
-        task, _, metric = self.criterion.rpartition("/")
+        task, _, metric = criterion.rpartition("/")
         tasks = [task] if task else [t for t in self.higher_is_better if metric in self.higher_is_better[t]]
         known = {m for names in self.higher_is_better.values() for m in names}
         if not tasks or any(metric not in self.higher_is_better.get(t, {}) for t in tasks):
             raise ConfigError(
-                f"trainer.select_criterion={self.criterion!r}: allowed: delta_m, a metric ({', '.join(sorted(known))})"
+                f"{key}={criterion!r}: allowed: delta_m, a metric ({', '.join(sorted(known))})"
                 f" or <task>/<metric> with a task of {', '.join(self.higher_is_better)}"
             )
         values = [val[t][metric] * (-1.0 if self.higher_is_better[t][metric] else 1.0) for t in tasks]

@@ -3,6 +3,7 @@
 from mtl_bench.optim.cyclic import CyclicSchedule
 from mtl_bench.optim.eden import Eden, Eden2
 from mtl_bench.optim.paramwise import build_param_groups
+from mtl_bench.optim.plateau import Plateau
 from mtl_bench.optim.scaled_adam import ScaledAdam
 from mtl_bench.optim.schedules import Constant, Cosine, MultiStep, StepDecay, WarmupSchedule
 
@@ -13,6 +14,7 @@ __all__ = [
     "Eden",
     "Eden2",
     "MultiStep",
+    "Plateau",
     "ScaledAdam",
     "StepDecay",
     "WarmupSchedule",

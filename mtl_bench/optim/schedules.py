@@ -3,8 +3,8 @@
 Chosen with `optim/schedule=<option>` (conf/optim/schedule/); the engine passes `optimizer` and, where the
 signature asks for them, `total_steps` and `steps_per_epoch`. Every length (step_size, milestones, warmup_steps)
 is an optimizer-step count, or a string in epochs ("100 epochs") or in a fraction of the run ("50%"), converted
-here, so a preset's schedule stays right when the batch size or the run's length changes. icefall's Eden/Eden2 and mmcv's cyclic schedule live in eden.py and
-cyclic.py.
+here, so a preset's schedule stays right when the batch size or the run's length changes. icefall's Eden/Eden2,
+mmcv's cyclic schedule and the validation-stepped Plateau live in eden.py, cyclic.py and plateau.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Optional, Sequence, Union
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
-
 
 Length = Union[int, str]
 
