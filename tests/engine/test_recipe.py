@@ -72,8 +72,17 @@ def test_tensorboard_tags_layout_and_hparams_in_the_runs_own_file(small_conf, tm
     assert events.PluginTagToContent("custom_scalars")
 
 
-def test_resume_auto_without_checkpoint_starts_fresh(small_conf, tmp_path):
-    assert train(small_conf("trainer.resume=auto"), tmp_path).step == 20
+def test_resume_auto_without_checkpoint_starts_fresh_and_says_so(small_conf, tmp_path, caplog):
+    with caplog.at_level("INFO", logger="mtl_bench"):
+        assert train(small_conf("trainer.resume=auto"), tmp_path / "run").step == 20
+    said = [r for r in caplog.records if "trainer.resume=auto: no checkpoint in" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING" and "starts at step 0" in said[0].getMessage()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="mtl_bench"):  # a resumed run says from which step
+        train(small_conf("trainer.resume=auto", "trainer.max_steps=30"), tmp_path / "run")
+    assert any(
+        f"resumed from {tmp_path / 'run'}" in r.getMessage() and "at step 20" in r.getMessage() for r in caplog.records
+    )
 
 
 def test_resume_from_a_checkpoint_of_another_model_is_a_config_error(small_conf, tmp_path):
