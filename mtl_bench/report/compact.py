@@ -20,7 +20,6 @@ from mtl_bench.report.published import PublishedTable
 from mtl_bench.report.render import significant  # render imports this module inside a function: no cycle
 from mtl_bench.report.summary import Group
 
-
 WIDTH = 100
 NA = "n/a"
 
@@ -70,7 +69,7 @@ def _pm(value: Optional[float], ci: float, fmt: str) -> str:
 
 
 def cells(row: Row, with_dm: bool) -> list[str]:
-    label = row.label + (f" [{row.mark}]" if row.mark else "")
+    label = row.label + (f" [{row.mark}]" if row.mark in ("baseline", "published") else "")
     out = [label, row.seeds]
     if with_dm:
         if row.mark in ("baseline", "reference"):
@@ -132,8 +131,10 @@ def table_text(header: list[str], body: list[list[str]], title: str, markdown: b
     table = Table(title=title or None, title_justify="left")
     for i, name in enumerate(header):  # only the group column wraps; the numbers stay on one line
         table.add_column(name, overflow="fold", no_wrap=i > 0, ratio=1 if i == 0 else None)
+    from rich.markup import escape
+
     for row in body:
-        table.add_row(*row)
+        table.add_row(*(escape(cell) for cell in row))  # "[baseline]" is text, not rich markup
     widths = [max(len(cell) for cell in column) for column in zip(header, *body)]
     width = min(WIDTH, sum(w + 3 for w in widths) + 1)
     console = Console(file=io.StringIO(), width=width, force_terminal=False)
