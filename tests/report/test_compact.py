@@ -96,7 +96,7 @@ def test_the_margin_is_what_the_docs_say(tmp_path):
     write_run(tmp_path, "under", "x", 0, 0.8, 1.0, [1.0, 0.99, 0.951])
     write_run(tmp_path, "over", "y", 0, 0.8, 1.0, [1.0, 0.99, 0.949])
     report = json.loads(make_report([tmp_path], "json", None, None)[0])
-    assert [g["group"] for g in report["groups"]] == ["(defaults)"] or len(report["groups"]) == 1
+    assert len(report["groups"]) == 1
     assert [Path(p["path"]).name for p in report["problems"] if p["status"] == "did not learn"] == ["under"]
 
 
@@ -106,10 +106,9 @@ def test_metrics_json_decides_when_there_are_no_events(tmp_path):
     metrics["initial_test"] = {"a": {"loss": 1.0}, "b": {"loss": 1.0}}
     metrics["test"]["a"]["loss"], metrics["test"]["b"]["loss"] = 1.0, 0.98
     (run / "metrics.json").write_text(json.dumps(metrics))
-    problems = json.loads(make_report([tmp_path / "r"], "json", None, None)[0]) if False else None
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2 and "no completed runs that learned" in result.output
-    assert "test loss (untrained -> final) fell 1.0%" in result.output and problems is None
+    assert "test loss (untrained -> final) fell 1.0%" in result.output
 
 
 def test_reference_row_is_shown_and_marked(sweep):
