@@ -154,6 +154,8 @@ def compact_report(
 ) -> tuple[str, list[str]]:
     """One short table per task set, each followed by its winner line; returns the text and the winner lines."""
     blocks, winners = [], []
+    if not parts:
+        return "no group to rank: no completed run learned (each is listed below)\n", winners
     for tasks, part in parts.items():
         by_dm = any(g.delta_m is not None for g in part)
         rows = ranked(part, by_dm)

@@ -62,10 +62,11 @@ def make_report(
     runs, unlearned = split_not_learned(collect(paths))
     groups, common = group_runs(runs)
     problems = unlearned + describe_problems(runs)
-    if not groups:
+    if not groups and not unlearned:
         shown = "; ".join(problem_line(p) for p in problems[:3]) + ("; ..." if len(problems) > 3 else "")
-        what = "completed runs that learned" if unlearned else "completed runs"
-        raise ConfigError(f"no {what} among {len(runs) + len(unlearned)} found: {shown}")
+        raise ConfigError(f"no completed runs among {len(runs)} found: {shown}")
+    if not groups:  # runs completed but none learned: the report is the list of them (not an error)
+        return render(groups, problems, fmt, baseline, common, wide=wide), []
     tables = None
     if published:
         from mtl_bench.report.published import load

@@ -311,11 +311,14 @@ def test_plot_axes_follow_the_values():
 
 def test_a_real_sweep_end_to_end(tmp_path):
     runner = CliRunner()
-    smoke = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64"]
+    # 400 steps: in the smoke length (20) the toy's losses do not move, and the report lists the runs as not learned
+    smoke = ["trainer=smoke", "trainer.max_steps=400", "trainer.log_every=40", "tasks.n_train=512", "tasks.n_val=64"]
     result = runner.invoke(
         app, ["train", "-m", "balancer=fixed,gradnorm", "seed=0,1", f"hydra.sweep.dir={tmp_path}", *smoke]
     )
     assert result.exit_code == 0, result.output
+    printed = " ".join(result.output.split())  # the end-of-sweep summary (report/sweep_callback.py)
+    assert f"sweep finished: {tmp_path}" in printed and "best by mean rank: balancer=" in printed
     report = json.loads(make_report([tmp_path], "json", "balancer=fixed", None)[0])
     groups = {g["group"]: g for g in report["groups"]}
     assert {g: v["seeds"] for g, v in groups.items()} == {"balancer=fixed": 2, "balancer=gradnorm": 2}
