@@ -153,7 +153,8 @@ def compact_report(
     markdown: bool,
 ) -> tuple[str, list[str]]:
     """One short table per task set, each followed by its winner line; returns the text and the winner lines."""
-    blocks, winners = [], []
+    blocks: list[str] = []
+    winners: list[str] = []
     if not parts:
         return "no group to rank: no completed run learned (each is listed below)\n", winners
     for tasks, part in parts.items():
