@@ -97,13 +97,19 @@ def winner_line(rows: list[Row], by_dm: bool) -> str:
     if len(rows) < 2:
         return "one group: nothing to compare" if rows else "no group to compare"
     best, runner = rows[0], rows[1]
+    if not by_dm and best.rank == runner.rank:
+        return f"no single best group: {best.label} and {runner.label} tie on mean rank ({best.rank:.2f})"
     if not by_dm:
         return (
             f"best by mean rank: {best.label} ({best.rank:.2f}; runner-up {runner.label}: {runner.rank:.2f}); "
             "mean rank has no interval: give --baseline for Δm with its 95% CI"
         )
     assert best.dm is not None and runner.dm is not None
-    head = f"best: {best.label} (Δm {best.dm:+.2f}); runner-up: {runner.label} (Δm {runner.dm:+.2f}): "
+
+    def dm(row: Row) -> str:
+        return "the baseline" if row.mark == "baseline" else f"Δm {row.dm:+.2f}"
+
+    head = f"best: {best.label} ({dm(best)}); runner-up: {runner.label} ({dm(runner)}): "
     if math.isnan(best.dm_ci) or math.isnan(runner.dm_ci):
         return head + "cannot tell whether they differ (one seed gives no interval: run more seeds)"
     if best.dm + best.dm_ci < runner.dm - runner.dm_ci:

@@ -67,7 +67,7 @@ def test_default_table_fits_100_columns_names_the_winner_and_lists_the_stuck_run
     lines = text.splitlines()
     winner = next(i for i, line in enumerate(lines) if line.startswith("best: "))
     verdict = " ".join(" ".join(lines[winner : winner + 3]).split())
-    assert "balancer=best (Δm -34.54)" in verdict and "runner-up: balancer=fixed (Δm +0.00)" in verdict
+    assert "balancer=best (Δm -34.54)" in verdict and "runner-up: balancer=fixed (the baseline)" in verdict
     assert "separated by more than their 95% CIs" in verdict
     table = "\n".join(lines[:winner])
     assert "stuck" not in table  # never ranked, though its metrics are the best
