@@ -65,14 +65,18 @@ def report(
         help="Δm against the group with these values (e.g. balancer=fixed), or 'reference' (tasks.reference).",
     ),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Write PNG plots here (needs matplotlib)."),
+    wide: bool = typer.Option(False, "--wide", help="The per-metric table (mean ± 95% CI of every metric)."),
+    published: Optional[str] = typer.Option(
+        None, "--published", help="Show a paper's rows beside yours (nash_mtl, famo); Δm against its single-task row."
+    ),
 ) -> None:
-    """Compare runs: mean ± 95% CI over seeds of each final test metric per group of equal configs, Δm, mean
-    rank, time per step."""
+    """Compare runs: one row per group of equal configs with Δm (± 95% CI), mean rank and time per step, and the
+    best group; --wide for every final test metric."""
     from mtl_bench.errors import ConfigError
     from mtl_bench.report.main import make_report
 
     try:
-        text, written = make_report(paths, fmt, baseline, plots)
+        text, written = make_report(paths, fmt, baseline, plots, wide=wide, published=published)
     except ConfigError as err:
         typer.echo(f"mtl-bench: error: {err}", err=True)
         raise typer.Exit(2) from None

@@ -114,8 +114,11 @@ class Run:
 
     def scalars(self, prefix: str) -> dict[str, list[tuple[int, float]]]:
         """TensorBoard scalars whose tag starts with `prefix`, as {tag: [(step, value), ...]}."""
+        import logging
+
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+        logging.getLogger("tensorboard").setLevel(logging.WARNING)  # its "No path found after <file>" is noise here
         events = EventAccumulator(str(self.path), size_guidance={"scalars": 0})
         events.Reload()
         return {

@@ -48,11 +48,51 @@ class GradientDiagnostics:
 GRAD_COS_MATRIX = "grad_cos/matrix"
 
 
-def heatmap(cos: np.ndarray, cell: int = 16) -> np.ndarray:
-    """A (3, H, W) float image of a cosine matrix: red for +1, white for 0, blue for -1; one square per pair."""
-    c = np.clip(cos, -1.0, 1.0)
-    red = np.where(c < 0, 1 + c, 1.0)
-    blue = np.where(c > 0, 1 - c, 1.0)
-    green = 1 - np.abs(c)
-    image = np.stack([red, green, blue])
-    return image.repeat(cell, axis=1).repeat(cell, axis=2)
+def colour(c: np.ndarray) -> np.ndarray:
+    """RGB in [0, 1] for cosines (..., 3): red for +1, white for 0, blue for -1."""
+    c = np.clip(c, -1.0, 1.0)
+    return np.stack([np.where(c < 0, 1 + c, 1.0), 1 - np.abs(c), np.where(c > 0, 1 - c, 1.0)], axis=-1)
+
+
+def heatmap(cos: np.ndarray, names: list[str] | None = None, cell: int | None = None) -> np.ndarray:
+    """A (3, H, W) float image of a cosine matrix for TensorBoard: one square per pair of tasks, labelled with the
+    task names (rows and columns), the value written in each square when there is room, and a colour scale from
+    -1 (blue) through 0 (white) to +1 (red) on the right. Squares are 48 px for a few tasks, smaller for many
+    (the grid stays within about 960 px)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    n = cos.shape[0]
+    names = list(names) if names is not None and len(names) == n else [str(i) for i in range(n)]  # never mislabel
+    cell = cell or max(16, min(48, 960 // max(n, 1)))
+    try:
+        font = ImageFont.load_default(size=max(10, min(14, cell // 3)))
+    except TypeError:  # Pillow < 10.1: the fixed bitmap font
+        font = ImageFont.load_default()
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    text_w = max(int(measure.textlength(name, font=font)) for name in names) + 8
+    bar_w, pad = 16, 8
+    width, height = text_w + n * cell + pad + bar_w + 40, text_w + n * cell + pad
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    x0, y0 = text_w, text_w
+    rgb = (colour(cos) * 255).round().astype(np.uint8)
+    for i in range(n):
+        for j in range(n):
+            box = (x0 + j * cell, y0 + i * cell, x0 + (j + 1) * cell - 1, y0 + (i + 1) * cell - 1)
+            draw.rectangle(box, fill=tuple(int(v) for v in rgb[i, j]), outline=(200, 200, 200))
+            if cell >= 32:
+                draw.text(
+                    (box[0] + cell / 2, box[1] + cell / 2), f"{cos[i, j]:+.2f}", fill="black", font=font, anchor="mm"
+                )
+    for i, name in enumerate(names):  # row labels on the left, column labels written upwards on top
+        draw.text((x0 - 4, y0 + i * cell + cell / 2), name, fill="black", font=font, anchor="rm")
+        label = Image.new("RGB", (text_w, cell), "white")
+        ImageDraw.Draw(label).text((4, cell / 2), name, fill="black", font=font, anchor="lm")
+        image.paste(label.rotate(90, expand=True), (x0 + i * cell, 0))
+    bar_x, bar_h = x0 + n * cell + pad, n * cell
+    ramp = colour(np.linspace(1.0, -1.0, bar_h))  # +1 at the top
+    bar = Image.fromarray((np.repeat(ramp[:, None, :], bar_w, axis=1) * 255).round().astype(np.uint8))
+    image.paste(bar, (bar_x, y0))
+    for value, y in ((1, y0), (0, y0 + bar_h / 2), (-1, y0 + bar_h - 1)):
+        draw.text((bar_x + bar_w + 4, y), f"{value:+d}" if value else "0", fill="black", font=font, anchor="lm")
+    return np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from mtl_bench.analysis.runs import Run, scan_runs
+from mtl_bench.analysis.runs import Run, run_status, scan_runs
 from mtl_bench.errors import ConfigError
 from mtl_bench.report.render import FORMATS, problem_line, render
-from mtl_bench.report.summary import add_delta_m, describe_problems, group_runs
+from mtl_bench.report.summary import add_delta_m, by_task_set, describe_problems, group_runs, set_delta_m
 
 
 def collect(paths: list[Path]) -> list[Run]:
@@ -23,16 +23,65 @@ def collect(paths: list[Path]) -> list[Run]:
     return list(runs.values())
 
 
-def make_report(paths: list[Path], fmt: str, baseline: Optional[str], plots: Optional[Path]) -> tuple[str, list[Path]]:
+def split_not_learned(runs: list[Run]) -> tuple[list[Run], list[dict[str, Any]]]:
+    """The runs to rank, and the completed runs that did not learn (report/learning.py) as problems."""
+    from mtl_bench.report.learning import not_learned
+    from mtl_bench.report.summary import varied_overrides
+
+    kept, flagged = [], []
+    for run in runs:
+        reason = not_learned(run) if run_status(run) == "completed" else None
+        if reason is None:
+            kept.append(run)
+        else:
+            flagged.append(
+                {
+                    "path": str(run.path),
+                    "status": "did not learn",
+                    "reason": reason,
+                    "overrides": " ".join(varied_overrides(run)),
+                }
+            )
+    return kept, flagged
+
+
+def make_report(
+    paths: list[Path],
+    fmt: str,
+    baseline: Optional[str],
+    plots: Optional[Path],
+    *,
+    wide: bool = False,
+    published: Optional[str] = None,
+) -> tuple[str, list[Path]]:
     """The rendered report and the plot files written."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: allowed: {', '.join(FORMATS)}")
-    runs = collect(paths)
+    if published and baseline:
+        raise ConfigError("--published: Δm is taken against the paper's single-task row; leave out --baseline")
+    runs, unlearned = split_not_learned(collect(paths))
     groups, common = group_runs(runs)
-    problems = describe_problems(runs)
-    if not groups:
+    problems = unlearned + describe_problems(runs)
+    if not groups and not unlearned:
         shown = "; ".join(problem_line(p) for p in problems[:3]) + ("; ..." if len(problems) > 3 else "")
         raise ConfigError(f"no completed runs among {len(runs)} found: {shown}")
+    if not groups:  # runs completed but none learned: the report is the list of them (not an error)
+        return render(groups, problems, fmt, baseline, common, wide=wide), []
+    tables = None
+    if published:
+        from mtl_bench.report.published import load
+
+        every = load(published)
+        tables = {tasks: every[tasks] for tasks in by_task_set(groups) if tasks in every}
+        if not tables:
+            raise ConfigError(
+                f"--published {published}: no table for the task sets here ({', '.join(by_task_set(groups))}); "
+                f"it has {', '.join(every)}"
+            )
+        for tasks, table in tables.items():
+            for group in by_task_set(groups)[tasks]:
+                if table.stl:
+                    set_delta_m(group, table.stl, f"{published} single-task row")
     if baseline:
         add_delta_m(groups, baseline)
     written: list[Path] = []
@@ -40,4 +89,14 @@ def make_report(paths: list[Path], fmt: str, baseline: Optional[str], plots: Opt
         from mtl_bench.report.plots import write_plots
 
         written = write_plots(groups, plots, baseline)
-    return render(groups, problems, fmt, baseline, common), written
+    return render(groups, problems, fmt, baseline, common, wide=wide, published=tables), written
+
+
+def sweep_summary(sweep_dir: Path) -> str:
+    """The compact report of a sweep's runs (what `mtl-bench report SWEEP_DIR` prints), or one line saying why
+    there is none; never raises for a sweep that produced nothing to report."""
+    try:
+        text, _ = make_report([sweep_dir], "table", None, None)
+    except ConfigError as err:
+        return f"no report for {sweep_dir}: {err}\n"
+    return f"{text}full report: mtl-bench report {sweep_dir} --baseline KEY=VALUE (Δm and its 95% CI)\n"

@@ -57,6 +57,8 @@ def _arrow(groups: list[Group], task: str, name: str) -> str:
 def _dm(group: Group, key: str) -> str:
     if group.delta_m is None:
         return ""
+    if group.is_baseline:  # compared with itself: 0 by definition
+        return "baseline"
     ci = group.delta_m_ci[key] if group.delta_m_ci else math.nan
     return f"{group.delta_m[key]:+.2f} ± {NA}" if math.isnan(ci) else f"{group.delta_m[key]:+.2f} ± {ci:.2f}"
 
@@ -165,18 +167,49 @@ def footer(groups: list[Group], problems: list[dict[str, Any]], baseline: str | 
         )
     else:
         lines.append("time/step: no run recorded wall_time_s and step in its metrics.json")
-    if problems:
-        lines.append(
-            f"not in the table ({len(problems)} run{'s' if len(problems) != 1 else ''} "
-            "that did not complete; never averaged):"
-        )
-        lines += ["  " + problem_line(p) for p in problems]
-    return lines
+    return lines + _problem_lines(problems)
+
+
+def _problem_lines(problems: list[dict[str, Any]]) -> list[str]:
+    if not problems:
+        return []
+    lines = [
+        f"not in the table ({len(problems)} run{'s' if len(problems) != 1 else ''} "
+        "that did not complete or did not learn; never averaged nor ranked):"
+    ]
+    return lines + ["  " + problem_line(p) for p in problems]
+
+
+def _reference_row(part: list[Group], header: list[str]) -> list[str] | None:
+    """The task set's reference values (tasks.reference) as a row of the wide table, marked."""
+    reference = part[0].runs[0].metrics.get("reference") or {}
+    if not reference:
+        return None
+    row = ["reference (tasks.reference) [baseline]", ""]
+    for title in header[2:]:
+        task, _, rest = title.partition("/")
+        value = reference.get(task, {}).get(rest.split(" ")[0]) if rest else None
+        row.append("" if value is None else significant(float(value), 4))
+    return row
 
 
 def render(
-    groups: list[Group], problems: list[dict[str, Any]], fmt: str, baseline: str | None, common: list[str]
+    groups: list[Group],
+    problems: list[dict[str, Any]],
+    fmt: str,
+    baseline: str | None,
+    common: list[str],
+    *,
+    wide: bool = False,
+    published: dict[str, Any] | None = None,
 ) -> str:
+    from mtl_bench.report.compact import compact_notes, compact_report, wrap
+
+    parts = by_task_set(groups)
+    compact, winners = compact_report(parts, baseline, published, markdown=fmt == "markdown")
+    if fmt == "table" and not wide:
+        notes = compact_notes(groups, baseline, published) + [wrap(line) for line in _problem_lines(problems)]
+        return compact + "\n" + "\n".join(notes) + "\n"
     if fmt == "json":
         return json.dumps(
             {
@@ -201,6 +234,18 @@ def render(
                     }
                     for g in groups
                 ],
+                "winner": winners,
+                "published": None
+                if not published
+                else {
+                    tasks: {
+                        "paper": t.paper,
+                        "table": t.table,
+                        "notes": t.notes,
+                        "rows": [vars(r) for r in t.rows],
+                    }
+                    for tasks, t in published.items()
+                },
                 "problems": problems,
             },
             indent=2,
@@ -215,11 +260,13 @@ def render(
         for p in problems:
             writer.writerow([p["overrides"], "0", p["status"], p["path"], p["reason"]])
         return out.getvalue()
-    notes = footer(groups, problems, baseline, common)
-    parts = by_task_set(groups)
+    notes = winners + footer(groups, problems, baseline, common)
     blocks = []
     for tasks, part in parts.items():
         header, body = rows(part)
+        reference = _reference_row(part, header) if baseline == "reference" else None
+        if reference is not None:
+            body.append(reference + [""] * (len(header) - len(reference)))
         title = f"tasks={tasks}" if len(parts) > 1 else ""
         if fmt == "markdown":
             lines = [f"### {title}", ""] if title else []
@@ -228,7 +275,7 @@ def render(
         else:
             blocks.append(_rich_table(header, body, title))
     if fmt == "markdown":
-        return "\n\n".join(blocks) + "\n\n" + "\n".join(notes) + "\n"
+        return compact + "\n" + "\n\n".join(blocks) + "\n\n" + "\n".join(notes) + "\n"
     return "".join(blocks) + "\n".join(notes) + "\n"
 
 

@@ -105,6 +105,7 @@ class Group:
     view: dict[str, Any] = field(default_factory=dict, repr=False)  # what labels are made of, in config order
     choice_keys: set[str] = field(default_factory=set, repr=False)  # keys of `view` that are group choices
     overridden: set[str] = field(default_factory=set, repr=False)  # keys its runs set on the command line
+    is_baseline: bool = False  # the group Δm is taken against (its own Δm is 0 by definition: shown as "baseline")
 
     @property
     def means(self) -> dict[str, dict[str, float]]:
@@ -346,25 +347,31 @@ def add_delta_m(groups: list[Group], baseline: str) -> None:
             reference = group.runs[0].metrics.get("reference")
             if not reference:
                 continue
-            base_means, group.baseline_label = reference, "reference"
+            set_delta_m(group, reference, "reference")
         else:
             base = find_baseline(group, groups, selector)
             if base is None:
                 continue
-            base_means, group.baseline_label = base.means, base.label
-        drops = relative_drops(group.means, base_means, group.higher_is_better)
-        group.delta_m = {"flat": delta_m_flat(drops), "task_averaged": delta_m_task_averaged(drops)}
-        # the interval: Δm of each seed's metrics against the baseline's means (held fixed: the baseline's own
-        # spread over seeds is not in it), Student t over those per-seed values
-        seeds = [relative_drops(metrics, base_means, group.higher_is_better) for metrics in group.per_seed.values()]
-        group.delta_m_ci = {
-            key: ci_half_width([v for v in map(convention, seeds) if not math.isnan(v)])
-            for key, convention in (("flat", delta_m_flat), ("task_averaged", delta_m_task_averaged))
-        }
+            set_delta_m(group, base.means, base.label)
+            group.is_baseline = base is group
         matched = True
     if not matched:
         what = "reference values (tasks.reference)" if not selector else f"a group with {baseline}"
         raise ConfigError(f"--baseline {baseline}: no run has {what} to compare with")
+
+
+def set_delta_m(group: Group, base_means: dict[str, dict[str, float]], label: str) -> None:
+    """The group's Δm against `base_means` in both conventions, and its 95% CI over seeds."""
+    group.baseline_label = label
+    drops = relative_drops(group.means, base_means, group.higher_is_better)
+    group.delta_m = {"flat": delta_m_flat(drops), "task_averaged": delta_m_task_averaged(drops)}
+    # the interval: Δm of each seed's metrics against the baseline's means (held fixed: the baseline's own
+    # spread over seeds is not in it), Student t over those per-seed values
+    seeds = [relative_drops(metrics, base_means, group.higher_is_better) for metrics in group.per_seed.values()]
+    group.delta_m_ci = {
+        key: ci_half_width([v for v in map(convention, seeds) if not math.isnan(v)])
+        for key, convention in (("flat", delta_m_flat), ("task_averaged", delta_m_task_averaged))
+    }
 
 
 def describe_problems(runs: list[Run]) -> list[dict[str, Any]]:
