@@ -6,6 +6,7 @@ imported only inside the task function.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -53,7 +54,8 @@ def run_experiment(cfg: DictConfig) -> float:
     from mtl_bench.engine.progress import use_bar
     from mtl_bench.engine.recipe import loss_ratio_sum, train
     from mtl_bench.engine.threads import cores_of, parallel_runs_of
-    from mtl_bench.records import record_failure
+    from mtl_bench.records import METRICS_FILE, record_failure
+    from mtl_bench.report.run_summary import format_run_summary
 
     hydra_cfg = HydraConfig.get()
     choices = {
@@ -82,6 +84,9 @@ def run_experiment(cfg: DictConfig) -> float:
         parallel_runs=parallel_runs_of(hydra_cfg.launcher),
         cores=cores_of(hydra_cfg.launcher),
     )
+    if not multirun and int(os.environ.get("RANK", "0")) == 0:  # a sweep ends with its own summary table
+        record = json.loads((run_dir / METRICS_FILE).read_text())
+        print(format_run_summary(record, run_dir), end="", flush=True)
     return loss_ratio_sum(result.val, result.initial_test) / len(result.val)
 
 

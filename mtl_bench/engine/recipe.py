@@ -53,7 +53,7 @@ from mtl_bench.errors import Interrupted, ResumeError
 from mtl_bench.files import write_json
 from mtl_bench.optim.cyclic import group_momentum
 from mtl_bench.records import METRICS_FILE, previous_status, record_failure
-from mtl_bench.run_logger import RunLogger, flatten_hparams
+from mtl_bench.run_logger import RunLogger, flatten_hparams, hparam_values
 
 log = logging.getLogger("mtl_bench")
 
@@ -217,12 +217,7 @@ class Recipe:
     def _write_hparams(self) -> None:
         assert self.logger is not None
         config = OmegaConf.to_container(self.cfg, resolve=True)
-        # `overrides` first: the HParams table then shows what each run of a sweep changed
-        values = {
-            "overrides": " ".join(self.overrides) or "(none)",
-            **{f"choice.{g}": o for g, o in self.choices.items()},
-            **flatten_hparams(config),
-        }  # type: ignore[arg-type]
+        values = hparam_values(config, self.choices)  # type: ignore[arg-type]
         final = [tags.metric("test", t, m) for t, names in self.metric_names.items() for m in names]
         self.logger.write_hparams(values, final + [tags.TEST_LOSS_RATIO_SUM])
 
@@ -488,7 +483,9 @@ class Recipe:
         names, n = self.taskset.task_names, len(self.taskset.tasks)
         cos = measured.pop(GRAD_COS_MATRIX, None)
         if cos is not None and self.logger is not None:  # one image per diagnostic step
-            self.logger.writer.add_image("grad_cos/heatmap", heatmap(cos.float().cpu().numpy()), self.step)
+            self.logger.writer.add_image(
+                "grad_cos/heatmap", heatmap(cos.float().cpu().numpy(), self.taskset.task_names), self.step
+            )
         # One host read per log interval: losses, the non-finite record and the balancer's measurements.
         values = torch.cat(
             [
@@ -516,7 +513,7 @@ class Recipe:
             self.nonfinite.reported = skipped
         if self.logger is not None:
             if not self.layout_written:  # the tags are known only now (they depend on the balancer)
-                self.logger.write_dashboard(self.metric_names, list(scalars))
+                self.logger.write_dashboard(self.metric_names, list(scalars), task_set=self.choices.get("tasks"))
                 self.layout_written = True
             self.logger.scalars(scalars, self.step)
         progress.update(self.step, losses, rate)

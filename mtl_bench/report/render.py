@@ -11,7 +11,6 @@ from typing import Any
 from mtl_bench.report.summary import Group, Stat, by_task_set
 
 FORMATS = ("table", "markdown", "csv", "json")
-MODEL_SELECTION = "final step"
 
 
 def _columns(groups: list[Group]) -> list[tuple[str, str]]:
@@ -141,12 +140,29 @@ def problem_line(p: dict[str, Any]) -> str:
     return f"{p['status']}: {where}: {p['reason']}" if p["reason"] else f"{p['status']}: {where}"
 
 
+def selection_text(record: Any) -> str:
+    """A run's trainer.select as metrics.json records it, in words."""
+    if not isinstance(record, dict):
+        return str(record or "final step")
+    if record.get("select") == "best_val":
+        return f"best validation {record.get('criterion')}"
+    if record.get("select") == "last_k":
+        return f"mean of the last {record.get('k')} evaluations"
+    return "final step"
+
+
+def model_selection(groups: list[Group]) -> str:
+    """The runs' model selection, one phrase each (runs of one report normally share it)."""
+    found = sorted({selection_text(r.metrics.get("model_selection")) for g in groups for r in g.runs})
+    return ", ".join(found) or "final step"
+
+
 def footer(groups: list[Group], problems: list[dict[str, Any]], baseline: str | None, common: list[str]) -> list[str]:
     repeated = " (runs of one seed averaged first)" if any(len(g.runs) > g.seeds for g in groups) else ""
     lines = [
         f"final test metrics, mean ± 95% confidence interval over seeds{repeated} (Student t: "
         f"± t_0.975,n−1 · s/√n, s the sample std over n seeds; {NA} with one seed); model selection: "
-        f"{MODEL_SELECTION}"
+        f"{model_selection(groups)}"
     ]
     if common:
         lines.append("every group also has: " + " ".join(common))
@@ -213,7 +229,7 @@ def render(
     if fmt == "json":
         return json.dumps(
             {
-                "model_selection": MODEL_SELECTION,
+                "model_selection": model_selection(groups),
                 "baseline": baseline,
                 "common_overrides": common,
                 "groups": [

@@ -6,6 +6,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
+from mtl_bench.report.render import selection_text
+
 
 def final_weights(run_dir: Path, tasks: list[str]) -> dict[str, float]:
     """The last logged `weight/<task>` of each task from the run's TensorBoard events ({} when none was logged)."""
@@ -32,7 +34,7 @@ def format_run_summary(record: Mapping[str, Any], run_dir: Path) -> str:
         lines.append(f"run finished: {step} steps in {wall:.1f} s{per_step}")
     else:
         lines.append(f"run finished ({record.get('status', 'completed')})")
-    lines.append(f"final test metrics ({record.get('model_selection', 'final step')}):")
+    lines.append(f"test metrics ({selection_text(record.get('model_selection'))}):")
     width = max((len(task) for task in test), default=0)
     for task, metrics in test.items():
         shown = "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())

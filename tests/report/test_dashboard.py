@@ -37,12 +37,12 @@ def test_sweep_dashboard(tmp_path):
         tags = set(events.Tags()["scalars"])
         assert {"loss/t0", "loss/t1", "weight/t0", "weight/t1", "metric/test/t0/mse", "metric/test/t1/mse"} <= tags
 
-        # HParams: the run's overrides and choices, and the final test metrics as the table's columns
+        # HParams: the chosen options and their values (no Hydra keys), and the final test metrics as the columns
         start = plugin_data_pb2.HParamsPluginData.FromString(
             plugin_content(events, "hparams", "_hparams_/session_start_info")
         ).session_start_info
-        assert start.hparams["overrides"].string_value.startswith(f"balancer={balancer}")
-        assert start.hparams["choice.balancer"].string_value == balancer
+        assert start.hparams["balancer"].string_value == balancer
+        assert not [key for key in start.hparams if key.endswith(("_target_", "_partial_")) or key.startswith("hydra")]
         experiment = plugin_data_pb2.HParamsPluginData.FromString(
             plugin_content(events, "hparams", "_hparams_/experiment")
         ).experiment
