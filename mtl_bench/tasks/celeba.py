@@ -31,7 +31,7 @@ FAMO's clamps log(0) to -100 where it does). A prediction is positive where sigm
 
 Metrics per attribute, over the split (the `metrics` option picks which are reported):
   accuracy  fraction of images whose attribute is predicted right (higher is better);
-  error     1 - accuracy (lower is better): the issue's metric for Δm;
+  error     1 - accuracy (lower is better): the metric Δm uses;
   f1        FAMO's metric (its `CelebaMetrics`): precision = TP / (TP + FP + 1e-8), recall = TP / (TP + FN + 1e-8),
             f1 = 2 precision recall / (precision + recall + 1e-8), TP/FP/FN counted over the whole split.
 Δm counts every reported metric that the baseline names: against a group of runs that report both accuracy
