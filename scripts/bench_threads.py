@@ -148,8 +148,8 @@ def print_copies_table(
         + ", ".join(f"{v} ({k})" for k, v in auto_value.items())
         + "\n"
     )
-    header = ["experiment", "copies at once", "auto: s per copy", "torch default: s per copy", "default / auto"]
-    header += ["auto: vs 1 copy", "default: vs 1 copy", "auto: CPU s per copy", "default: CPU s per copy"]
+    header = ["experiment", "copies", "auto s", "default s", "default/auto", "auto/1 copy", "default/1 copy"]
+    header += ["auto CPU s", "default CPU s"]  # per copy; default: torch's own thread count
     cells = []
     for name in EXPERIMENTS:
         alone = {

@@ -50,7 +50,8 @@ def table(runs: list[Run]) -> tuple[str, dict[str, float]]:
     by_seed: dict[int, dict[str, Run]] = {}
     for run in runs:
         by_seed.setdefault(int(run.metrics["seed"]), {})[run.overrides["experiment"]] = run
-    header = ["seed", "equal weights: test Σ L_i/L_i(0)", "GradNorm α=0.12: test Σ L_i/L_i(0)", "Spearman(σ_i, w_i)"]
+    header = ["seed", "equal weights: test Σ L_i/L_i(0)", "GradNorm α=0.12: test Σ L_i/L_i(0)"]
+    header.append("Spearman(σ_i, w_i)")
     rows: list[list[str]] = []
     equal, gradnorm, rho = [], [], []
     for seed, pair in sorted(by_seed.items()):
@@ -117,13 +118,15 @@ def main() -> None:
         "    python scripts/gradnorm_toy_evidence.py",
         "",
         "which runs `mtl-bench train -m experiment=gradnorm_toy,gradnorm_toy_equal "
-        f"seed={','.join(map(str, args.seeds))}` ({machine}).",
+        f"seed={','.join(map(str, args.seeds))}`",
+        f"({machine}).",
         "",
         text,
         "",
-        f"GradNorm ends {'below' if means['gradnorm'] < means['equal'] else 'ABOVE'} equal weights on average, and "
-        "its final weights order inversely to σ (Spearman correlation near -1): the larger a task's scale, the",
-        "larger its gradients, so GradNorm gives it a smaller weight, as in the paper's Figure 3.",
+        f"GradNorm ends {'below' if means['gradnorm'] < means['equal'] else 'ABOVE'} equal weights on average, and its "
+        "final weights",
+        "order inversely to σ (Spearman correlation near -1): the larger a task's scale, the larger its gradients, so",
+        "GradNorm gives it a smaller weight, as in the paper's Figure 3.",
     ]
     if plotted:
         doc += ["", f"![GradNorm weights over training]({image.name})"]
