@@ -45,9 +45,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
-from torchvision.datasets.folder import IMG_EXTENSIONS
-from torchvision.transforms.v2 import functional as TF
 
+from mtl_bench.optional import torchvision_module
 from mtl_bench.tasks.base import Task, root_folder
 from mtl_bench.tasks.losses import accuracy_metrics, cross_entropy_loss
 from mtl_bench.tasks.office_layouts import LAYOUTS, OfficeLayout
@@ -55,6 +54,7 @@ from mtl_bench.tasks.office_layouts import LAYOUTS, OfficeLayout
 MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics, LibMTL's Normalize
 STD = (0.229, 0.224, 0.225)
 SPLITS = ("train", "val", "test")
+NEEDED_BY = "the Office task sets (tasks=office31, tasks=office_home)"
 FRACTIONS = (0.6, 0.2)  # train, val per class, rounded down; test gets the rest (LibMTL's split files)
 
 
@@ -106,8 +106,13 @@ def domain_dirs(root: Path, layout: OfficeLayout) -> dict[str, Path]:
     return found  # type: ignore[return-value]
 
 
+def image_extensions() -> tuple[str, ...]:
+    """ImageFolder's image extensions (torchvision's list)."""
+    return torchvision_module(NEEDED_BY, "torchvision.datasets.folder").IMG_EXTENSIONS
+
+
 def _is_image(name: str) -> bool:
-    return name.lower().endswith(IMG_EXTENSIONS)
+    return name.lower().endswith(image_extensions())
 
 
 def scan_domain(directory: Path, layout: OfficeLayout) -> dict[str, list[Path]]:
@@ -130,7 +135,7 @@ def scan_domain(directory: Path, layout: OfficeLayout) -> dict[str, list[Path]]:
             entry.name for entry in os.scandir(directory / name) if entry.is_file() and _is_image(entry.name)
         )
         if not files:
-            raise _fail(f"{directory / name} holds no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)", layout)
+            raise _fail(f"{directory / name} holds no images ({', '.join(image_extensions()[:3])}, ...)", layout)
         images[name] = [directory / name / f for f in files]
     return images
 
@@ -262,6 +267,7 @@ def decode_all(paths: Sequence[Path], size: int, layout: OfficeLayout, keep: boo
 
 def normalize(image: Tensor) -> Tensor:
     """uint8 (3, H, W) -> float32 in [0, 1], ImageNet mean/std normalized (LibMTL's ToTensor + Normalize)."""
+    TF = torchvision_module(NEEDED_BY, "torchvision.transforms.v2.functional")
     return TF.normalize(image.float().div_(255), MEAN, STD)
 
 
@@ -327,6 +333,7 @@ def build_office(
 ) -> tuple[list[Task], dict[str, dict[str, OfficeDomain]]]:
     """The tasks and {split: {task: OfficeDomain}}; every check runs here, before training."""
     check_options(split_seed, image_size)
+    torchvision_module(NEEDED_BY)  # before the tree is read: file types and normalization are torchvision's
     path = root_folder(root, "the domain folders", layout.option, f"expected {layout.describe()}")
     dirs = domain_dirs(path, layout)
     images = {task: scan_domain(d, layout) for task, d in dirs.items()}
