@@ -208,7 +208,7 @@ class GradNorm(StagedBalancer):
         if name == "_linear":
             self.__dict__[name] = value
         else:
-            super().__setattr__(name, value)  # type: ignore[arg-type]  # torch annotates Tensor | Module; any value is allowed
+            super().__setattr__(name, value)  # type: ignore[arg-type]  # torch: Tensor | Module; any value works
 
     def remove_hook(self) -> None:
         """Detach the forward hook from the shared layer (the balancer cannot measure after this)."""
