@@ -16,8 +16,26 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:  # versions from the installed metadata: torch is not imported for it
+        from importlib.metadata import PackageNotFoundError, version
+
+        def installed(name: str) -> str:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "not installed"
+
+        typer.echo(f"mtl-bench {installed('mtl-bench')} (torch {installed('torch')})")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and torch's, and exit."
+    ),
+) -> None:
     """mtl-bench: compose an experiment from config groups, train it, compare runs."""
     # A callback keeps `train` a subcommand even while it is the only one (typer's single-command rule).
 

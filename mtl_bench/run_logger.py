@@ -1,6 +1,6 @@
 """TensorBoard output of one run: tag names, the custom-scalars dashboard, hyper-parameters.
 
-Tags (DESIGN.md): loss/<task>, weight/<task>, ratio/<task>, grad_norm/<task>, gradnorm/target/<task>,
+Tags: loss/<task>, weight/<task>, ratio/<task>, grad_norm/<task>, gradnorm/target/<task>,
 gradnorm/loss_ratio/<task>, gradnorm/L_grad, metric/<split>/<task>/<name>, lr/<group>, perf/steps_per_s.
 The task is always the last path component so one regex collects all tasks.
 """

@@ -1,4 +1,4 @@
-"""Every TensorBoard tag name in one place (DESIGN.md, Conventions). The task is always the last path
+"""Every TensorBoard tag name in one place. The task is always the last path
 component, so one regex collects a family's tasks (see run_logger.dashboard_layout)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
         [--tasks 2,10,40] [--head-dims 100,1] [--generic]
     python scripts/bench_balancers.py --peers [--tasks 2,10] [--rounds 3] [--steps 3]
 
---peers times the gradient methods (issue 11) against their references on identical copies of the HPS model
+--peers times the gradient methods against their references on identical copies of the HPS model
 (250 -> 4x512 ReLU trunk, scalar heads, batch 256): ours with grad_source=shared_params (exact) and
 shared_rep, torchjd 0.18 (mtl_backward + jac_to_grad) and LibMTL 1.1.5 (its weighting modules loaded from
 the installed files); every ratio is to the fixed-weight step of the same run.
@@ -25,34 +25,23 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import tempfile
 import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
+from mtl_bench.bench.peers import libmtl_weighting
+from mtl_bench.bench.runs import hps_mlp
+from mtl_bench.bench.timing import interleaved, markdown_table, medians, seconds_per_call, sync
 from mtl_bench.models.base import MultiTaskModel
 
-
-def build_model(width: int, layers: int, tasks: int, head_dim: int, input_dim: int = 250) -> MultiTaskModel:
-    modules: list[nn.Module] = []
-    size = input_dim
-    for _ in range(layers):
-        modules += [nn.Linear(size, width), nn.ReLU()]
-        size = width
-    trunk = nn.Sequential(*modules)
-    heads = {f"t{i}": nn.Linear(width, head_dim) for i in range(tasks)}
-    return MultiTaskModel(trunk, heads, last_shared_layer=modules[-2])
-
-
 VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer]] = {
-    "fixed": lambda model, names: FixedWeights({n: 1.0 for n in names}),
-    "rescaled_norm": lambda model, names: RescaledNormBalancer({n: 1.0 for n in names}),
+    "fixed": lambda model, names: FixedWeights(names),
+    "rescaled_norm": lambda model, names: RescaledNormBalancer(names),
     "gradnorm shared_rep": lambda model, names: GradNorm(names, grad_source="shared_rep"),
     "gradnorm last_shared": lambda model, names: GradNorm(names, shared_layer=model.last_shared_layer),
 }
@@ -95,18 +84,13 @@ class Runner:
         self.balancer.step()
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_steps(runner: Runner, steps: int, device: torch.device) -> float:
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        runner.step()
-    sync(device)
-    return (time.perf_counter() - start) / steps
+    return seconds_per_call(runner.step, steps, device)
+
+
+def timers(runners: dict[str, Runner], steps: int, device: torch.device) -> dict[str, Callable[[], float]]:
+    """Per runner: seconds per step over a block of `steps` steps (for `interleaved`)."""
+    return {name: (lambda r=runner: time_steps(r, steps, device)) for name, runner in runners.items()}
 
 
 def peak_step_memory(runner: Runner, device: torch.device) -> float:
@@ -159,15 +143,12 @@ def bench_config(
     runners = {name: Runner(model, make, x, targets) for name, make in variants.items()}
     for runner in runners.values():  # warm-up: allocator, lazy state, first-step L_i(0)
         time_steps(runner, 2, device)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, runner in runners.items():
-            times[name].append(time_steps(runner, steps, device))
+    times = medians(interleaved(timers(runners, steps, device), rounds))
     memory = {name: peak_step_memory(runner, device) for name, runner in runners.items()}
-    base_t, base_m = statistics.median(times["fixed"]), memory["fixed"]
+    base_t, base_m = times["fixed"], memory["fixed"]
     rows = []
     for name in runners:
-        t = statistics.median(times[name])
+        t = times[name]
         rows.append(
             {
                 "model": label,
@@ -183,7 +164,7 @@ def bench_config(
     return rows
 
 
-# ---------------------------------------------------------------------------------------------- --peers (issue 11)
+# ---------------------------------------------------------------------------------------------- --peers
 
 
 def _ours(cls_name: str, **options) -> Callable[[MultiTaskModel, list[str]], Balancer]:
@@ -213,21 +194,9 @@ def _torchjd(aggregator_name: str, **options) -> Callable:
     return make
 
 
-def _libmtl_weighting(name: str, model: MultiTaskModel, names: list[str], rep_grad: bool):
-    """LibMTL 1.1.5's weighting mixed into `model` as its trainer does, loaded from its file as the exactness
-    tests load it (tests/helpers/balancer_kit.py)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.helpers.balancer_kit import libmtl_weighting
-
-    return libmtl_weighting(name, model, names, rep_grad)
-
-
 def _libmtl(name: str, rep_grad: bool = False, **kwargs) -> Callable:
     def make(model: MultiTaskModel, names: list[str]) -> Callable:
-        weighting = _libmtl_weighting(name, model, names, rep_grad)
+        weighting = libmtl_weighting(name, model, names, rep_grad)
 
         def backward(model: MultiTaskModel, x: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
             rep = model.trunk(x)
@@ -283,7 +252,7 @@ def bench_peers(tasks: list[int], rounds: int, steps: int, device: torch.device,
     rows = []
     for t in tasks:
         torch.manual_seed(0)
-        model = build_model(512, 4, t, 1).to(device)
+        model = hps_mlp(512, 4, t, 1).to(device)
         g = torch.Generator().manual_seed(0)
         x = torch.randn(256, 250, generator=g).to(device)
         targets = {n: torch.randn(256, 1, generator=g).to(device) for n in model.heads}
@@ -295,13 +264,9 @@ def bench_peers(tasks: list[int], rounds: int, steps: int, device: torch.device,
                     variants[variant] = Runner(model, make, x, targets)
             for runner in variants.values():
                 time_steps(runner, 2, device)  # warm-up: allocator, lazy state, cvxpy's first compile
-            times: dict[str, list[float]] = {name: [] for name in variants}
-            for _ in range(rounds):
-                for name, runner in variants.items():
-                    times[name].append(time_steps(runner, steps, device))
+            med = medians(interleaved(timers(variants, steps, device), rounds))
             mem = {name: peak_step_memory(r, device) for name, r in variants.items()} if memory else {}
-            base = statistics.median(times["fixed"])
-            med = {name: statistics.median(v) for name, v in times.items()}
+            base = med["fixed"]
             for name in variants:
                 if name == "fixed":
                     continue
@@ -323,14 +288,14 @@ def bench_peers(tasks: list[int], rounds: int, steps: int, device: torch.device,
 
 
 def print_peers(rows: list[dict]) -> None:
-    print("| T | method | variant | ms/step | x fixed | x torchjd | x LibMTL | peak MB/step |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|")
     fmt = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
-    for r in rows:
-        print(
-            f"| {r['T']} | {r['method']} | {r['variant']} | {r['ms']:.1f} | {r['x_fixed']:.2f} | "
-            f"{fmt(r['x_torchjd'])} | {fmt(r['x_libmtl'])} | {r['mb']:.1f} |"
-        )
+    header = ["T", "method", "variant", "ms/step", "x fixed", "x torchjd", "x LibMTL", "peak MB/step"]
+    cells = [
+        [r["T"], r["method"], r["variant"], f"{r['ms']:.1f}", f"{r['x_fixed']:.2f}"]
+        + [fmt(r["x_torchjd"]), fmt(r["x_libmtl"]), f"{r['mb']:.1f}"]
+        for r in rows
+    ]
+    print(markdown_table(header, cells))
 
 
 def main() -> None:
@@ -372,10 +337,10 @@ def main() -> None:
         variants[GENERIC[0]] = GENERIC[1]
 
     torch.manual_seed(0)
-    configs = [("toy MLP 4x100, batch 100", build_model(100, 4, 10, 100), 100, 100)]
+    configs = [("toy MLP 4x100, batch 100", hps_mlp(100, 4, 10, 100), 100, 100)]
     for head_dim in (int(h) for h in args.head_dims.split(",")):
         for tasks in (int(t) for t in args.tasks.split(",")):
-            configs.append(("wide MLP 4x512, batch 256", build_model(512, 4, tasks, head_dim), 256, head_dim))
+            configs.append(("wide MLP 4x512, batch 256", hps_mlp(512, 4, tasks, head_dim), 256, head_dim))
 
     started = time.perf_counter()
     rows = []
@@ -385,13 +350,13 @@ def main() -> None:
         f"{machine_description()}; on {device.type}, {args.rounds} rounds x {args.steps} steps, "
         f"{time.perf_counter() - started:.0f} s in all\n"
     )
-    print("| model | T | head out | balancer | ms/step | x fixed | peak MB/step | x fixed |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['model']} | {r['T']} | {r['head']} | {r['balancer']} | {r['ms']:.1f} | {r['x_time']:.2f} "
-            f"| {r['mb']:.1f} | {r['x_mem']:.2f} |"
-        )
+    header = ["model", "T", "head out", "balancer", "ms/step", "x fixed", "peak MB/step", "x fixed"]
+    cells = [
+        [r["model"], r["T"], r["head"], r["balancer"], f"{r['ms']:.1f}", f"{r['x_time']:.2f}"]
+        + [f"{r['mb']:.1f}", f"{r['x_mem']:.2f}"]
+        for r in rows
+    ]
+    print(markdown_table(header, cells))
 
 
 if __name__ == "__main__":

@@ -12,28 +12,14 @@ alternating with today's runs so that load on the machine hits both alike.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from mtl_bench.analysis.machine import machine_description
-
-
-def timed(cmd: list[str], cwd: str, env: dict[str, str] | None = None) -> float:
-    start = time.perf_counter()
-    subprocess.run(
-        cmd,
-        cwd=cwd,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
-    return time.perf_counter() - start
+from mtl_bench.bench.timing import markdown_table, ratio, timed_command
 
 
 def before_and_after(ref: str, repeats: int, cwd: str) -> list[tuple[str, float, int]]:
@@ -44,8 +30,8 @@ def before_and_after(ref: str, repeats: int, cwd: str) -> list[tuple[str, float,
         cmd = [sys.executable, "-m", "mtl_bench", "train"]
         before, after = [], []
         for _ in range(repeats):
-            before.append(timed(cmd, cwd, {"PYTHONPATH": tree}))
-            after.append(timed(cmd, cwd))
+            before.append(timed_command(cmd, cwd, {"PYTHONPATH": tree}))
+            after.append(timed_command(cmd, cwd))
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", tree], check=True, capture_output=True)
     return [
@@ -73,15 +59,13 @@ def main() -> None:
         cases.append(("mtl-bench train (default experiment)", [*cli, "train"], args.train_repeats))
 
     with tempfile.TemporaryDirectory() as cwd:  # run dirs land in a scratch outputs/
-        rows = [(name, statistics.median(timed(cmd, cwd) for _ in range(n)), n) for name, cmd, n in cases]
+        rows = [(name, statistics.median(timed_command(cmd, cwd) for _ in range(n)), n) for name, cmd, n in cases]
         if args.before:
             rows += before_and_after(args.before, args.train_repeats, cwd)
     base = rows[0][1]
     print(f"machine: {machine_description()}, Python {platform.python_version()}")
-    print("| command | median s | runs | ratio to python start-up |")
-    print("|---|---:|---:|---:|")
-    for name, seconds, n in rows:
-        print(f"| {name} | {seconds:.2f} | {n} | {seconds / base:.1f}x |")
+    header = ["command", "median s", "runs", "ratio to python start-up"]
+    print(markdown_table(header, [[name, f"{seconds:.2f}", n, ratio(seconds, base)] for name, seconds, n in rows]))
 
 
 if __name__ == "__main__":

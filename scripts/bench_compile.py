@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -41,38 +40,29 @@ def main() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
 
     import torch
-    from hydra import compose, initialize_config_dir
 
-    import mtl_bench.config  # noqa: F401  (registers the schema)
     from mtl_bench.analysis.machine import machine_description
-    from mtl_bench.catalog import conf_root
+    from mtl_bench.bench.runs import recipe as set_up
+    from mtl_bench.bench.runs import recipe_step
+    from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio, seconds_per_call, sync
     from mtl_bench.engine.compile import maybe_compile
-    from mtl_bench.engine.recipe import Recipe
 
     torch.set_num_threads(args.threads)
 
     def step(recipe: Any) -> None:
-        recipe.optimizer_step(False)
-        recipe.step += 1
-        if recipe.device.type == "cuda":
-            torch.cuda.synchronize()
+        recipe_step(recipe)
+        sync(recipe.device)
 
     def block(recipe: Any, forward: Any) -> float:
         recipe.runner.model = forward
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step(recipe)
-        return args.steps / (time.perf_counter() - start)
+        return 1 / seconds_per_call(lambda: recipe_step(recipe), args.steps, recipe.device)
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in EXPERIMENTS.items():
-            with initialize_config_dir(str(conf_root()), version_base="1.3"):
-                cfg = compose("config", overrides=[*overrides, "trainer.max_steps=1000000", "trainer.progress=log"])
-            recipe = Recipe(cfg, Path(tmp) / name)
-            recipe.setup()
-            torch.set_num_threads(args.threads)
-            try:
+            run_overrides = [*overrides, "trainer.max_steps=1000000", "trainer.progress=log"]
+            with set_up(run_overrides, Path(tmp) / name) as recipe:
+                torch.set_num_threads(args.threads)
                 model = recipe.model
                 model.train()
                 variants: dict[str, Any] = {"eager": model}
@@ -89,18 +79,12 @@ def main() -> None:
                     for _ in range(3):
                         step(recipe)
                     print(f"{name} {label}: first step {first[label]:.2f} s", file=sys.stderr)
-                rates: dict[str, list[float]] = {label: [] for label in variants}
-                for rep in range(args.repeats):
-                    order = list(variants) if rep % 2 == 0 else list(reversed(variants))
-                    for label in order:
-                        rates[label].append(block(recipe, variants[label]))
-                eager = statistics.median(rates["eager"])
+                timers = {label: (lambda f=forward: block(recipe, f)) for label, forward in variants.items()}
+                rates = medians(interleaved(timers, args.repeats))
                 for label in variants:
-                    rate = statistics.median(rates[label])
-                    rows.append((name, label, first[label], rate, rate / eager))
+                    rows.append([name, label, f"{first[label]:.2f}", f"{rates[label]:.1f}"])
+                    rows[-1].append(ratio(rates[label], rates["eager"]))
                 device = recipe.device
-            finally:
-                recipe.cleanup()
     print(
         f"machine: {machine_description()}, Python {platform.python_version()}; device {device}, "
         f"{args.threads} intra-op thread(s); inductor cache {'warm' if args.warm_cache else 'empty at start'}"
@@ -109,10 +93,7 @@ def main() -> None:
         f"steps/s: median of {args.repeats} blocks of {args.steps} optimizer steps, variants alternating in one "
         "process; first step: the first optimizer step of each variant (compilation included)\n"
     )
-    print("| experiment | forward | first step s | steps/s | vs eager |")
-    print("|---|---|---:|---:|---:|")
-    for name, label, first_s, rate, ratio in rows:
-        print(f"| {name} | {label} | {first_s:.2f} | {rate:.1f} | {ratio:.2f}x |")
+    print(markdown_table(["experiment", "forward", "first step s", "steps/s", "vs eager"], rows))
     if cache is not None:
         cache.cleanup()
 

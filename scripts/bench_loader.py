@@ -1,4 +1,4 @@
-"""NYUv2 loading at speed (issue 12): samples/s of the loader alone against the samples/s a training step consumes.
+"""NYUv2 loading at speed: samples/s of the loader alone against the samples/s a training step consumes.
 
     python scripts/bench_loader.py [--root DIR] [--samples 32] [--batch-size 2] [--workers 0 1 2]
                                    [--loader-batches 24] [--steps 4] [--model segnet [segnet_mtan]] [--device cpu]
@@ -16,7 +16,7 @@ Generates an NYUv2-format tree (MTAN's `{train,val}/{image,label,depth,normal}/<
 4. the training loop with the loader (each --workers count): samples/s, and the share of the wall time spent
    waiting for the next batch (the loop waits on data when that share is not ~0).
 
-The goal (issue 12): the loader alone delivers at least 3x the samples/s a training step consumes, for nyuv2
+The goal: the loader alone delivers at least 3x the samples/s a training step consumes, for nyuv2
 with SegNet (`--model`: options of conf/model/, built from their YAML as the recipe builds them; steps 3 and 4
 run for each). Prints one markdown table.
 """
@@ -27,7 +27,6 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,12 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from mtl_bench.engine.data import BatchSource, StepSampler  # noqa: E402
-from mtl_bench.models import MultiTaskModel  # noqa: E402
-from mtl_bench.tasks import NYUv2  # noqa: E402
+from mtl_bench.bench.runs import build_model as build_from_config
+from mtl_bench.bench.runs import compose
+from mtl_bench.bench.timing import ratio, seconds_per_call, sync
+from mtl_bench.engine.data import BatchSource, StepSampler
+from mtl_bench.models import MultiTaskModel
+from mtl_bench.tasks import NYUv2
 
 
 def write_tree(root: Path, n_train: int, n_val: int = 2, seed: int = 0) -> None:
@@ -64,18 +63,7 @@ def write_tree(root: Path, n_train: int, n_val: int = 2, seed: int = 0) -> None:
 
 def build_model(option: str, tasks: NYUv2) -> MultiTaskModel:
     """`model=<option>` built from its YAML as the recipe builds it (input shape and heads from the task set)."""
-    from hydra import compose, initialize_config_dir
-
-    import mtl_bench.config  # noqa: F401  (registers the schema)
-    from mtl_bench.catalog import conf_root
-    from mtl_bench.engine.builders import build
-
-    with initialize_config_dir(str(conf_root()), version_base="1.3"):
-        node = compose("config", overrides=[f"model={option}"]).model
-    model: MultiTaskModel = build(
-        "model", node, MultiTaskModel, input_shape=tasks.input_shape, heads={t.name: t.out_dim for t in tasks.tasks}
-    )
-    return model
+    return build_from_config(compose([f"model={option}"]), tasks)
 
 
 def n_items(dataset: Any) -> int:
@@ -100,8 +88,7 @@ def step_fn(model: MultiTaskModel, tasks: NYUv2, device: torch.device) -> Any:
         loss = sum(t.loss(preds[t.name].float(), targets[t.name]) for t in tasks.tasks)
         loss.backward()  # type: ignore[union-attr]
         optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync(device)
 
     return step
 
@@ -111,11 +98,7 @@ def compute_alone(step: Any, tasks: NYUv2, batch: int, steps: int, device: torch
     inputs = torch.stack([x for x, _ in items]).to(device)
     targets = {name: torch.stack([y[name] for _, y in items]).to(device) for name in tasks.task_names}
     step(inputs, targets)  # warm-up
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step(inputs, targets)
-        times.append(time.perf_counter() - start)
+    times = [seconds_per_call(lambda: step(inputs, targets), 1) for _ in range(steps)]
     return batch / statistics.median(times)
 
 
@@ -188,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
             row(
                 f"model={option}: best loader alone / training step",
-                f"{best / consumed:.0f}x",
+                ratio(best, consumed),
                 "goal >= 3x: " + ("met" if best >= 3 * consumed else "NOT met"),
             )
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")

@@ -13,84 +13,50 @@ from __future__ import annotations
 import argparse
 import platform
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.catalog import conf_root
+from mtl_bench.bench.runs import recipe, recipe_step
+from mtl_bench.bench.timing import markdown_table, ratio, seconds_per_call
 from mtl_bench.engine.builders import pick_device
-from mtl_bench.engine.recipe import Recipe
 
 EXPERIMENTS = {"toy + mlp (default)": [], "digits + lenet": ["experiment=digits_lenet"]}
 
 
-def make_recipe(overrides: list[str], device: torch.device, run_dir: Path) -> Recipe:
-    """The engine's own run, set up (parts built from config, seed 0) but not trained; the schedule spans
-    10**6 steps, so the lr stays where it starts over the timed steps."""
-    with initialize_config_dir(str(conf_root()), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=[
-                *overrides,
-                "seed=0",
-                "trainer.max_steps=1000000",
-                "trainer.epochs=null",
-                f"trainer.device={device}",
-            ],
-        )
-    recipe = Recipe(cfg, run_dir)
-    recipe.setup()
-    return recipe
+def overrides_for(overrides: list[str], device: torch.device) -> list[str]:
+    """Seed 0, and a schedule spanning 10**6 steps, so the lr stays where it starts over the timed steps."""
+    return [*overrides, "seed=0", "trainer.max_steps=1000000", "trainer.epochs=null", f"trainer.device={device}"]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def time_recipe(run: Any, steps: int, device: torch.device) -> float:
+    """The engine's own step: forwards, balancer backward, non-finite checks, grad scaler, optimizer."""
+    seconds_per_call(lambda: recipe_step(run), 10)  # warm-up: allocator, autocast caches
+    return 1 / seconds_per_call(lambda: recipe_step(run), steps, device)
 
 
-def time_recipe(recipe: Recipe, steps: int, device: torch.device) -> float:
-    for _ in range(10):  # warm-up: allocator, autocast caches
-        recipe.optimizer_step(False)
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        recipe.optimizer_step(False)
-        recipe.step += 1
-    sync(device)
-    return steps / (time.perf_counter() - start)
-
-
-def time_plain(recipe: Recipe, steps: int, device: torch.device) -> float:
+def time_plain(run: Any, steps: int, device: torch.device) -> float:
     """The step without the engine's checks: zero_grad, forward, balancer backward, optimizer step."""
-    source, optimizer, model, balancer = recipe.runner.sources[0], recipe.optimizer, recipe.model, recipe.balancer
-    tasks = recipe.taskset.tasks
+    source, optimizer, model, balancer = run.runner.sources[0], run.optimizer, run.model, run.balancer
+    tasks = run.taskset.tasks
+    count = iter(range(10**9))
 
-    def step(i: int) -> None:
+    def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        inputs, targets = source.batch(i)
+        inputs, targets = source.batch(next(count))
         out = model(inputs)
         balancer.backward({t.name: t.loss(out.preds[t.name], targets[t.name]) for t in tasks}, out.shared)
         optimizer.step()
 
-    for i in range(10):
-        step(i)
-    sync(device)
-    start = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    sync(device)
-    return steps / (time.perf_counter() - start)
+    seconds_per_call(step, 10)
+    return 1 / seconds_per_call(step, steps, device)
 
 
 def timed(overrides: list[str], device: torch.device, run_dir: Path, steps: int, plain: bool = False) -> float:
-    recipe = make_recipe(overrides, device, run_dir)
-    try:
-        return (time_plain if plain else time_recipe)(recipe, steps, device)
-    finally:
-        recipe.cleanup()
+    with recipe(overrides_for(overrides, device), run_dir) as run:
+        return (time_plain if plain else time_recipe)(run, steps, device)
 
 
 def main() -> None:
@@ -107,8 +73,7 @@ def main() -> None:
         f"machine: {machine_description()}, Python {platform.python_version()}, device {device}, "
         f"{args.steps} timed steps each"
     )
-    print("| experiment | precision | steps/s | ratio to fp32 |")
-    print("|---|---|---:|---:|")
+    cells = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in EXPERIMENTS.items():
             plain = timed(overrides, device, Path(tmp) / "plain", args.steps, plain=True)
@@ -117,8 +82,8 @@ def main() -> None:
                 run_dir = Path(tmp) / precision
                 rows.append((precision, timed([*overrides, f"precision={precision}"], device, run_dir, args.steps)))
             base = rows[1][1]
-            for label, rate in rows:
-                print(f"| {name} | {label} | {rate:.0f} | {rate / base:.2f}x |")
+            cells += [[name, label, f"{rate:.0f}", ratio(rate, base)] for label, rate in rows]
+    print(markdown_table(["experiment", "precision", "steps/s", "ratio to fp32"], cells))
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ import platform
 import sys
 import tempfile
 
-from bench_cli import timed  # scripts/ is on sys.path when a script runs
-
 from mtl_bench.analysis.machine import machine_description
+from mtl_bench.bench.timing import markdown_table, ratio, timed_command
 
 
 def sweep(extra: list[str], steps: int, cwd: str) -> float:
-    return timed(
+    return timed_command(
         [
             sys.executable,
             "-m",
@@ -48,10 +47,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cwd:
         rows = [(name, sweep(extra, args.steps, cwd)) for name, extra in cases]
     print(f"machine: {machine_description()}, Python {platform.python_version()}; 4 jobs x {args.steps} steps")
-    print("| launcher | wall s | ratio to basic |")
-    print("|---|---:|---:|")
-    for name, seconds in rows:
-        print(f"| {name} | {seconds:.1f} | {seconds / rows[0][1]:.2f}x |")
+    cells = [[name, f"{seconds:.1f}", ratio(seconds, rows[0][1])] for name, seconds in rows]
+    print(markdown_table(["launcher", "wall s", "ratio to basic"], cells))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 EXPERIMENTS = {"default": [], "gradnorm_toy": ["experiment=gradnorm_toy"]}
 
@@ -47,35 +47,12 @@ SIZES = [
 ]
 
 
-def compose(overrides: list[str]) -> Any:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    import mtl_bench.config  # noqa: F401  (registers the schema)
-    from mtl_bench.catalog import conf_root
-
-    with initialize_config_dir(str(conf_root()), version_base="1.3"):
-        return hydra_compose("config", overrides=overrides)
-
-
 def model_numel(overrides: list[str]) -> int:
     """Parameters of the experiment's model, built from its config as the recipe builds it."""
-    import torch
-
-    from mtl_bench.engine.builders import build
-    from mtl_bench.models import MultiTaskModel
-    from mtl_bench.tasks import TaskSet
+    from mtl_bench.bench.runs import build_model, build_taskset, compose
 
     cfg = compose(overrides)
-    taskset = build("tasks", cfg.tasks, TaskSet)
-    model = build(
-        "model",
-        cfg.model,
-        MultiTaskModel,
-        input_shape=taskset.input_shape,
-        heads={t.name: t.out_dim for t in taskset.tasks},
-    )
-    return sum(p.numel() for p in model.parameters() if isinstance(p, torch.Tensor))
+    return sum(p.numel() for p in build_model(cfg, build_taskset(cfg)).parameters())
 
 
 # ----------------------------------------------------------------------------- copies at once
@@ -158,6 +135,7 @@ def print_copies_table(
     copies_list: list[int],
 ) -> None:
     from mtl_bench.analysis.machine import machine_description
+    from mtl_bench.bench.timing import markdown_table, ratio
     from mtl_bench.engine.threads import available_cores
 
     print(
@@ -170,11 +148,9 @@ def print_copies_table(
         + ", ".join(f"{v} ({k})" for k, v in auto_value.items())
         + "\n"
     )
-    print(
-        "| experiment | copies at once | auto: s per copy | torch default: s per copy | default / auto "
-        "| auto: vs 1 copy | default: vs 1 copy | auto: CPU s per copy | default: CPU s per copy |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    header = ["experiment", "copies", "auto s", "default s", "default/auto", "auto/1 copy", "default/1 copy"]
+    header += ["auto CPU s", "default CPU s"]  # per copy; default: torch's own thread count
+    cells = []
     for name in EXPERIMENTS:
         alone = {
             setting: statistics.median(times[(name, copies_list[0], setting)]) for setting in ("auto", "torch default")
@@ -186,10 +162,11 @@ def print_copies_table(
                 f"{statistics.median(cpu[(name, copies, s)]):.1f}" if cpu.get((name, copies, s)) else ""
                 for s in ("auto", "torch default")
             ]
-            print(
-                f"| {name} | {copies} | {auto:.1f} | {default:.1f} | {default / auto:.2f}x | "
-                f"{auto / alone['auto']:.2f}x | {default / alone['torch default']:.2f}x | {' | '.join(cpu_cells)} |"
+            cells.append(
+                [name, copies, f"{auto:.1f}", f"{default:.1f}", ratio(default, auto), ratio(auto, alone["auto"])]
+                + [ratio(default, alone["torch default"]), *cpu_cells]
             )
+    print(markdown_table(header, cells))
 
 
 def table_from_log(path: str, max_steps: int) -> None:
@@ -221,18 +198,18 @@ def table_from_log(path: str, max_steps: int) -> None:
 
 def time_steps(recipe: Any, steps: int) -> float:
     """Seconds per optimizer step over `steps` steps of the recipe's real step."""
-    start = time.perf_counter()
-    for _ in range(steps):
-        recipe.optimizer_step(False)
-        recipe.step += 1
-    return (time.perf_counter() - start) / steps
+    from mtl_bench.bench.runs import recipe_step
+    from mtl_bench.bench.timing import seconds_per_call
+
+    return seconds_per_call(lambda: recipe_step(recipe), steps)
 
 
 def sizes_table(args: argparse.Namespace) -> None:
     import torch
 
     from mtl_bench.analysis.machine import machine_description
-    from mtl_bench.engine.recipe import Recipe
+    from mtl_bench.bench.runs import recipe as set_up
+    from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio
     from mtl_bench.engine.threads import available_cores
 
     cores = available_cores()
@@ -241,23 +218,23 @@ def sizes_table(args: argparse.Namespace) -> None:
         for label, overrides in SIZES:
             if args.match and not any(m in label for m in args.match):
                 continue
-            cfg = compose([*overrides, "trainer.max_steps=100000", "trainer.progress=log"])
-            recipe = Recipe(cfg, Path(tmp) / label.replace(" ", "_"))
-            recipe.setup()
-            try:
+            run_overrides = [*overrides, "trainer.max_steps=100000", "trainer.progress=log"]
+            with set_up(run_overrides, Path(tmp) / label.replace(" ", "_")) as recipe:
                 numel = sum(p.numel() for p in recipe.model.parameters())
                 recipe.model.train()
                 for threads in (cores, 1):  # warm-up: allocator, first-call costs
                     torch.set_num_threads(threads)
                     time_steps(recipe, max(3, args.steps // 4))
-                per: dict[int, list[float]] = {1: [], cores: []}
-                for rep in range(args.repeats):
-                    for threads in (1, cores) if rep % 2 == 0 else (cores, 1):
+
+                def timer(threads: int) -> Callable[[], float]:
+                    def timed() -> float:
                         torch.set_num_threads(threads)
-                        per[threads].append(time_steps(recipe, args.steps))
-            finally:
-                recipe.cleanup()
-            one, many = statistics.median(per[1]), statistics.median(per[cores])
+                        return time_steps(recipe, args.steps)
+
+                    return timed
+
+                per = interleaved({1: timer(1), cores: timer(cores)}, args.repeats)
+            one, many = medians(per)[1], medians(per)[cores]
             rows.append((label, numel, one, many, min(per[1]), min(per[cores])))
             print(
                 f"{label}: {numel} parameters, {one * 1e3:.2f} ms (1 thread), {many * 1e3:.2f} ms ({cores})",
@@ -269,16 +246,14 @@ def sizes_table(args: argparse.Namespace) -> None:
         "steps, thread counts alternating in one process: the median block, and the best block (the least "
         "disturbed by other processes: the nearest to a quiet machine)\n"
     )
-    print(
-        f"| model | parameters | 1 thread ms | {cores} threads ms | {cores} / 1 | best 1 thread ms "
-        f"| best {cores} threads ms | best {cores} / best 1 |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for label, numel, one, many, best_one, best_many in rows:
-        print(
-            f"| {label} | {numel:,} | {one * 1e3:.2f} | {many * 1e3:.2f} | {many / one:.2f}x | {best_one * 1e3:.2f} "
-            f"| {best_many * 1e3:.2f} | {best_many / best_one:.2f}x |"
-        )
+    header = ["model", "parameters", "1 thread ms", f"{cores} threads ms", f"{cores} / 1", "best 1 thread ms"]
+    header += [f"best {cores} threads ms", f"best {cores} / best 1"]
+    cells = [
+        [label, f"{numel:,}", f"{one * 1e3:.2f}", f"{many * 1e3:.2f}", ratio(many, one), f"{best_one * 1e3:.2f}"]
+        + [f"{best_many * 1e3:.2f}", ratio(best_many, best_one)]
+        for label, numel, one, many, best_one, best_many in rows
+    ]
+    print(markdown_table(header, cells))
 
 
 def main() -> None:

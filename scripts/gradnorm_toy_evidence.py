@@ -19,6 +19,7 @@ from pathlib import Path
 
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.analysis.runs import Run, find_runs, spearman
+from mtl_bench.bench.timing import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SIGMAS = [48.0, 3.0, 54.0, 16.0, 9.0, 30.0, 52.0, 26.0, 47.0, 81.0]  # conf/tasks/toy10.yaml
@@ -49,19 +50,18 @@ def table(runs: list[Run]) -> tuple[str, dict[str, float]]:
     by_seed: dict[int, dict[str, Run]] = {}
     for run in runs:
         by_seed.setdefault(int(run.metrics["seed"]), {})[run.overrides["experiment"]] = run
-    lines = [
-        "| seed | equal weights: test Σ L_i/L_i(0) | GradNorm α=0.12: test Σ L_i/L_i(0) | Spearman(σ_i, w_i) |",
-        "|---:|---:|---:|---:|",
-    ]
+    header = ["seed", "equal weights: test Σ L_i/L_i(0)", "GradNorm α=0.12: test Σ L_i/L_i(0)"]
+    header.append("Spearman(σ_i, w_i)")
+    rows: list[list[str]] = []
     equal, gradnorm, rho = [], [], []
     for seed, pair in sorted(by_seed.items()):
         equal.append(pair["gradnorm_toy_equal"].metrics["summary"]["test_loss_ratio_sum"])
         gradnorm.append(pair["gradnorm_toy"].metrics["summary"]["test_loss_ratio_sum"])
         rho.append(spearman(SIGMAS, final_weights(pair["gradnorm_toy"])))
-        lines.append(f"| {seed} | {equal[-1]:.3f} | {gradnorm[-1]:.3f} | {rho[-1]:.3f} |")
+        rows.append([str(seed), f"{equal[-1]:.3f}", f"{gradnorm[-1]:.3f}", f"{rho[-1]:.3f}"])
     means = {"equal": statistics.mean(equal), "gradnorm": statistics.mean(gradnorm), "rho": statistics.mean(rho)}
-    lines.append(f"| mean | {means['equal']:.3f} | {means['gradnorm']:.3f} | {means['rho']:.3f} |")
-    return "\n".join(lines), means
+    rows.append(["mean", f"{means['equal']:.3f}", f"{means['gradnorm']:.3f}", f"{means['rho']:.3f}"])
+    return markdown_table(header, rows), means
 
 
 def plot_weights(run: Run, path: Path) -> bool:
@@ -118,13 +118,15 @@ def main() -> None:
         "    python scripts/gradnorm_toy_evidence.py",
         "",
         "which runs `mtl-bench train -m experiment=gradnorm_toy,gradnorm_toy_equal "
-        f"seed={','.join(map(str, args.seeds))}` ({machine}).",
+        f"seed={','.join(map(str, args.seeds))}`",
+        f"({machine}).",
         "",
         text,
         "",
-        f"GradNorm ends {'below' if means['gradnorm'] < means['equal'] else 'ABOVE'} equal weights on average, and "
-        "its final weights order inversely to σ (Spearman correlation near -1): the larger a task's scale, the",
-        "larger its gradients, so GradNorm gives it a smaller weight, as in the paper's Figure 3.",
+        f"GradNorm ends {'below' if means['gradnorm'] < means['equal'] else 'ABOVE'} equal weights on average, and its "
+        "final weights",
+        "order inversely to σ (Spearman correlation near -1): the larger a task's scale, the larger its gradients, so",
+        "GradNorm gives it a smaller weight, as in the paper's Figure 3.",
     ]
     if plotted:
         doc += ["", f"![GradNorm weights over training]({image.name})"]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -79,6 +80,14 @@ class Balancer(nn.Module):
 
     task_names: list[str]
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Balancer":
+        # Every balancer's first argument is its task names; a dict there is the constructor form before the
+        # plug-in design ({task: weight}), which list(...) would silently turn into names without weights.
+        names = args[0] if args else kwargs.get("task_names")
+        if isinstance(names, Mapping):
+            raise TypeError(old_constructor_form(cls, names))
+        return super().__new__(cls)
+
     def __init__(self, task_names: list[str]) -> None:
         super().__init__()
         if not task_names:
@@ -117,6 +126,18 @@ class Balancer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}"
+
+
+def old_constructor_form(cls: type, names: Mapping[Any, Any]) -> str:
+    """The TypeError message for a dict given where task names are expected: what to pass instead."""
+    tasks = list(names)
+    if "weights" in inspect.signature(cls).parameters:
+        fix = f"{cls.__name__}({tasks!r}, weights={dict(names)!r})"
+    else:
+        fix = f"{cls.__name__}({tasks!r}) ({cls.__name__} takes no per-task weights)"
+    return (
+        f"{cls.__name__}: the first argument is the task names (a list of str), got a dict {dict(names)!r}; pass {fix}"
+    )
 
 
 def stack_weights(weights: dict[str, float], task_names: list[str]) -> torch.Tensor:

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from mtl_bench import tags
+from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
@@ -41,31 +42,6 @@ def gradnorm_terms(
     target = weighted.mean() * inverse_rate.pow(alpha)
     diff = weighted - target
     return GradNormTerms(torch.sign(diff) * norms, weighted, target, loss_ratio, diff.abs().sum())
-
-
-def adam_update(
-    param: Tensor,
-    grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    step: Tensor,
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One step of `torch.optim.Adam` (no weight decay/amsgrad), out of place, on device tensors.
-
-    Out of place so the step can be committed or dropped with `torch.where` (a skipped step) without
-    reading the skip flag on the host.
-    """
-    beta1, beta2 = betas
-    step = step + 1
-    exp_avg = exp_avg.lerp(grad, 1 - beta1)
-    exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
-    bias_correction1 = 1 - beta1**step
-    bias_correction2_sqrt = (1 - beta2**step).sqrt()
-    denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + eps
-    return param - (lr / bias_correction1) * exp_avg / denom, exp_avg, exp_avg_sq, step
 
 
 class LinearGradNorms:
@@ -232,7 +208,7 @@ class GradNorm(StagedBalancer):
         if name == "_linear":
             self.__dict__[name] = value
         else:
-            super().__setattr__(name, value)  # type: ignore[arg-type]  # torch annotates Tensor | Module; any value is allowed
+            super().__setattr__(name, value)  # type: ignore[arg-type]  # torch: Tensor | Module; any value works
 
     def remove_hook(self) -> None:
         """Detach the forward hook from the shared layer (the balancer cannot measure after this)."""

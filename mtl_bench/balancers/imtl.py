@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.gradnorm import adam_update
+from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
 
 MODES = ("hybrid", "gradient", "loss")

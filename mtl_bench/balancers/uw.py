@@ -10,9 +10,9 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
+from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import average_by_name
-from mtl_bench.balancers.gradnorm import adam_update
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 OPTIMIZERS = ("adam", "sgd")

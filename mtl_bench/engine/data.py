@@ -50,7 +50,7 @@ def task_split(split: Splits, task: str) -> Dataset:
 class SampleIndex(int):
     """A sample's index in its split, carrying `key`: a number that is a pure function of the draw (the run's
     seed, the sample stream, the loader step and the position in the global batch). A dataset with random
-    augmentation seeds it from `key` (tasks/dense.py), so that a draw is augmented alike whatever the number of
+    augmentation seeds it from `key` (tasks/dense/tree.py), so that a draw is augmented alike whatever the number of
     loader workers and whether the run was resumed."""
 
     key: int

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Mapping, Optional, Sequence
 
-import torchvision
 from torch import nn
 
 from mtl_bench.models.base import MultiTaskModel
 from mtl_bench.models.resnet_dilated import ENCODER, check_rgb_shape
 from mtl_bench.models.torchvision_weights import load_backbone_weights
+from mtl_bench.optional import torchvision_module
 
 FEATURES = 512  # ResNet-18's pooled features
 
@@ -48,6 +48,7 @@ class ResNet18(MultiTaskModel):
         weights: path of a torchvision ResNet-18 state dict to start the encoder from (ImageNet: resnet18-f37072fd.pth,
             torchvision.models.ResNet18_Weights.IMAGENET1K_V1; its `fc.*` is ignored); null: random init, logged.
         """
+        torchvision = torchvision_module("ResNet18 (model=resnet18)")
         check_rgb_shape(input_shape, "ResNet18")
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
             raise ValueError(f"hidden: must be an integer > 0, got {hidden!r}")

@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Mapping, Optional, Sequence
 
-import torchvision
 from torch import nn
-from torchvision.models.segmentation.deeplabv3 import DeepLabHead
 
 from mtl_bench.models.base import MultiTaskModel
 from mtl_bench.models.segnet import ChannelNormalize, check_normalize
 from mtl_bench.models.torchvision_weights import load_backbone_weights
+from mtl_bench.optional import torchvision_module
 
+NEEDED_BY = "ResNetDilated (model=resnet_dilated)"
 ENCODER = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")  # torchvision's names, in order
 FEATURES = 2048  # ResNet-50's last stage: the heads' input channels
 OUTPUT_STRIDES = {8: [False, True, True], 16: [False, False, True]}  # replace_stride_with_dilation per output stride
@@ -41,7 +41,8 @@ def dense_head(out_channels: int, rates: Sequence[int], size: tuple[int, int], n
     """torchvision's DeepLabHead (LibMTL's `DeepLabHead(2048, out)`: modules 0-4, the same parameter names), then
     the bilinear upsampling to the image size (LibMTL's `process_preds`) and, for `normalize`, unit length over
     channels."""
-    head = DeepLabHead(FEATURES, out_channels, atrous_rates=tuple(rates))
+    deeplabv3 = torchvision_module(NEEDED_BY, "torchvision.models.segmentation.deeplabv3")
+    head = deeplabv3.DeepLabHead(FEATURES, out_channels, atrous_rates=tuple(rates))
     head.append(nn.Upsample(size=size, mode="bilinear", align_corners=True))
     if normalize:
         head.append(ChannelNormalize())
@@ -87,6 +88,7 @@ class ResNetDilated(MultiTaskModel):
         weights: path of a torchvision ResNet-50 state dict to start the encoder from (ImageNet: resnet50-0676ba61.pth,
             torchvision.models.ResNet50_Weights.IMAGENET1K_V1; its `fc.*` is ignored); null: random init, logged.
         """
+        torchvision = torchvision_module(NEEDED_BY)
         size = check_rgb_shape(input_shape, "ResNetDilated")
         if isinstance(output_stride, bool) or output_stride not in OUTPUT_STRIDES:
             raise ValueError(f"output_stride: must be 8 or 16, got {output_stride!r}")

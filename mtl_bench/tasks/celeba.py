@@ -31,7 +31,7 @@ FAMO's clamps log(0) to -100 where it does). A prediction is positive where sigm
 
 Metrics per attribute, over the split (the `metrics` option picks which are reported):
   accuracy  fraction of images whose attribute is predicted right (higher is better);
-  error     1 - accuracy (lower is better): the issue's metric for Δm;
+  error     1 - accuracy (lower is better): the metric Δm uses;
   f1        FAMO's metric (its `CelebaMetrics`): precision = TP / (TP + FP + 1e-8), recall = TP / (TP + FN + 1e-8),
             f1 = 2 precision recall / (precision + recall + 1e-8), TP/FP/FN counted over the whole split.
 Δm counts every reported metric that the baseline names: against a group of runs that report both accuracy
@@ -54,9 +54,8 @@ from PIL import Image
 from torch import Tensor
 from torch.nn import functional as F
 from torch.utils.data import Dataset
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms.v2 import functional as TF
 
+from mtl_bench.optional import torchvision_module
 from mtl_bench.tasks.base import Task, TaskSet, root_folder
 
 ATTRIBUTES = (
@@ -116,6 +115,8 @@ EXPECTED = (
     f"expected torchvision's CelebA layout: {IMAGES}/ (178x218 JPEGs), {ATTR} and {PARTITION} in tasks.root "
     f"or in tasks.root/celeba (or the original release's Img/, Anno/, Eval/ folders)"
 )
+
+NEEDED_BY = "CelebA (tasks=celeba)"
 
 
 def _fail(message: str) -> ValueError:
@@ -285,7 +286,9 @@ def load_image(path: Path, size: Sequence[int]) -> Tensor:
         raise _fail(
             f"{path} is not a readable image ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
         ) from None
-    image = TF.resize(image, list(size), interpolation=InterpolationMode.BILINEAR, antialias=True)
+    TF = torchvision_module(NEEDED_BY, "torchvision.transforms.v2.functional")
+    bilinear = torchvision_module(NEEDED_BY, "torchvision.transforms").InterpolationMode.BILINEAR
+    image = TF.resize(image, list(size), interpolation=bilinear, antialias=True)
     return TF.pil_to_tensor(image).float().div_(255)
 
 
@@ -362,6 +365,7 @@ class CelebA(TaskSet):
         metrics: which of accuracy, error (1 - accuracy) and f1 (FAMO's) each attribute reports.
         reference: single-task metrics {attribute: {metric: value}} for `mtl-bench report -b reference`.
         """
+        torchvision_module(NEEDED_BY)  # before the tree is read: the images are resized by torchvision
         size, chosen, metrics = _check_options(image_size, attributes, metrics)
         files = find_files(root)
         names, values = read_attributes(files[ATTR])

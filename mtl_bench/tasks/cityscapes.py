@@ -6,7 +6,7 @@ Nothing is downloaded: `tasks.root` is that tree.
 
 Splits: `train` is train/ (MTAN's random scale-crop and flip when `augment`), `test` is val/ (the references
 test on it); `val` is the test split, or with `val_fraction` > 0 a seeded hold-out of train/.
-Losses and metrics: `mtl_bench/tasks/dense.py`.
+Losses and metrics: `mtl_bench/tasks/dense/`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from mtl_bench.tasks.base import TaskSet
-from mtl_bench.tasks.dense import Layout, build_splits, depth_task, segmentation_task
+from mtl_bench.tasks.dense.tasks import depth_task, segmentation_task
+from mtl_bench.tasks.dense.tree import Layout, build_splits
 
 LAYOUT = Layout(
     name="Cityscapes", option="cityscapes", height=128, width=256, label="label_7", num_classes=7, normal=False

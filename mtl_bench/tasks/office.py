@@ -1,6 +1,7 @@
 """Office-31 and Office-Home as the MTL literature uses them (LibMTL, median-research-group/LibMTL at 4336804,
 examples/office): one classification task per domain, each task its own images (multi-input), read from the
-datasets' public folders of JPEGs; what `office31.py` and `office_home.py` share.
+datasets' public folders of JPEGs: the reader `office31.py` and `office_home.py` share (their layouts:
+`office_layouts.py`).
 
 Data: torchvision `ImageFolder` layout per domain, `<domain dir>/<class>/<image>`; a class's label is its index
 among the dataset's class names sorted (ImageFolder's order on a full tree). Files with other extensions than
@@ -36,7 +37,6 @@ import os
 import re
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -45,43 +45,17 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
-from torchvision.datasets.folder import IMG_EXTENSIONS
-from torchvision.transforms.v2 import functional as TF
 
+from mtl_bench.optional import torchvision_module
 from mtl_bench.tasks.base import Task, root_folder
 from mtl_bench.tasks.losses import accuracy_metrics, cross_entropy_loss
+from mtl_bench.tasks.office_layouts import LAYOUTS, OfficeLayout
 
 MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics, LibMTL's Normalize
 STD = (0.229, 0.224, 0.225)
 SPLITS = ("train", "val", "test")
+NEEDED_BY = "the Office task sets (tasks=office31, tasks=office_home)"
 FRACTIONS = (0.6, 0.2)  # train, val per class, rounded down; test gets the rest (LibMTL's split files)
-
-
-@dataclass(frozen=True)
-class OfficeLayout:
-    """Where a dataset's images are: each domain's folder of class folders, relative to `tasks.root`."""
-
-    name: str  # "Office-31"
-    option: str  # "office31"
-    domains: Mapping[str, Sequence[str]]  # task (domain) -> folders that may hold its class folders, first found wins
-    classes: Sequence[str]  # every class name
-    pattern: str  # the layout in words, for messages
-    split_folder: str  # LibMTL's examples/office/data_txt/<split_folder>
-
-    @property
-    def labels(self) -> dict[str, int]:
-        return {name: i for i, name in enumerate(sorted(self.classes))}
-
-    def describe(self) -> str:
-        return f"the {self.name} layout {self.pattern}, up to {len(self.classes)} class folders per domain"
-
-
-LAYOUTS: dict[str, OfficeLayout] = {}  # option -> layout, filled by office31.py and office_home.py (for hints)
-
-
-def register(layout: OfficeLayout) -> OfficeLayout:
-    LAYOUTS[layout.option] = layout
-    return layout
 
 
 def _fail(message: str, layout: OfficeLayout) -> ValueError:
@@ -105,9 +79,7 @@ def _domain_dir(root: Path, candidates: Sequence[str]) -> Optional[Path]:
 
 def _hint(root: Path, layout: OfficeLayout) -> str:
     """Why the domain folders may be missing: the tree of the other dataset, or the domains one level down."""
-    import mtl_bench.tasks.office31  # noqa: E401, F401  (register both layouts)
-
-    for other in LAYOUTS.values():
+    for other in LAYOUTS:
         if other is not layout and all(_domain_dir(root, c) for c in other.domains.values()):
             return f" (an {other.name} tree? that is tasks={other.option})"
     for sub in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -134,8 +106,13 @@ def domain_dirs(root: Path, layout: OfficeLayout) -> dict[str, Path]:
     return found  # type: ignore[return-value]
 
 
+def image_extensions() -> tuple[str, ...]:
+    """ImageFolder's image extensions (torchvision's list)."""
+    return torchvision_module(NEEDED_BY, "torchvision.datasets.folder").IMG_EXTENSIONS
+
+
 def _is_image(name: str) -> bool:
-    return name.lower().endswith(IMG_EXTENSIONS)
+    return name.lower().endswith(image_extensions())
 
 
 def scan_domain(directory: Path, layout: OfficeLayout) -> dict[str, list[Path]]:
@@ -158,7 +135,7 @@ def scan_domain(directory: Path, layout: OfficeLayout) -> dict[str, list[Path]]:
             entry.name for entry in os.scandir(directory / name) if entry.is_file() and _is_image(entry.name)
         )
         if not files:
-            raise _fail(f"{directory / name} holds no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)", layout)
+            raise _fail(f"{directory / name} holds no images ({', '.join(image_extensions()[:3])}, ...)", layout)
         images[name] = [directory / name / f for f in files]
     return images
 
@@ -290,6 +267,7 @@ def decode_all(paths: Sequence[Path], size: int, layout: OfficeLayout, keep: boo
 
 def normalize(image: Tensor) -> Tensor:
     """uint8 (3, H, W) -> float32 in [0, 1], ImageNet mean/std normalized (LibMTL's ToTensor + Normalize)."""
+    TF = torchvision_module(NEEDED_BY, "torchvision.transforms.v2.functional")
     return TF.normalize(image.float().div_(255), MEAN, STD)
 
 
@@ -355,6 +333,7 @@ def build_office(
 ) -> tuple[list[Task], dict[str, dict[str, OfficeDomain]]]:
     """The tasks and {split: {task: OfficeDomain}}; every check runs here, before training."""
     check_options(split_seed, image_size)
+    torchvision_module(NEEDED_BY)  # before the tree is read: file types and normalization are torchvision's
     path = root_folder(root, "the domain folders", layout.option, f"expected {layout.describe()}")
     dirs = domain_dirs(path, layout)
     images = {task: scan_domain(d, layout) for task, d in dirs.items()}

@@ -6,7 +6,7 @@ Layout: the public archive (domain_adaptation_images.tar.gz) unpacked, `tasks.ro
 `amazon/`, `dslr/` and `webcam/`: `<domain>/images/<class>/frame_NNNN.jpg` (a copy without the images/ level,
 `<domain>/<class>/...`, is read too). Nothing is downloaded.
 Splits: LibMTL's proportions seeded per class, or LibMTL's split files; transform, labels, loss and metric:
-`mtl_bench/tasks/office.py`.
+`mtl_bench/tasks/office.py`; folders and class names: `mtl_bench/tasks/office_layouts.py`.
 """
 
 from __future__ import annotations
@@ -14,52 +14,11 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from mtl_bench.tasks.base import TaskSet
-from mtl_bench.tasks.office import OfficeLayout, build_office, register
+from mtl_bench.tasks.office import build_office
+from mtl_bench.tasks.office_layouts import OFFICE_31, OFFICE_31_CLASSES
 
-CLASSES = (
-    "back_pack",
-    "bike",
-    "bike_helmet",
-    "bookcase",
-    "bottle",
-    "calculator",
-    "desk_chair",
-    "desk_lamp",
-    "desktop_computer",
-    "file_cabinet",
-    "headphones",
-    "keyboard",
-    "laptop_computer",
-    "letter_tray",
-    "mobile_phone",
-    "monitor",
-    "mouse",
-    "mug",
-    "paper_notebook",
-    "pen",
-    "phone",
-    "printer",
-    "projector",
-    "punchers",
-    "ring_binder",
-    "ruler",
-    "scissors",
-    "speaker",
-    "stapler",
-    "tape_dispenser",
-    "trash_can",
-)
-
-LAYOUT = register(
-    OfficeLayout(
-        name="Office-31",
-        option="office31",
-        domains={d: (f"{d}/images", d) for d in ("amazon", "dslr", "webcam")},
-        classes=CLASSES,
-        pattern="{amazon,dslr,webcam}/images/<class>/<image>.jpg",
-        split_folder="office-31",
-    )
-)
+LAYOUT = OFFICE_31
+CLASSES = OFFICE_31_CLASSES
 
 
 class Office31(TaskSet):

@@ -7,7 +7,7 @@ Layout: the public archive (OfficeHomeDataset_10072016.zip) unpacked, `tasks.roo
 folders: `<domain>/<class>/NNNNN.jpg`. The archive names the last domain `Real World`; LibMTL's split files
 name it `Real_World`: either folder is read, as task `Real_World`. Nothing is downloaded.
 Splits: LibMTL's proportions seeded per class, or LibMTL's split files; transform, labels, loss and metric:
-`mtl_bench/tasks/office.py`.
+`mtl_bench/tasks/office.py`; folders and class names: `mtl_bench/tasks/office_layouts.py`.
 """
 
 from __future__ import annotations
@@ -15,91 +15,11 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from mtl_bench.tasks.base import TaskSet
-from mtl_bench.tasks.office import OfficeLayout, build_office, register
+from mtl_bench.tasks.office import build_office
+from mtl_bench.tasks.office_layouts import OFFICE_HOME, OFFICE_HOME_CLASSES
 
-CLASSES = (
-    "Alarm_Clock",
-    "Backpack",
-    "Batteries",
-    "Bed",
-    "Bike",
-    "Bottle",
-    "Bucket",
-    "Calculator",
-    "Calendar",
-    "Candles",
-    "Chair",
-    "Clipboards",
-    "Computer",
-    "Couch",
-    "Curtains",
-    "Desk_Lamp",
-    "Drill",
-    "Eraser",
-    "Exit_Sign",
-    "Fan",
-    "File_Cabinet",
-    "Flipflops",
-    "Flowers",
-    "Folder",
-    "Fork",
-    "Glasses",
-    "Hammer",
-    "Helmet",
-    "Kettle",
-    "Keyboard",
-    "Knives",
-    "Lamp_Shade",
-    "Laptop",
-    "Marker",
-    "Monitor",
-    "Mop",
-    "Mouse",
-    "Mug",
-    "Notebook",
-    "Oven",
-    "Pan",
-    "Paper_Clip",
-    "Pen",
-    "Pencil",
-    "Postit_Notes",
-    "Printer",
-    "Push_Pin",
-    "Radio",
-    "Refrigerator",
-    "Ruler",
-    "Scissors",
-    "Screwdriver",
-    "Shelf",
-    "Sink",
-    "Sneakers",
-    "Soda",
-    "Speaker",
-    "Spoon",
-    "TV",
-    "Table",
-    "Telephone",
-    "ToothBrush",
-    "Toys",
-    "Trash_Can",
-    "Webcam",
-)
-
-LAYOUT = register(
-    OfficeLayout(
-        name="Office-Home",
-        option="office_home",
-        domains={
-            "Art": ("Art",),
-            "Clipart": ("Clipart",),
-            "Product": ("Product",),
-            "Real_World": ("Real_World", "Real World"),
-        },
-        classes=CLASSES,
-        pattern="{Art,Clipart,Product,Real_World}/<class>/<image>.jpg (or 'Real World')",
-        split_folder="office-home",
-    )
-)
+LAYOUT = OFFICE_HOME
+CLASSES = OFFICE_HOME_CLASSES
 
 
 class OfficeHome(TaskSet):

@@ -1,4 +1,4 @@
-"""trainer.compile (issue 13): the compiled forward trains to the same parameters as the eager one, every
+"""trainer.compile: the compiled forward trains to the same parameters as the eager one, every
 balancer still gets its gradients at the shared representation and the last shared layer, and a compiler
 that fails leaves an eager run and one warning line."""
 

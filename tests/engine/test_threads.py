@@ -1,4 +1,4 @@
-"""trainer.num_threads=auto (issue 13): threads from the cores this process may use, the runs its launcher
+"""trainer.num_threads=auto: threads from the cores this process may use, the runs its launcher
 starts at once and the model's size; an explicit number wins; null keeps torch's default."""
 
 from __future__ import annotations

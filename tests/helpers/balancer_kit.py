@@ -5,16 +5,14 @@
   initial parameters, the resume / GradScaler / skipped-step / no-host-sync checks and the 2-process DDP run;
 - the seeded three-task case of the gradient methods (mtl_bench.balancers.jacobian) and GradNorm: a tiny
   hard-parameter-sharing model, SGD runs of our balancers, and the reference implementations (LibMTL 1.1.5's
-  weighting modules loaded directly from the installed files, torchjd 0.18) on the same model, data and
-  initial parameters.
+  weighting modules loaded from the installed files by `mtl_bench.bench.peers`, torchjd 0.18) on the same
+  model, data and initial parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
-import sys
 import types
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -27,6 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from mtl_bench.balancers import BackwardContext
+from mtl_bench.bench import peers
 from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.processes import spawn_and_wait
 
@@ -374,35 +373,16 @@ def assert_resume_and_skip_keep_the_state(
 # ---------------------------------------------------------------------------------------------- references
 
 
-def _libmtl_root() -> Path:
-    if "LibMTL" in sys.modules:
-        return Path(sys.modules["LibMTL"].__path__[0])
-    spec = importlib.util.find_spec("LibMTL")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("LibMTL (the peers extra) is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def libmtl_module(
     name: str, package: str = "weighting", needs: Sequence[str] = ("abstract_weighting",)
 ) -> types.ModuleType:
-    """LibMTL 1.1.5's module `LibMTL.<package>.<name>` from its installed file, after the modules it imports
-    (`needs`). LibMTL's package __init__ imports a torchvision module that no longer exists (so
-    `pytest.importorskip("LibMTL")` would always skip), so the package and subpackage are stand-ins."""
-    root = _libmtl_root()
-    for stand_in, path in (("LibMTL", root), (f"LibMTL.{package}", root / package)):
-        if stand_in not in sys.modules or not hasattr(sys.modules[stand_in], "__path__"):
-            module = types.ModuleType(stand_in)
-            module.__path__ = [str(path)]
-            sys.modules[stand_in] = module
-    for module_name in (*needs, name):
-        full = f"LibMTL.{package}.{module_name}"
-        if full not in sys.modules:
-            module_spec = importlib.util.spec_from_file_location(full, root / package / f"{module_name}.py")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[full] = module
-            module_spec.loader.exec_module(module)
-    return sys.modules[f"LibMTL.{package}.{name}"]
+    """`mtl_bench.bench.peers.libmtl_module`, skipping the test when LibMTL (the peers extra) is not installed."""
+    try:
+        return peers.libmtl_module(name, package, needs)
+    except ModuleNotFoundError as error:
+        if error.name != "LibMTL":
+            raise
+        pytest.skip(str(error))
 
 
 def load_libmtl(name: str):
@@ -411,25 +391,9 @@ def load_libmtl(name: str):
 
 
 def libmtl_weighting(name: str, model: MultiTaskModel, tasks: Sequence[str], rep_grad: bool = False):
-    """The weighting as LibMTL's trainer mixes it into the model: shared parameters are the trunk's."""
-    base = load_libmtl(name)
-
-    class Weighting(base):
-        def __init__(self) -> None:
-            super().__init__()
-            self.task_num, self.task_name, self.rep_grad = len(tasks), list(tasks), rep_grad
-            self.device = next(model.parameters()).device
-            self.__dict__["encoder"] = model.trunk
-
-        def get_share_params(self):
-            return model.trunk.parameters()
-
-        def zero_grad_share_params(self):
-            model.trunk.zero_grad(set_to_none=False)
-
-    weighting = Weighting()
-    weighting.init_param()
-    return weighting
+    """The weighting as LibMTL's trainer mixes it into the model (`mtl_bench.bench.peers.libmtl_weighting`)."""
+    libmtl_module(name)  # skips without LibMTL
+    return peers.libmtl_weighting(name, model, tasks, rep_grad)
 
 
 def train_libmtl(

@@ -1,4 +1,4 @@
-"""`mtl-bench report` groups by what was trained (issue 14): the resolved config minus the seed and the keys
+"""`mtl-bench report` groups by what was trained: the resolved config minus the seed and the keys
 that do not change training; distinct seeds are counted; failed, diverged and incomplete runs are listed apart.
 
 The run directories are written the way a run leaves them: `.hydra/config.yaml` composed from our configs
@@ -68,7 +68,8 @@ def report(root: Path, baseline: str | None = None) -> dict:
 
 
 def test_equal_configs_are_one_group_and_what_did_not_complete_is_listed_with_its_reason(tmp_path):
-    """The issue's "Done when": defaults, an explicit copy of them, a resumed run, a diverged run, a failed build."""
+    """Defaults, an explicit copy of them and a resumed run are one group; a diverged run and a failed build are
+    listed apart with their reasons."""
     write_run(tmp_path, "0_defaults", [], t0=0.50)
     write_run(tmp_path, "1_explicit", ["optim=adam", "balancer=fixed"], t0=0.52)
     write_run(tmp_path, "2_resumed", ["trainer.resume=auto", "trainer.log_every=10"], t0=0.54)

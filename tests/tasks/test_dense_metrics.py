@@ -1,4 +1,4 @@
-"""Dense-prediction losses and metrics (mtl_bench/tasks/dense.py): hand-computed tiny cases, and the
+"""Dense-prediction losses and metrics (mtl_bench/tasks/dense/): hand-computed tiny cases, and the
 references' own code on the same tensors.
 
 Test oracles, copied verbatim (only reformatted) from the public repositories named at each, used here and

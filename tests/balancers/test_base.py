@@ -1,0 +1,48 @@
+"""The Balancer base class: a dict of weights where task names are expected (the constructor form before the
+plug-in design) is a TypeError naming what to pass, for every balancer class."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import pickle
+
+import pytest
+
+import mtl_bench.balancers as balancers
+from mtl_bench.balancers import Balancer, FixedWeights
+
+CLASSES = sorted(
+    (c for c in vars(balancers).values() if inspect.isclass(c) and issubclass(c, Balancer)), key=lambda c: c.__name__
+)
+
+
+def test_every_exported_balancer_is_checked() -> None:
+    assert len(CLASSES) >= 18 and Balancer in CLASSES
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_a_dict_of_weights_as_task_names_is_a_type_error_naming_the_fix(cls: type[Balancer]) -> None:
+    takes_weights = "weights" in inspect.signature(cls).parameters
+    fix = (
+        rf"pass {cls.__name__}\(\['a', 'b'\], weights=\{{'a': 1, 'b': 2\}}\)"
+        if takes_weights
+        else rf"pass {cls.__name__}\(\['a', 'b'\]\) \({cls.__name__} takes no per-task weights\)"
+    )
+    with pytest.raises(TypeError, match=rf"^{cls.__name__}: the first argument is the task names .*; {fix}$"):
+        cls({"a": 1, "b": 2})
+    with pytest.raises(TypeError, match="the first argument is the task names"):
+        cls(task_names={"a": 1, "b": 2})
+
+
+def test_the_old_form_of_the_weighted_balancers_suggests_the_weights_option() -> None:
+    with pytest.raises(TypeError, match=r"RescaledNormBalancer\(\['a', 'b'\], weights=\{'a': 1, 'b': 2\}\)"):
+        balancers.RescaledNormBalancer({"a": 1, "b": 2})
+
+
+def test_task_names_as_a_list_still_build_copy_and_pickle() -> None:
+    bal = FixedWeights(["a", "b"], weights={"a": 1.0, "b": 2.0})
+    assert bal.task_names == ["a", "b"]
+    for clone in (copy.deepcopy(bal), pickle.loads(pickle.dumps(bal))):
+        assert clone.task_names == ["a", "b"]
+        assert clone.weights.tolist() == [1.0, 2.0]
