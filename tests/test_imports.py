@@ -15,10 +15,13 @@ PACKAGE = Path(mtl_bench.__file__).resolve().parent
 
 # Lowest first. A module may import its own layer's modules (without a cycle) and those of the layers below.
 LAYERS = (
-    ("base", ("errors", "settings", "files", "records", "tags", "catalog", "config", "console", "hydra_errors")),
+    (
+        "base",
+        ("errors", "settings", "files", "records", "tags", "catalog", "config", "console", "hydra_errors", "optional"),
+    ),
     ("rooms", ("tasks", "models", "balancers", "optim", "run_logger", "analysis", "report")),
     ("engine", ("engine",)),
-    ("app", ("train", "cli", "__main__")),
+    ("app", ("train", "cli", "__main__", "bench")),
 )
 
 

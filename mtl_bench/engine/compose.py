@@ -72,6 +72,7 @@ def apply_trainer_choice(cfg: DictConfig, overrides: list[str]) -> None:
     typed = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     with open_dict(cfg):
         for key, value in OmegaConf.to_container(option).items():  # type: ignore[union-attr]
+            key = str(key)
             if key != "defaults" and f"trainer.{key}" not in typed:
                 OmegaConf.update(cfg, f"trainer.{key}", value, merge=False)
 
@@ -140,7 +141,7 @@ def build_balancer(
     cfg: DictConfig, conf: TrainerConf, taskset: TaskSet, model: MultiTaskModel, world_size: int, device: torch.device
 ) -> Balancer:
     """Built before the training forwards: a balancer may hook the model's last shared layer."""
-    supplied = {
+    supplied: dict[str, Any] = {
         "task_names": taskset.task_names,
         "shared_params": list(model.shared_parameters()),
         "shared_layer": model.last_shared_layer,
@@ -177,7 +178,7 @@ def build_parts(cfg: DictConfig, conf: TrainerConf, device: torch.device, world_
     return Parts(taskset, model, balancer, optimizer, scheduler, precision, total_steps)
 
 
-def describe_parts(parts: Parts, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+def describe_parts(parts: Parts, extra: Optional[dict[str, Any]] = None) -> dict[str, str]:
     """Which implementation each part runs, where a part says (`implementation` attribute): for the start line
     and metrics.json."""
     found = {
@@ -185,4 +186,4 @@ def describe_parts(parts: Parts, extra: Optional[dict[str, str]] = None) -> dict
         for name, part in (("optim", parts.optimizer), ("model", parts.model))
         if getattr(part, "implementation", None) is not None
     }
-    return {**found, **(extra or {})}
+    return {**found, **{k: str(v) for k, v in (extra or {}).items() if v is not None}}

@@ -133,12 +133,12 @@ class MultiStep(WarmupSchedule):
         steps_per_epoch: the run's optimizer steps per epoch (given by the engine).
         total_steps: the run's optimizer steps (given by the engine).
         """
-        milestones = [to_steps("milestones", m, steps_per_epoch, total_steps) for m in milestones]
-        if not milestones or milestones != sorted(milestones) or milestones[0] <= 0:
+        steps = [to_steps("milestones", m, steps_per_epoch, total_steps) for m in milestones]
+        if not steps or steps != sorted(steps) or steps[0] <= 0:
             raise ValueError(f"milestones: need increasing positive step counts, e.g. [1000,2000], got {milestones}")
         if not gamma > 0:
             raise ValueError(f"gamma: must be > 0, got {gamma}")
-        self.milestones, self.gamma = milestones, float(gamma)
+        self.milestones, self.gamma = steps, float(gamma)
         super().__init__(optimizer, warmup_steps, steps_per_epoch, total_steps)
 
     def decay(self, since: int) -> float:

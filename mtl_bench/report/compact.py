@@ -16,8 +16,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Optional
 
+from mtl_bench.report.numbers import significant
 from mtl_bench.report.published import PublishedTable
-from mtl_bench.report.render import significant  # render imports this module inside a function: no cycle
 from mtl_bench.report.summary import Group
 
 WIDTH = 100

@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+from mtl_bench.report.numbers import selection_text, significant
 from mtl_bench.report.summary import Group, Stat, by_task_set
 
 FORMATS = ("table", "markdown", "csv", "json")
@@ -27,13 +28,6 @@ NA = "n/a"  # an interval over one seed
 
 def _finite(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else x
-
-
-def significant(x: float, digits: int) -> str:
-    """`x` to `digits` significant digits as %g does, but large values as whole numbers (2742, 130: not 2.742e+03)."""
-    if math.isfinite(x) and abs(float(f"{x:.{digits}g}")) >= 10**digits:
-        return f"{float(f'{x:.{digits}g}'):.0f}"
-    return f"{x:.{digits}g}"
 
 
 def _pm(mean: float, ci: float, digits: int) -> str:
@@ -138,17 +132,6 @@ def problem_line(p: dict[str, Any]) -> str:
     """`diverged: outputs/.../3 (optim=sgd optim.lr=0.05): <reason>`"""
     where = f"{p['path']} ({p['overrides']})" if p["overrides"] else p["path"]
     return f"{p['status']}: {where}: {p['reason']}" if p["reason"] else f"{p['status']}: {where}"
-
-
-def selection_text(record: Any) -> str:
-    """A run's trainer.select as metrics.json records it, in words."""
-    if not isinstance(record, dict):
-        return str(record or "final step")
-    if record.get("select") == "best_val":
-        return f"best validation {record.get('criterion')}"
-    if record.get("select") == "last_k":
-        return f"mean of the last {record.get('k')} evaluations"
-    return "final step"
 
 
 def model_selection(groups: list[Group]) -> str:

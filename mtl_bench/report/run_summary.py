@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from mtl_bench.report.render import selection_text
+from mtl_bench.report.numbers import selection_text
 
 
 def final_weights(run_dir: Path, tasks: list[str]) -> dict[str, float]:
