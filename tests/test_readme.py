@@ -122,3 +122,24 @@ def test_every_readme_command_runs(tmp_path):
             if not any(logdir.rglob("events.out.tfevents.*")):
                 failures.append(f"{shown}\n  no TensorBoard events under {logdir}")
     assert not failures, "\n".join(failures)
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {
+        re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        for title in re.findall(r"^#+ (.*)$", markdown, flags=re.M)
+    }
+
+
+def test_anchors_are_github_style():
+    assert anchors("# A b\n## NYUv2\n### Δm, mean rank: `x`\n") == {"a-b", "nyuv2", "δm-mean-rank-x"}
+
+
+def test_links_to_a_section_name_a_heading_of_that_page():
+    pages = [README, *sorted((REPO / "docs").glob("*.md"))]
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(([\w./-]*\.md)?#([\w-]+)\)", page.read_text()):
+            linked = (page.parent / target) if target else page
+            if linked.exists():  # pages other branches add are checked once they are here
+                assert anchor in anchors(linked.read_text()), f"{page.name}: {target}#{anchor}"
