@@ -1,4 +1,4 @@
-"""The README's "Bring your own model, task set or balancer", done as a user would: a package outside
+"""docs/library.md's "Bring your own model, task set or balancer", done as a user would: a package outside
 mtl_bench (tests/fixtures/my_lab_project) on PYTHONPATH with its own config directory, through the CLI."""
 
 from __future__ import annotations
