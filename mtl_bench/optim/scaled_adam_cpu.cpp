@@ -7,7 +7,7 @@
 // Work is cut into blocks of BLOCK elements of one tensor; each block's sums go to their own slot and are added
 // in block order, so results do not depend on the number of threads. Products are float32, summed in double
 // (as (g * g).sum(dtype=torch.float64) does). target_clones compiles each loop for AVX-512, AVX2 and baseline
-// x86-64 and picks one at load time (no -march=native: the built library runs on any x86-64 CPU).
+// x86-64 and picks one at load time (no flag tuned to the build host: the library runs on any x86-64 CPU).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
