@@ -177,8 +177,9 @@ class ScaledAdam(torch.optim.Optimizer):
     State is float32 for any parameter dtype. A step makes one host read (the gradient norm: the skip and the
     clipping factor depend on it). `implementation` says which path runs ("C++ kernel": float32 CPU tensors
     through scaled_adam_cpu.cpp, the rest eagerly; or "eager") and `implementation_reason` why; both are
-    decided at construction and logged once on the "mtl_bench" logger. `compile=True` raises ConfigError when the
-    kernel cannot be had (no compiler, other dtypes or devices); "auto" then runs eagerly and says why.
+    decided at construction and logged once on the "mtl_bench" logger. `compile=True` raises ValueError("compile:
+    ...") when the kernel cannot be had (no compiler, other dtypes or devices; ConfigError if a parameter changes
+    to such later); "auto" then runs eagerly and says why.
     """
 
     skips_nonfinite = True  # a step with a non-finite gradient norm is skipped inside step() (the trainer relies on it)
@@ -211,7 +212,7 @@ class ScaledAdam(torch.optim.Optimizer):
         scalar_max: one-element tensors are clamped to +-scalar_max (> 0) after each update.
         size_update_period: steps (>= 1) between RMS refreshes and learned-scale steps.
         clipping_update_period: steps (>= 1) between clipping thresholds, each the median of that many norms.
-        compile: True: the C++ kernel or ConfigError; False: eager, same math; "auto": kernel from 2^20 elements.
+        compile: True: the C++ kernel or an error; False: eager, same math; "auto": kernel from 2^20 elements.
         """
         if not lr >= 0:
             raise ValueError(f"lr: must be >= 0, got {lr}")
@@ -321,8 +322,8 @@ class ScaledAdam(torch.optim.Optimizer):
             if self.compile is True and not b.scalar and not b.native:
                 raise ConfigError(
                     f"compile: true needs float32 contiguous CPU parameters (ScaledAdam's C++ kernel); "
-                    f"{self.param_name(group_index, b.index[0])} is {dev.type} {b.params[0].dtype}; "
-                    "set compile=auto or false"
+                    f"{self.param_name(group_index, b.index[0])} is {dev.type} {b.params[0].dtype}"
+                    f"{'' if contiguous else ', not contiguous'}; set compile=auto or false"
                 )
             b.stacked = not b.native and (
                 b.scalar or b.numel <= self.stack_max_numel or dev.type != "cpu" or not contiguous
@@ -374,7 +375,8 @@ class ScaledAdam(torch.optim.Optimizer):
             st["scale_grads"] = torch.zeros(group["size_update_period"], device=p.device)
 
     def _choose(self) -> tuple[bool, str]:
-        """(whether the C++ kernel takes the float32 CPU tensors, why); ConfigError where compile=True cannot be had."""
+        """(whether the C++ kernel takes the float32 CPU tensors, why). Where compile=True cannot be had: ValueError
+        "compile: ...", which the engine's builder reports as the one line `optim.compile: ...`."""
         if self.compile is False:
             return False, "compile=false"
         tensors = [p for g in self.param_groups for p in g["params"] if p.numel() > 1]
@@ -384,7 +386,7 @@ class ScaledAdam(torch.optim.Optimizer):
                 {f"{p.device.type} {str(p.dtype).replace('torch.', '')}" for p in tensors} - {"cpu float32"}
             )
             if others or len(takes) < len(tensors):
-                raise ConfigError(
+                raise ValueError(
                     "compile: true needs float32 contiguous CPU parameters (ScaledAdam's C++ kernel); got "
                     + (", ".join(others) or "non-contiguous tensors")
                     + "; set compile=auto or false"
@@ -399,7 +401,7 @@ class ScaledAdam(torch.optim.Optimizer):
         module, error = scaled_adam_kernel.kernel()
         if module is None:
             if self.compile is True:
-                raise ConfigError(f"compile: true, but ScaledAdam's C++ kernel cannot be built here ({error})")
+                raise ValueError(f"compile: true, but ScaledAdam's C++ kernel cannot be built here ({error})")
             return False, f"compile=auto: the C++ kernel cannot be built here ({error})"
         rest = len(tensors) - len(takes)
         return True, f"compile={str(self.compile).lower()}" + (f"; {rest} other tensors eager" if rest else "")

@@ -147,7 +147,7 @@ def test_every_balancer_trains_the_same_compiled(compose_cfg, balancer):
     assert_same_training(compose_cfg(*SMALL, "model.widths=[32,32,32]", f"balancer={balancer}"))
 
 
-# ----------------------------------------------------------------------------- settings, structure, fallback
+# ----------------------------------------------------------------------------- settings, structure, failures
 
 
 @pytest.mark.parametrize(

@@ -376,7 +376,7 @@ needs_kernel = pytest.mark.slow
 
 @needs_kernel
 def test_native_kernel_matches_eager_and_reference():
-    # float32 CPU tensors through the C kernel: stacks of equal shapes, odd shapes, biases, a missing and a
+    # float32 CPU tensors through the C++ kernel: stacks of equal shapes, odd shapes, biases, a missing and a
     # non-contiguous gradient; scalars stay eager beside it. Spikes make clipping act; 45 steps cross size periods.
     g = torch.Generator().manual_seed(5)
     params = make_params() + [torch.nn.Parameter(torch.randn(40, 30, generator=g) * 0.1) for _ in range(CHUNK + 1)]
@@ -504,7 +504,7 @@ def test_unbuildable_kernel_auto_says_why_and_true_is_a_config_error(monkeypatch
     assert "cannot be built here (RuntimeError: Ninja is required)" in auto.implementation_reason
     lines = [r.getMessage() for r in caplog.records if r.name == "mtl_bench"]
     assert lines == [f"ScaledAdam: eager update ({auto.implementation_reason})"]
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ValueError) as err:  # the builder reports it as `optim.compile: ...`
         ScaledAdam(big_params(), compile=True)
     message = str(err.value)
     assert message.startswith("compile: true, but ScaledAdam's C++ kernel cannot be built here") and "Ninja" in message
@@ -512,7 +512,7 @@ def test_unbuildable_kernel_auto_says_why_and_true_is_a_config_error(monkeypatch
 
 
 def test_compile_true_refuses_what_the_kernel_cannot_take():
-    with pytest.raises(ConfigError, match=r"^compile: true needs float32 contiguous CPU parameters.*bfloat16"):
+    with pytest.raises(ValueError, match=r"^compile: true needs float32 contiguous CPU parameters.*bfloat16"):
         ScaledAdam([torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))], compile=True)
 
 
@@ -528,3 +528,17 @@ def test_compile_auto_decides_by_size(monkeypatch):
     monkeypatch.setattr(scaled_adam_kernel, "kernel", lambda: (built.append(1) or object(), ""))
     big = ScaledAdam(big_params(), compile="auto")  # from AUTO_COMPILE_MIN_NUMEL elements on: the kernel
     assert big.compiled and big.implementation == KERNEL and big.implementation_reason == "compile=auto" and built
+
+
+def test_compile_true_refuses_a_parameter_that_changes_layout_later(monkeypatch):
+    monkeypatch.setattr(scaled_adam_kernel, "kernel", lambda: (object(), ""))  # never called: the plan refuses first
+    params = make_params()
+    opt = ScaledAdam(params, compile=True)
+    assert opt.implementation == KERNEL and opt.implementation_reason == "compile=true"
+    params[0].data = params[0].data.t().contiguous().t()  # same values, no longer contiguous
+    set_grads(params, 0)
+    with pytest.raises(
+        ConfigError,
+        match=r"^compile: true needs float32 .*group0.params\[0\]\(6, 5\) is cpu torch.float32, not contiguous;",
+    ):
+        opt.step()
