@@ -519,7 +519,7 @@ class ScaledAdam(torch.optim.Optimizer):
                 g = g.to(device=p.device, dtype=torch.float32).contiguous()
             grads.append(g)
         kernel, _ = scaled_adam_kernel.kernel()
-        stats, o = kernel.stats([p.detach() for p in ns.params], grads, full).float(), 0
+        stats, o = kernel.stats(ns.params, grads, full).float(), 0  # under no_grad: the parameters as they are
         for b in ns.buckets:
             b.stats, b.pg_ready = stats[o : o + len(b.params)], full
             o += len(b.params)
@@ -535,15 +535,15 @@ class ScaledAdam(torch.optim.Optimizer):
         alpha, size = torch.cat(alphas).view(-1), torch.cat(sizes).view(-1)
         step_of_row = [step for b, step in zip(ns.buckets, steps) for _ in b.params]
         kernel, _ = scaled_adam_kernel.kernel()
-        params = [p.detach() for p in ns.params]
         dots = torch.empty(len(ns.params), dtype=torch.float64)
         for step in sorted(set(steps)):  # the buckets of a group step together: normally one call
             rows = [i for i, s in enumerate(step_of_row) if s == step]
             bias2 = 1 - beta2 ** (step + 1)
             v_scale = 1 / bias2 if bias2 < 0.99 else 1.0  # icefall drops the correction once it is small
             consts = torch.tensor([clip, beta1, beta2, v_scale, group["eps"]], dtype=torch.float32)
-            lists = [[ts[i] for i in rows] for ts in (params, ns.grads, ns.deltas, ns.avg_sqs)]
+            tensors = (ns.params, ns.grads, ns.deltas, ns.avg_sqs)
             sub = rows if len(rows) < len(step_of_row) else slice(None)
+            lists = [[ts[i] for i in rows] for ts in tensors] if isinstance(sub, list) else list(tensors)
             dots[sub] = kernel.update(*lists, alpha[sub].contiguous(), size[sub].contiguous(), consts)
         o = 0
         for b, step in zip(ns.buckets, steps):

@@ -18,7 +18,7 @@
 
 namespace {
 
-constexpr int64_t BLOCK = 1 << 16;
+constexpr int64_t BLOCK = 1 << 20;
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define MTL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
