@@ -153,7 +153,7 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t)
     base = statistics.median(times["Adam fused=True"])
     print(f"# after the run: {machine_description()}")
-    print("| variant | median ms/step | min ms/step | ratio to fused Adam | first step s (compile) |")
+    print("| variant | median ms/step | min ms/step | ratio to fused Adam | first step s |")
     print("|---|---:|---:|---:|---:|")
     for name, ts in times.items():
         med = statistics.median(ts)
