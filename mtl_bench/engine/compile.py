@@ -30,7 +30,7 @@ Private torch APIs, used because torch has no public one for what they do: `aot_
 `make_boxed_func` (a backend that compiles the forward and the backward graphs separately, so that a
 backward called with batched gradients can run its graph eagerly), `torch._inductor.compile` (inductor on one
 such graph), `torch._inductor.list_mode_options` (what a `mode` means, as torch.compile reads it) and
-`torch._C._functorch.is_batchedtensor` (whether a gradient is one of vmap's batched tensors).
+`torch._C._dispatch_keys` (whether a gradient is one of vmap's batched tensors).
 """
 
 from __future__ import annotations
@@ -104,7 +104,9 @@ def implementation_of(module: nn.Module) -> str:
 
 def is_batched(value: Any) -> bool:
     """Whether `value` is a vmap batched tensor (autograd.grad(..., is_grads_batched=True) or torch.func.vmap)."""
-    return isinstance(value, Tensor) and bool(torch._C._functorch.is_batchedtensor(value))
+    # is_batchedtensor() misses the batched gradients autograd hands a backward graph under vmap; their dispatch
+    # keys say it (FuncTorchBatched)
+    return isinstance(value, Tensor) and "Batched" in str(torch._C._dispatch_keys(value))
 
 
 def compile_graph(
