@@ -1,3 +1,4 @@
+// Source: ScaledAdam of k2-fsa/icefall egs/librispeech/ASR/zipformer/optim.py (Daniel Povey, Apache-2.0); own code.
 // ScaledAdam's two passes over float32 CPU tensors, built by torch.utils.cpp_extension (see scaled_adam_kernel.py).
 //
 // Why a kernel and not torch.compile: the update pass must also return sum(p*g) over the values of p before the
