@@ -3,24 +3,21 @@
     python scripts/bench_optim.py                         # 12 layers, d=512: about 38M parameters
     python scripts/bench_optim.py --layers 2 --rounds 5   # quick run
     python scripts/bench_optim.py --threads 1             # steadier numbers on a shared machine
-    python scripts/bench_optim.py --cold-cache            # first-step column = a compile from scratch
 
 Every variant owns its own copy of the parameters and gradients. Steps are timed in interleaved rounds
 (one step of each variant per round) so load from other processes hits all variants alike; the table gives
-the median and the minimum over rounds, the ratio of medians to fused Adam, and the time of the first step
-(which includes building the C kernel, or torch.compile's work, for compiled variants). "ScaledAdam compiled" is
-the default: float32 CPU tensors through ScaledAdam's C kernel; "torch.compile only" turns that kernel off. Two
-more tables split a compiled step, with and without the C kernel (further interleaved rounds with fused Adam):
-the statistics pass (sum g^2 per tensor, and sum p*g, sum p^2 where needed), the update pass, and the rest (the
-host read of the gradient norm, the clipping factor).
+the median and the minimum over rounds, the ratio of medians to fused Adam, and the time of the first step.
+"ScaledAdam C++ kernel" is `compile=True` (what `compile="auto"` picks for a model this size): float32 CPU
+tensors through ScaledAdam's kernel, built by torch.utils.cpp_extension when the optimizer is constructed
+(outside the timed steps; a minute once per machine, then cached). A second table splits a kernel step
+(further interleaved rounds with fused Adam): the statistics pass (sum g^2 per tensor, and sum p*g, sum p^2
+where needed), the update pass, and the rest (the host read of the gradient norm, the clipping factor).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import tempfile
 import time
 from typing import Any, Callable
 
@@ -50,13 +47,10 @@ def copy_params(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
     return out
 
 
-def scaled_adam(
-    params: list[torch.nn.Parameter], compile: bool, stack_max_numel: int | None, native: bool = True
-) -> ScaledAdam:
+def scaled_adam(params: list[torch.nn.Parameter], compile: bool, stack_max_numel: int | None) -> ScaledAdam:
     opt = ScaledAdam(params, lr=0.02, clipping_scale=2.0, compile=compile)
     if stack_max_numel is not None:
         opt.stack_max_numel = stack_max_numel
-    opt.use_native = native
     return opt
 
 
@@ -78,10 +72,10 @@ def timed_passes(opt: ScaledAdam, spent: dict[str, float]) -> None:
     opt._update_native = timed(opt._update_native, "update")  # type: ignore[method-assign]
 
 
-def breakdown(params: list[torch.nn.Parameter], rounds: int, native: bool) -> None:
-    """Print where a compiled ScaledAdam's step goes, against fused Adam in the same rounds."""
+def breakdown(params: list[torch.nn.Parameter], rounds: int) -> None:
+    """Print where a kernel ScaledAdam's step goes, against fused Adam in the same rounds."""
     adam = torch.optim.Adam(copy_params(params), lr=1e-3, fused=True)
-    opt = scaled_adam(copy_params(params), True, None, native)
+    opt = scaled_adam(copy_params(params), True, None)
     spent = {"stats": 0.0, "update": 0.0}
     timed_passes(opt, spent)
     rows: dict[str, list[float]] = {
@@ -107,8 +101,7 @@ def breakdown(params: list[torch.nn.Parameter], rounds: int, native: bool) -> No
             rows["update pass"].append(spent["update"])
             rows["rest"].append(total - spent["stats"] - spent["update"])
     base = statistics.median(rows["Adam fused=True step"])
-    kind = "C kernel" if opt.native else "torch.compile only"
-    print(f"| part (ScaledAdam compiled, {kind}) | median ms | fraction of fused Adam's step |")
+    print(f"| part (ScaledAdam, {opt.implementation}) | median ms | fraction of fused Adam's step |")
     print("|---|---:|---:|")
     for name, ts in rows.items():
         print(f"| {name} | {statistics.median(ts) * 1e3:.1f} | {statistics.median(ts) / base:.2f} |")
@@ -118,9 +111,7 @@ def variants(params: list[torch.nn.Parameter], eager_all: bool) -> dict[str, Cal
     v: dict[str, Callable[[], object]] = {
         "Adam fused=True": torch.optim.Adam(copy_params(params), lr=1e-3, fused=True).step,
         "Adam foreach=True": torch.optim.Adam(copy_params(params), lr=1e-3, foreach=True).step,
-        "ScaledAdam compiled": scaled_adam(copy_params(params), True, None).step,
-        "ScaledAdam torch.compile only": scaled_adam(copy_params(params), True, None, native=False).step,
-        "ScaledAdam torch.compile, all stacked": scaled_adam(copy_params(params), True, 1 << 62, native=False).step,
+        "ScaledAdam C++ kernel": scaled_adam(copy_params(params), True, None).step,
         "ScaledAdam eager, per-parameter loop": scaled_adam(copy_params(params), False, 0).step,
     }
     if eager_all:
@@ -136,12 +127,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10, help="timed steps per variant, interleaved")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument(
-        "--cold-cache",
-        action="store_true",
-        help="compile into fresh cache directories (inductor's and "
-        "the C kernel's), so the first-step column shows a cold compile",
-    )
-    ap.add_argument(
         "--eager-stacked",
         action="store_true",
         help="also time the eager path with every bucket stacked (the layout non-CPU devices use)",
@@ -149,9 +134,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.cold_cache:  # read by inductor at its first compile, and by ScaledAdam when it builds its C kernel
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_optim_inductor_")
-        tempfile.tempdir = tempfile.mkdtemp(prefix="bench_optim_tmp_")
     params = transformer_params(args.layers, args.d_model, args.scalars)
     n = sum(p.numel() for p in params)
     print(f"# {len(params)} tensors, {n / 1e6:.1f}M parameters; {machine_description()}")
@@ -171,15 +153,13 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t)
     base = statistics.median(times["Adam fused=True"])
     print(f"# after the run: {machine_description()}")
-    print("| variant | median ms/step | min ms/step | ratio to fused Adam | first step s (compile) |")
+    print("| variant | median ms/step | min ms/step | ratio to fused Adam | first step s |")
     print("|---|---:|---:|---:|---:|")
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"| {name} | {med * 1e3:.1f} | {min(ts) * 1e3:.1f} | {med / base:.2f} | {first[name]:.1f} |")
     print()
-    breakdown(params, args.rounds, native=True)
-    print()
-    breakdown(params, args.rounds, native=False)
+    breakdown(params, args.rounds)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,16 @@ own backwards and batched products run between a forward and the next, which CUD
 buffers do not allow for; the modes' other options are.
 
 Compilation happens at the first call. When it fails (no C++ compiler, an unsupported Python, an op the
-compiler rejects), the forward runs eagerly from then on and one warning line says why.
+compiler rejects), at wrap time, at the first forward or at the first backward, the run stops with a
+`CompileError`: one line naming the reason (the CLI prints it as any ConfigError). It never goes on eagerly:
+a user who asked for trainer.compile gets it or learns why not. `implementation_of(module)` says what runs
+("eager" or "torch.compile mode=...: ..."), for the run's records; `maybe_compile` logs it once.
+
+Private torch APIs, used because torch has no public one for what they do: `aot_autograd` and
+`make_boxed_func` (a backend that compiles the forward and the backward graphs separately, so that a
+backward called with batched gradients can run its graph eagerly), `torch._inductor.compile` (inductor on one
+such graph), `torch._inductor.list_mode_options` (what a `mode` means, as torch.compile reads it) and
+`torch._C._dispatch_keys` (whether a gradient is one of vmap's batched tensors).
 """
 
 from __future__ import annotations
@@ -32,23 +41,42 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from mtl_bench.errors import ConfigError
 from mtl_bench.models.base import ModelOutput, MultiTaskModel
 from mtl_bench.settings import CompileSetting, compile_mode
 
 log = logging.getLogger("mtl_bench")
 
 
+class CompileError(ConfigError):
+    """trainer.compile was asked for and cannot be had here; the message is one line saying why."""
+
+
+def compile_failed(mode: str, err: BaseException, when: str) -> CompileError:
+    return CompileError(
+        f"trainer.compile={mode}: torch.compile failed {when} ({describe(err)}); set trainer.compile=false "
+        "to train eagerly"
+    )
+
+
 def maybe_compile(model: nn.Module, setting: CompileSetting) -> nn.Module:
     """`model` itself when `setting` is false/None; else a module whose forward runs the model with the
     trunk, up to its last shared layer, compiled (see the module docstring). Build the balancer before
     calling this (it may hook the last shared layer). An nn.Module that is not a MultiTaskModel is compiled
-    whole, with the same fallback to eager."""
+    whole. CompileError where compilation cannot be had; one log line says what runs."""
     mode = compile_mode(setting)
     if mode is None:
         return model
-    if isinstance(model, MultiTaskModel):
-        return CompiledForward(model, mode)
-    return CompiledModule(model, mode)
+    compiled: nn.Module = (
+        CompiledForward(model, mode) if isinstance(model, MultiTaskModel) else CompiledModule(model, mode)
+    )
+    log.info("trainer.compile: %s", implementation_of(compiled))
+    return compiled
+
+
+def implementation_of(module: nn.Module) -> str:
+    """What runs the forward: "eager", or the compiled region and mode of a module from `maybe_compile`."""
+    return str(getattr(module, "implementation", "eager"))
 
 
 # ----------------------------------------------------------------------------- the compiler
@@ -56,6 +84,8 @@ def maybe_compile(model: nn.Module, setting: CompileSetting) -> nn.Module:
 
 def is_batched(value: Any) -> bool:
     """Whether `value` is a vmap batched tensor (autograd.grad(..., is_grads_batched=True) or torch.func.vmap)."""
+    # is_batchedtensor() misses the batched gradients autograd hands a backward graph under vmap; their dispatch
+    # keys say it (FuncTorchBatched)
     return isinstance(value, Tensor) and "Batched" in str(torch._C._dispatch_keys(value))
 
 
@@ -66,9 +96,10 @@ def compile_graph(
     return torch._inductor.compile(gm, list(example_inputs), options=options)
 
 
-def inductor_backend(mode: str, on_failure: Callable[[BaseException, str], None]) -> Callable[..., Any]:
+def inductor_backend(mode: str) -> Callable[..., Any]:
     """A torch.compile backend: inductor for the forward and the backward, and the backward graph run eagerly
-    when its incoming gradients are batched (or when inductor cannot compile it, after `on_failure`)."""
+    when its incoming gradients are batched (the same graph: ATen ops, which vmap batches). A graph inductor
+    cannot compile raises CompileError."""
     import torch._inductor
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
@@ -81,9 +112,8 @@ def inductor_backend(mode: str, on_failure: Callable[[BaseException, str], None]
     def backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         try:
             compiled = compile_graph(gm, example_inputs, options, backward=True)
-        except Exception as err:  # the forward is compiled already; the eager backward graph is the same math
-            on_failure(err, "the backward runs eagerly")
-            return make_boxed_func(gm)
+        except Exception as err:  # may be called lazily, at the first backward: say so in the run's own words
+            raise compile_failed(mode, err, "on the backward graph") from err
 
         def run(*args: Any) -> Any:
             return gm(*args) if any(is_batched(a) for a in args) else compiled(*args)
@@ -93,25 +123,28 @@ def inductor_backend(mode: str, on_failure: Callable[[BaseException, str], None]
     return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)
 
 
-class _Compiled:
-    """torch.compile(module) with the inductor backend above; `fn` is None once compilation failed (warned once)."""
+def _compile(module: nn.Module, mode: str) -> Callable[..., Any]:
+    """torch.compile(module) with the inductor backend above; CompileError where torch.compile refuses at once."""
+    try:
+        return torch.compile(module, backend=inductor_backend(mode))
+    except Exception as err:  # e.g. dynamo on an unsupported Python
+        raise compile_failed(mode, err, "at wrap time") from err
 
-    def __init__(self, module: nn.Module, mode: str) -> None:
-        self.warned = False
-        self.fn: Optional[Callable[..., Any]] = None
-        try:
-            self.fn = torch.compile(module, backend=inductor_backend(mode, self.warn))
-        except Exception as err:  # torch.compile refuses at once where dynamo is unsupported
-            self.fail(err)
 
-    def warn(self, err: BaseException, consequence: str = "the model runs eagerly") -> None:
-        if not self.warned:
-            self.warned = True
-            log.warning("trainer.compile: torch.compile failed (%s); %s", describe(err), consequence)
-
-    def fail(self, err: BaseException) -> None:
-        self.warn(err)
-        self.fn = None
+def _call(mode: str, compiled: Callable[..., Any], eager: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`compiled(*args)`; a failure is a CompileError, unless the eager module fails the same inputs too: the
+    input is then at fault and the eager error is the one to see. (Re)compilation runs inside the call, before
+    the graph touches anything."""
+    try:
+        return compiled(*args, **kwargs)
+    except Exception as err:
+        cause: BaseException | None = err
+        while cause is not None and not isinstance(cause, CompileError):  # the backward's, wrapped by dynamo
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        eager(*args, **kwargs)  # raises the input's own error, if it is one
+        raise compile_failed(mode, err, "on the forward") from err
 
 
 def describe(err: BaseException) -> str:
@@ -134,48 +167,33 @@ class CompiledForward(nn.Module):
     """A MultiTaskModel's forward with the trunk's part before the last shared layer compiled.
 
     Holds the model as its only child (the same parameters; `train()`/`eval()` reach it; DDP may wrap this
-    module). Checkpoint the model itself: its state_dict keys are unchanged. `compiled` says whether the
-    compiled region is in use (False once compilation failed).
+    module). Checkpoint the model itself: its state_dict keys are unchanged. `implementation` says what is
+    compiled. A trunk that cannot be cut before its hooked last shared layer is a CompileError.
     """
 
     # kept in __dict__, outside the module registry: they share the model's layers
-    _region: Optional[nn.Module]
+    _region: nn.Module
     _rest: nn.Module
-    _compiled: Optional[_Compiled]
+    _fn: Callable[..., Any]
+
+    compiled = True  # there is no eager fallback: a failure stops the run
 
     def __init__(self, model: MultiTaskModel, mode: str) -> None:
         super().__init__()
         self.model = model  # the only registered child: the pieces below share its layers
         self.mode = mode
         region, rest, why = split_trunk(model)
-        self.__dict__.update(_region=region, _rest=rest, _compiled=None)
         if region is None:
-            log.warning("trainer.compile: %s; the model runs eagerly", why)
-        else:
-            self.__dict__["_compiled"] = _Compiled(region, mode)
-
-    @property
-    def compiled(self) -> bool:
-        return self._compiled is not None and self._compiled.fn is not None
+            raise CompileError(f"trainer.compile={mode}: cannot compile this model: {why}; set trainer.compile=false")
+        self.__dict__.update(_region=region, _rest=rest, _fn=_compile(region, mode))
+        where = "the trunk before its last shared layer" if not isinstance(rest, nn.Identity) else "the whole trunk"
+        self.implementation = f"torch.compile mode={mode} (inductor): {where}; the heads eager"
 
     def _trunk(self, x: Tensor) -> Tensor:
-        if self._compiled is not None and self._compiled.fn is not None:
-            try:
-                return self._rest(self._compiled.fn(x))
-            except Exception as err:
-                # Compilation runs inside the call, before the graph touches anything. If the eager region fails
-                # as well, the input is at fault and that error is the one to see.
-                assert self._region is not None
-                hidden = self._region(x)
-                self._compiled.fail(err)
-                return self._rest(hidden)
-        assert self._region is not None
-        return self._rest(self._region(x))
+        return self._rest(_call(self.mode, self._fn, self._region, x))
 
     def forward(self, x: Tensor, tasks: Optional[Sequence[str]] = None) -> ModelOutput:
         """MultiTaskModel.forward: the shared representation, and the predictions of every head or of `tasks`."""
-        if self._region is None:
-            return self.model(x, tasks=tasks)
         shared = self._trunk(x)
         heads = self.model.heads
         names = heads.keys() if tasks is None else tasks
@@ -218,25 +236,17 @@ def split_trunk(model: MultiTaskModel) -> tuple[Optional[nn.Module], nn.Module, 
 
 
 class CompiledModule(nn.Module):
-    """Any module compiled whole with the same backend and fallback (modules outside the MultiTaskModel contract)."""
+    """Any module compiled whole with the same backend (modules outside the MultiTaskModel contract)."""
 
-    _compiled: _Compiled
+    _fn: Callable[..., Any]
+    compiled = True  # there is no eager fallback: a failure stops the run
 
     def __init__(self, module: nn.Module, mode: str) -> None:
         super().__init__()
         self.module = module
-        self.__dict__["_compiled"] = _Compiled(module, mode)
-
-    @property
-    def compiled(self) -> bool:
-        return self._compiled.fn is not None
+        self.mode = mode
+        self.__dict__["_fn"] = _compile(module, mode)
+        self.implementation = f"torch.compile mode={mode} (inductor): the whole {type(module).__name__}"
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._compiled.fn is not None:
-            try:
-                return self._compiled.fn(*args, **kwargs)
-            except Exception as err:
-                out = self.module(*args, **kwargs)
-                self._compiled.fail(err)
-                return out
-        return self.module(*args, **kwargs)
+        return _call(self.mode, self._fn, self.module, *args, **kwargs)

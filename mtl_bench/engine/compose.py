@@ -179,11 +179,11 @@ def build_parts(cfg: DictConfig, conf: TrainerConf, device: torch.device, world_
 
 
 def describe_parts(parts: Parts, extra: Optional[dict[str, Any]] = None) -> dict[str, str]:
-    """Which implementation each part runs, where a part says (`implementation` attribute): for the start line
-    and metrics.json."""
-    found = {
-        name: str(getattr(part, "implementation"))
-        for name, part in (("optim", parts.optimizer), ("model", parts.model))
-        if getattr(part, "implementation", None) is not None
-    }
+    """Which implementation the optimizer runs, and why when it says (its `implementation` and
+    `implementation_reason`), with `extra` (trainer.compile's): for metrics.json."""
+    found = {}
+    path = getattr(parts.optimizer, "implementation", None)
+    if path is not None:
+        reason = getattr(parts.optimizer, "implementation_reason", "")
+        found["optim"] = f"{path} ({reason})" if reason else str(path)
     return {**found, **{k: str(v) for k, v in (extra or {}).items() if v is not None}}

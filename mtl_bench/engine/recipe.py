@@ -30,7 +30,7 @@ from mtl_bench.engine.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from mtl_bench.engine.compile import maybe_compile
+from mtl_bench.engine.compile import implementation_of, maybe_compile
 from mtl_bench.engine.compose import build_parts, describe_parts
 from mtl_bench.engine.diagnostics import GRAD_COS_MATRIX, GradientDiagnostics, heatmap
 from mtl_bench.engine.distributed import (
@@ -158,9 +158,8 @@ class Recipe:
         )
         # Compiled after the balancer is built (it may hook the last shared layer); checkpoints and evaluation
         # use the eager model, whose parameters the compiled forward shares.
-        forward_model = wrap_ddp(
-            maybe_compile(self.model, conf.compile), device, self.dist, per_task=conf.step_mode == "per_task"
-        )
+        compiled = maybe_compile(self.model, conf.compile)
+        forward_model = wrap_ddp(compiled, device, self.dist, per_task=conf.step_mode == "per_task")
         self.runner = StepRunner(
             forward_model,
             self.taskset,
@@ -182,17 +181,15 @@ class Recipe:
             total_steps=self.total_steps,
         )
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.implementations = describe_parts(
-            parts, {"trainer.compile": getattr(forward_model, "implementation", None)}
-        )
+        self.implementations = describe_parts(parts, {"trainer.compile": implementation_of(compiled)})
         if checkpoint is not None:
             self.restore(load_checkpoint(checkpoint, device), checkpoint)
         if self.dist.is_main:
             self.logger = RunLogger(self.run_dir, purge_step=self.step or None)
             if self.step == 0:
                 self._write_hparams()
-        for part, path in self.implementations.items():
-            log.info("%s: %s", part, path)
+        if conf.compile:  # the optimizer says its own path when it is built
+            log.info("trainer.compile: %s", self.implementations["trainer.compile"])
         log.info(why)  # after the build: a config error stays the one line a failed run prints
         ranks = f" x {self.dist.world_size} ranks" if self.dist.world_size > 1 else ""
         log.info(

@@ -2,47 +2,51 @@
 """ScaledAdam: Adam whose update for each tensor is scaled by that tensor's RMS and which also learns each
 tensor's overall scale; scalars get plain Adam. See docs in `ScaledAdam`.
 
-Layout: parameters of one group are bucketed by (device, dtype, shape). Per-row scalar work (clipping norm,
-parameter RMS, scale learning, bias corrections) runs once per bucket on stacked (n,) tensors. A step makes two
-passes over memory: `_stats` reads p and g (the clipping norm, the non-finite check and the learned scale need
-them before any update), then `_update` reads p, g, delta, exp_avg_sq and writes p, delta, exp_avg_sq, as
-fused Adam does. Both take lists of 2-D (rows, elements) tensors: either the whole bucket stacked into one
-(small tensors, non-CPU devices) or each tensor's own memory viewed as one row (large CPU tensors, where a
-stack copy costs more memory traffic than the update itself), `CHUNK` tensors per call so that one call
-(one dispatch, and under torch.compile one C++ kernel streaming several tensors at once) covers several
-tensors. The same two functions run eagerly or through torch.compile.
+Two implementations of one algorithm, chosen once at construction (`compile`), named by `implementation`:
+
+- "C++ kernel": float32 CPU tensors go through scaled_adam_cpu.cpp, built by torch.utils.cpp_extension at
+  first use (scaled_adam_kernel.py). A step makes two passes over memory: the statistics pass reads g (p too every
+  `size_update_period`-th step: the RMS refresh and the scale step need p before that step's update), then the
+  update pass reads p, g, delta, exp_avg_sq and writes p, delta, exp_avg_sq, as fused Adam does, and returns
+  the sum p*g the learned scale needs from the same loop. Scalars, and any tensor the kernel cannot take, go eager.
+- "eager": plain torch ops. Parameters of one group are bucketed by (device, dtype, shape); per-row scalar
+  work (clipping norm, parameter RMS, scale learning, bias corrections) runs once per bucket on stacked (n,)
+  tensors. `_stats` reads p and g, `_update` reads p, g, delta, exp_avg_sq and writes p, delta, exp_avg_sq,
+  over lists of 2-D (rows, elements) tensors: the whole bucket stacked into one (small tensors, non-CPU
+  devices) or each tensor's own memory viewed as one row (large CPU tensors, where a stack copy costs more
+  memory traffic than the update itself).
+
+torch.compile is not used: inductor does not fuse the reduction sum p*g into the loop that overwrites p (it
+makes a second loop over p and g), so the compiled update was about 2x fused Adam where the kernel is 1.2x
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import logging
 import math
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from itertools import chain
-from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Union
 
 import torch
 from torch import Tensor
 
+from mtl_bench.errors import ConfigError
+from mtl_bench.optim import scaled_adam_kernel
+
 log = logging.getLogger(__name__)
 
 CompileMode = Union[bool, Literal["auto"]]
+KERNEL = "C++ kernel"
+EAGER = "eager"
 
-# compile="auto" compiles when the non-scalar parameters hold at least this many elements: a compile costs
-# seconds once and saves a memory pass or more per element per step.
+# compile="auto" takes the kernel when the float32 CPU tensors with more than one element hold at least this
+# many elements: building it costs a minute once per machine (then it is cached), and a small model gains little.
 AUTO_COMPILE_MIN_NUMEL = 1 << 20
 # On CPU, tensors up to this many elements are stacked per bucket; larger ones are updated in place.
 STACK_MAX_NUMEL = 1 << 16
-# Large same-shape tensors handed to one call of `_stats` / `_update` (a bucket's remainder goes one by one,
-# so the compiled graphs are: CHUNK rows, one row, one stacked bucket).
+# Large same-shape tensors handed to one call of `_stats` / `_update` on the eager path.
 CHUNK = 4
 # Steps at which a first clipping threshold is estimated (2x looser), besides multiples of the period.
 IRREGULAR_ESTIMATES = (10, 20, 40)
@@ -97,204 +101,14 @@ def _update(
         r0 = r1
 
 
-# ------------------------------------------------------------------ the CPU kernel
-# torch.compile cannot give the update pass the scale gradient sum(p*g): inductor will not fuse a reduction over
-# p with the loop that overwrites p (it schedules the reduction as a second pass, or writes p through a copy),
-# so its statistics pass reads p and g. This C kernel does: its statistics pass reads g alone (p too every
-# `size_update_period`-th step, for the RMS and the scale step), and its update pass returns sum(p*g) from the
-# same loop as fused Adam's. Float32 CPU tensors only; built at first use with the C compiler and OpenMP that
-# inductor uses; anything else, or a failed build, goes through torch.compile.
-_NATIVE_SRC = r"""
-#include <math.h>
-#include <stdint.h>
-#ifdef _OPENMP
-#include <omp.h>
-#else
-static int omp_get_thread_num(void) { return 0; }
-#endif
-
-/* Thread t's part of [0, n), in blocks of 64 elements: fixed for a thread count, so results are too. */
-static void part(int64_t n, int t, int T, int64_t* lo, int64_t* hi) {
-    int64_t blocks = (n + 63) / 64, per = blocks / T, extra = blocks % T;
-    int64_t b0 = t * per + (t < extra ? t : extra), b1 = b0 + per + (t < extra ? 1 : 0);
-    *lo = b0 * 64 < n ? b0 * 64 : n;
-    *hi = b1 * 64 < n ? b1 * 64 : n;
-}
-
-/* out[3i..3i+2] = sum g^2, sum p*g, sum p^2 of tensor i (the last two only when full). Float products summed in
-   double, like (g * g).sum(dtype=float64). A thread reads its range as four quarters at once: more loads in
-   flight than one stream. partial holds n * T * 3 doubles. */
-void mtl_sa_stats(int n, const float** ps, const float** gs, const int64_t* numels, int full, int T,
-                  double* partial, double* out) {
-    #pragma omp parallel num_threads(T)
-    {
-        int t = omp_get_thread_num();
-        for (int i = 0; i < n; i++) {
-            int64_t lo, hi, j;
-            part(numels[i], t, T, &lo, &hi);
-            const float *g = gs[i], *p = ps[i];
-            int64_t q = (hi - lo) / 4;
-            const float *g0 = g + lo, *g1 = g0 + q, *g2 = g1 + q, *g3 = g2 + q;
-            double a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;
-            if (full) {
-                const float *p0 = p + lo, *p1 = p0 + q, *p2 = p1 + q, *p3 = p2 + q;
-                #pragma omp simd reduction(+:a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3)
-                for (j = 0; j < q; j++) {
-                    a0 += (double)(g0[j] * g0[j]); a1 += (double)(g1[j] * g1[j]);
-                    a2 += (double)(g2[j] * g2[j]); a3 += (double)(g3[j] * g3[j]);
-                    b0 += (double)(p0[j] * g0[j]); b1 += (double)(p1[j] * g1[j]);
-                    b2 += (double)(p2[j] * g2[j]); b3 += (double)(p3[j] * g3[j]);
-                    c0 += (double)(p0[j] * p0[j]); c1 += (double)(p1[j] * p1[j]);
-                    c2 += (double)(p2[j] * p2[j]); c3 += (double)(p3[j] * p3[j]);
-                }
-                for (j = lo + 4 * q; j < hi; j++) {
-                    a0 += (double)(g[j] * g[j]); b0 += (double)(p[j] * g[j]); c0 += (double)(p[j] * p[j]);
-                }
-            } else {
-                #pragma omp simd reduction(+:a0, a1, a2, a3)
-                for (j = 0; j < q; j++) {
-                    a0 += (double)(g0[j] * g0[j]); a1 += (double)(g1[j] * g1[j]);
-                    a2 += (double)(g2[j] * g2[j]); a3 += (double)(g3[j] * g3[j]);
-                }
-                for (j = lo + 4 * q; j < hi; j++) a0 += (double)(g[j] * g[j]);
-            }
-            double* r = partial + ((int64_t)i * T + t) * 3;
-            r[0] = (a0 + a1) + (a2 + a3); r[1] = (b0 + b1) + (b2 + b3); r[2] = (c0 + c1) + (c2 + c3);
-        }
-    }
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < 3; k++) {
-            double s = 0;
-            for (int t = 0; t < T; t++) s += partial[((int64_t)i * T + t) * 3 + k];
-            out[3 * i + k] = s;
-        }
-}
-
-/* _update for tensor i with alpha[i], size[i]; c = [clip, beta1, beta2, exp_avg_sq scale, eps]; dots[i] = sum
-   p*g over the values before the update. partial holds n * T doubles. */
-void mtl_sa_update(int n, float** ps, const float** gs, float** ds, float** vs, const int64_t* numels,
-                   const float* alpha, const float* size, const float* c, int T, double* partial, double* dots) {
-    const float clip = c[0], beta1 = c[1], beta2 = c[2], vscale = c[3], eps = c[4], one_minus_beta2 = 1.0f - beta2;
-    #pragma omp parallel num_threads(T)
-    {
-        int t = omp_get_thread_num();
-        for (int i = 0; i < n; i++) {
-            int64_t lo, hi, j;
-            part(numels[i], t, T, &lo, &hi);
-            float *p = ps[i], *d = ds[i], *v = vs[i];
-            const float* g = gs[i];
-            const float a = alpha[i], sz = size[i];
-            double dot = 0;
-            #pragma omp simd reduction(+:dot)
-            for (j = lo; j < hi; j++) {
-                float pj = p[j], gj = g[j];
-                dot += (double)(pj * gj);
-                float gc = gj * clip;
-                float vj = v[j] * beta2 + gc * (gc * one_minus_beta2);
-                v[j] = vj;
-                float dj = d[j] * beta1 + pj * sz + gc / (sqrtf(vj * vscale) + eps) * a;
-                d[j] = dj;
-                p[j] = pj + dj;
-            }
-            partial[(int64_t)i * T + t] = dot;
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        double s = 0;
-        for (int t = 0; t < T; t++) s += partial[(int64_t)i * T + t];
-        dots[i] = s;
-    }
-}
-"""
-_NATIVE_FLAGS = (
-    ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"],
-    ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-shared", "-fPIC"],
-)
-_native_lib: Any = None  # the loaded kernel; False once building it has failed
-
-
-def _native_kernels() -> Any:
-    """The C kernel as a ctypes library, built into a per-user cache directory at first use; None if that fails."""
-    global _native_lib
-    if _native_lib is None:
-        try:
-            _native_lib = _build_native()
-        except Exception as e:  # no compiler, no OpenMP, read-only temp: the torch.compile path serves
-            log.info("ScaledAdam: no CPU kernel (%s: %s); using torch.compile", type(e).__name__, e)
-            _native_lib = False
-    return _native_lib or None
-
-
-def _build_native() -> Any:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
-    if cc is None:
-        raise RuntimeError("no C compiler on PATH")
-    cpu = platform.machine()
-    try:  # -march=native: a build is only good for this CPU
-        with open("/proc/cpuinfo") as f:
-            cpu += "".join(line for line in f if line.startswith(("model name", "flags")))[:4096]
-    except OSError:
-        cpu += platform.processor()
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    cache = Path(tempfile.gettempdir()) / f"mtl_bench_{uid}"
-    cache.mkdir(mode=0o700, exist_ok=True)
-    if hasattr(os, "getuid") and cache.stat().st_uid != uid:
-        raise RuntimeError(f"{cache} belongs to another user")
-    errors = []
-    for flags in _NATIVE_FLAGS:
-        key = hashlib.sha256("\0".join([_NATIVE_SRC, cc, *flags, cpu]).encode()).hexdigest()[:20]
-        lib_path = cache / f"scaled_adam_{key}.so"
-        if not lib_path.exists():
-            src = cache / f"scaled_adam_{key}.{os.getpid()}.c"
-            src.write_text(_NATIVE_SRC)
-            tmp = lib_path.with_suffix(f".{os.getpid()}.tmp")
-            try:
-                done = subprocess.run(
-                    [cc, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True, timeout=300
-                )
-                if done.returncode != 0:
-                    errors.append(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else cc)
-                    continue
-                os.replace(tmp, lib_path)  # atomic: a concurrent process sees the whole library or none
-            finally:
-                src.unlink(missing_ok=True)
-                tmp.unlink(missing_ok=True)
-        lib = ctypes.CDLL(str(lib_path))
-        ptr, num = ctypes.c_void_p, ctypes.c_int  # every array goes as its address
-        lib.mtl_sa_stats.argtypes = [num, ptr, ptr, ptr, num, num, ptr, ptr]
-        lib.mtl_sa_stats.restype = None
-        lib.mtl_sa_update.argtypes = [num, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, num, ptr, ptr]
-        lib.mtl_sa_update.restype = None
-        return lib
-    raise RuntimeError("; ".join(errors) or "build failed")
-
-
-def _array(ctype: Any, values: list[int]) -> Any:
-    return (ctype * len(values))(*values)
-
-
 def _own(t: Tensor) -> Tensor:
     """`t` if it is contiguous and owns its memory, else a contiguous copy."""
     return t if t._base is None and t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
 
 
-def should_compile(mode: CompileMode, numel: int) -> bool:
-    """True/False as given; "auto": dynamo supports this Python and `numel` (elements in tensors with more
-    than one element) reaches AUTO_COMPILE_MIN_NUMEL. A failing compiler is caught at the first call."""
-    if mode != "auto":
-        return bool(mode)
-    return numel >= AUTO_COMPILE_MIN_NUMEL and torch._dynamo.is_dynamo_supported()
-
-
-_compiled: dict[str, Callable[..., Any]] = {}
-
-
-def _compiled_fns() -> tuple[Callable[..., Tensor], Callable[..., None]]:
-    # Shared by all instances; dynamic shapes so one graph serves every row length (rows=1 specialises once).
-    if not _compiled:
-        _compiled["stats"] = torch.compile(_stats, dynamic=True)
-        _compiled["update"] = torch.compile(_update, dynamic=True)
-    return _compiled["stats"], _compiled["update"]
+def kernel_takes(p: Tensor) -> bool:
+    """Whether the C++ kernel can update `p`: a float32 contiguous CPU tensor with more than one element."""
+    return p.numel() > 1 and p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous()
 
 
 @dataclass
@@ -311,9 +125,9 @@ class _Bucket:
     ps: list[Tensor] | None = None
     gs: list[Tensor] | None = None
     stats: Tensor | None = None  # this step's (n, 3) row stats
-    pg_ready: bool = True  # stats[:, 1] holds this step's sum p*g (the C kernel's update pass returns it)
+    pg_ready: bool = True  # stats[:, 1] holds this step's sum p*g (else the kernel's update pass returns it)
     calls: list[tuple[int, int]] = field(default_factory=list)  # `chunks()`, fixed with the plan
-    native: bool = False  # stepped by the C kernel (per-tensor layout)
+    native: bool = False  # stepped by the C++ kernel (each tensor its own memory)
 
     def clear(self) -> None:
         self.ps = self.gs = self.stats = None
@@ -331,23 +145,17 @@ class _Bucket:
 
 @dataclass
 class _NativeSet:
-    """The buckets of one group that the C kernel steps: each pass is one call over all their tensors."""
+    """The buckets of one group that the C++ kernel steps: each pass is one call over all their tensors."""
 
     buckets: list[_Bucket]
     params: list[Tensor]
-    numels: list[int]
-    state: list[Tensor]  # each tensor's delta and exp_avg_sq: held here, so the addresses below stay valid
-    deltas: list[int]
-    avg_sqs: list[int]
+    deltas: list[Tensor]  # each tensor's delta and exp_avg_sq, flat views of the optimizer state
+    avg_sqs: list[Tensor]
     grads: list[Tensor] | None = None  # this step's float32 contiguous gradients, alive across both passes
 
     def valid(self) -> bool:
-        """The parameters still are what the plan saw (the kernel writes through their raw memory)."""
-        return all(
-            p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous() and p.numel() == b.numel
-            for b in self.buckets
-            for p in b.params
-        )
+        """The parameters still are what the plan saw (float32, contiguous, on the CPU, same size)."""
+        return all(kernel_takes(p) and p.numel() == b.numel for b in self.buckets for p in b.params)
 
 
 class ScaledAdam(torch.optim.Optimizer):
@@ -367,10 +175,11 @@ class ScaledAdam(torch.optim.Optimizer):
     (`skipped_steps` counts them).
 
     State is float32 for any parameter dtype. A step makes one host read (the gradient norm: the skip and the
-    clipping factor depend on it). Compiled means: float32 tensors on CPU through a C kernel built at first use
-    (see `_NATIVE_SRC`), everything else, or everything when that build fails, through torch.compile.
-    `compile="auto"` compiles when the non-scalar tensors hold at least AUTO_COMPILE_MIN_NUMEL elements and falls
-    back to eager, with a warning, if torch.compile fails.
+    clipping factor depend on it). `implementation` says which path runs ("C++ kernel": float32 CPU tensors
+    through scaled_adam_cpu.cpp, the rest eagerly; or "eager") and `implementation_reason` why; both are
+    decided at construction and logged once on the "mtl_bench" logger. `compile=True` raises ValueError("compile:
+    ...") when the kernel cannot be had (no compiler, other dtypes or devices; ConfigError if a parameter changes
+    to such later); "auto" then runs eagerly and says why.
     """
 
     skips_nonfinite = True  # a step with a non-finite gradient norm is skipped inside step() (the trainer relies on it)
@@ -403,7 +212,7 @@ class ScaledAdam(torch.optim.Optimizer):
         scalar_max: one-element tensors are clamped to +-scalar_max (> 0) after each update.
         size_update_period: steps (>= 1) between RMS refreshes and learned-scale steps.
         clipping_update_period: steps (>= 1) between clipping thresholds, each the median of that many norms.
-        compile: True: compiled kernels, errors raise; False: eager, same math; "auto": compiled from 2^20 elements.
+        compile: True: the C++ kernel or an error; False: eager, same math; "auto": kernel from 2^20 elements.
         """
         if not lr >= 0:
             raise ValueError(f"lr: must be >= 0, got {lr}")
@@ -443,12 +252,15 @@ class ScaledAdam(torch.optim.Optimizer):
         )
         self.compile = compile
         self.stack_max_numel = STACK_MAX_NUMEL  # tests and benchmarks change it to force a layout
-        self.use_native = True  # tests and benchmarks turn the C kernel off to time or check torch.compile alone
         self.skipped_steps = 0
         self._plans: list[tuple[tuple[int, ...], list[_Bucket], _NativeSet | None]] | None = None
-        self._use_compiled: bool | None = None  # decided at the first step
-        self._native: bool | None = None  # likewise
+        self._native = False
         super().__init__(params, defaults)
+        self._native, self.implementation_reason = self._choose()
+        self.implementation = KERNEL if self._native else EAGER
+        logging.getLogger("mtl_bench").info(
+            "ScaledAdam: %s update (%s)", self.implementation, self.implementation_reason
+        )
 
     # ------------------------------------------------------------------ torch.optim.Optimizer plumbing
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -487,12 +299,12 @@ class ScaledAdam(torch.optim.Optimizer):
             self._plans = [None] * len(self.param_groups)  # type: ignore[list-item]
         plan = self._plans[gi]
         if plan is None or plan[0] != key or (plan[2] is not None and not plan[2].valid()):
-            buckets = self._build_buckets(group)
+            buckets = self._build_buckets(gi, group)
             plan = (key, buckets, self._native_set(buckets))
             self._plans[gi] = plan
         return plan[1], plan[2]
 
-    def _build_buckets(self, group: dict[str, Any]) -> list[_Bucket]:
+    def _build_buckets(self, group_index: int, group: dict[str, Any]) -> list[_Bucket]:
         by_key: dict[tuple[Any, ...], _Bucket] = {}
         for i, p in enumerate(group["params"]):
             if p.grad is not None and p.grad.is_sparse:
@@ -506,13 +318,13 @@ class ScaledAdam(torch.optim.Optimizer):
         for b in buckets:
             dev = b.params[0].device
             contiguous = all(p.is_contiguous() for p in b.params)
-            b.native = (
-                bool(self._native)
-                and not b.scalar
-                and dev.type == "cpu"
-                and contiguous
-                and (b.params[0].dtype == torch.float32)
-            )
+            b.native = self._native and all(kernel_takes(p) for p in b.params)
+            if self.compile is True and not b.scalar and not b.native:
+                raise ConfigError(
+                    f"compile: true needs float32 contiguous CPU parameters (ScaledAdam's C++ kernel); "
+                    f"{self.param_name(group_index, b.index[0])} is {dev.type} {b.params[0].dtype}"
+                    f"{'' if contiguous else ', not contiguous'}; set compile=auto or false"
+                )
             b.stacked = not b.native and (
                 b.scalar or b.numel <= self.stack_max_numel or dev.type != "cpu" or not contiguous
             )
@@ -526,8 +338,7 @@ class ScaledAdam(torch.optim.Optimizer):
                 st["step"] = step
             # Stack the per-row state once and make each parameter's state a view of it, so the state_dict
             # keeps torch's per-parameter format while a step touches one tensor per bucket. The per-tensor
-            # layout keeps each tensor's delta and exp_avg_sq apart: `_update` mutates them in place, and views
-            # of one storage handed to a compiled function in one call would alias (copies, not a fused loop).
+            # layout keeps each tensor's delta and exp_avg_sq apart, on its own memory, as the kernel wants them.
             names = ["delta", "exp_avg_sq"] if b.stacked else []
             if not b.stacked:  # each its own memory (a bucket stacked before left views of one storage)
                 for st in states:
@@ -551,14 +362,7 @@ class ScaledAdam(torch.optim.Optimizer):
             return None
         params = [p for b in mine for p in b.params]
         deltas, avg_sqs = [self.state[p]["delta"] for p in params], [self.state[p]["exp_avg_sq"] for p in params]
-        return _NativeSet(
-            mine,
-            params,
-            [p.numel() for p in params],
-            deltas + avg_sqs,
-            [t.data_ptr() for t in deltas],
-            [t.data_ptr() for t in avg_sqs],
-        )
+        return _NativeSet(mine, params, [t.view(-1) for t in deltas], [t.view(-1) for t in avg_sqs])
 
     @staticmethod
     def _init_state(group: dict[str, Any], p: Tensor, st: dict[str, Any]) -> None:
@@ -570,42 +374,45 @@ class ScaledAdam(torch.optim.Optimizer):
             st["scale_exp_avg_sq"] = torch.zeros((), device=p.device)
             st["scale_grads"] = torch.zeros(group["size_update_period"], device=p.device)
 
-    def _decide_compile(self) -> None:
-        """At the first step: compiled or eager, and whether the C kernel takes the float32 CPU tensors."""
+    def _choose(self) -> tuple[bool, str]:
+        """(whether the C++ kernel takes the float32 CPU tensors, why). Where compile=True cannot be had: ValueError
+        "compile: ...", which the engine's builder reports as the one line `optim.compile: ...`."""
+        if self.compile is False:
+            return False, "compile=false"
         tensors = [p for g in self.param_groups for p in g["params"] if p.numel() > 1]
-        self._use_compiled = should_compile(self.compile, sum(p.numel() for p in tensors))
-        wanted = (
-            self._use_compiled
-            and self.use_native
-            and any(p.device.type == "cpu" and p.dtype == torch.float32 for p in tensors)
-        )
-        self._native = bool(wanted and _native_kernels() is not None)
-        self._plans = None  # lay the buckets out for that choice
+        takes = [p for p in tensors if kernel_takes(p)]
+        if self.compile is True:
+            others = sorted(
+                {f"{p.device.type} {str(p.dtype).replace('torch.', '')}" for p in tensors} - {"cpu float32"}
+            )
+            if others or len(takes) < len(tensors):
+                raise ValueError(
+                    "compile: true needs float32 contiguous CPU parameters (ScaledAdam's C++ kernel); got "
+                    + (", ".join(others) or "non-contiguous tensors")
+                    + "; set compile=auto or false"
+                )
+        else:
+            numel = sum(p.numel() for p in takes)
+            if numel < AUTO_COMPILE_MIN_NUMEL:
+                return False, (
+                    f"compile=auto: {numel} elements in float32 CPU tensors, under {AUTO_COMPILE_MIN_NUMEL} "
+                    "where the C++ kernel starts to pay"
+                )
+        module, error = scaled_adam_kernel.kernel()
+        if module is None:
+            if self.compile is True:
+                raise ValueError(f"compile: true, but ScaledAdam's C++ kernel cannot be built here ({error})")
+            return False, f"compile=auto: the C++ kernel cannot be built here ({error})"
+        rest = len(tensors) - len(takes)
+        return True, f"compile={str(self.compile).lower()}" + (f"; {rest} other tensors eager" if rest else "")
 
     @property
     def compiled(self) -> bool:
-        """Whether the update runs through compiled kernels (decided at the first step)."""
-        return bool(self._use_compiled)
+        """Whether float32 CPU tensors go through the C++ kernel (`implementation == "C++ kernel"`)."""
+        return self._native
 
-    @property
-    def native(self) -> bool:
-        """Whether float32 CPU tensors go through the C kernel (decided at the first step)."""
-        return bool(self._native)
-
-    def _call(self, which: int, *args: Any, eager: bool = False) -> Any:
-        fn = (_compiled_fns() if self._use_compiled and not eager else (_stats, _update))[which]
-        try:
-            return fn(*args)
-        except Exception as e:  # a compile failure happens before the call mutates anything
-            if not self._use_compiled or self.compile is True:
-                raise
-            log.warning(
-                "ScaledAdam: torch.compile failed (%s: %s); using the eager update",
-                type(e).__name__,
-                str(e).splitlines()[0] if str(e) else "",
-            )
-            self._use_compiled = False
-            return (_stats, _update)[which](*args)
+    def _call(self, which: int, *args: Any) -> Any:
+        return (_stats, _update)[which](*args)
 
     # ------------------------------------------------------------------ the step
     @torch.no_grad()
@@ -614,8 +421,6 @@ class ScaledAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._use_compiled is None:
-            self._decide_compile()
         plans = [self._plan(gi, g) for gi, g in enumerate(self.param_groups)]
         norms = [self._group_stats(g, *plan) for g, plan in zip(self.param_groups, plans)]
         if not any(buckets for buckets, _ in plans):
@@ -656,9 +461,7 @@ class ScaledAdam(torch.optim.Optimizer):
             else:
                 b.ps = [p.detach().view(1, -1) for p in b.params]
                 b.gs = [g.reshape(1, -1) for g in grads]
-            # next to the C kernel only the scalars are left: eager costs them as little as a compiled call
-            eager = b.scalar and bool(self._native)
-            parts = [self._call(0, b.ps[i:j], b.gs[i:j], eager=eager) for i, j in b.calls]
+            parts = [self._call(0, b.ps[i:j], b.gs[i:j]) for i, j in b.calls]
             b.stats = parts[0] if len(parts) == 1 else torch.cat(parts)
             sumsq.append(self._row_contributions(group, b).sum())
         return torch.stack(sumsq).sum().sqrt()
@@ -690,7 +493,6 @@ class ScaledAdam(torch.optim.Optimizer):
                 alpha,
                 size,
                 consts,
-                eager=b.scalar and bool(self._native),
             )
             p2 = b.ps[0]
             if b.scalar:  # after the update, as upstream intends
@@ -704,7 +506,7 @@ class ScaledAdam(torch.optim.Optimizer):
             st["step"] = step + 1
 
     def _native_stats(self, group: dict[str, Any], ns: _NativeSet) -> None:
-        """The C kernel's statistics pass: sum g^2 of every tensor; sum p*g and sum p^2 too when a bucket refreshes
+        """The C++ kernel's statistics pass: sum g^2 of every tensor; sum p*g and sum p^2 too when a bucket refreshes
         its RMS and takes a scale step this step (otherwise the update pass returns sum p*g)."""
         period = group["size_update_period"]
         full = any(self.state[b.params[0]]["step"] % period == period - 1 for b in ns.buckets)
@@ -716,30 +518,15 @@ class ScaledAdam(torch.optim.Optimizer):
             elif g.dtype != torch.float32 or g.device != p.device or not g.is_contiguous():
                 g = g.to(device=p.device, dtype=torch.float32).contiguous()
             grads.append(g)
-        n, threads = len(ns.params), torch.get_num_threads()
-        out = torch.empty(n, 3, dtype=torch.float64)
-        partial = torch.empty(n * threads * 3, dtype=torch.float64)
-        ps = _array(ctypes.c_void_p, [p.data_ptr() for p in ns.params])
-        gs = _array(ctypes.c_void_p, [g.data_ptr() for g in grads])
-        numels = _array(ctypes.c_int64, ns.numels)
-        _native_kernels().mtl_sa_stats(
-            n,
-            ctypes.addressof(ps),
-            ctypes.addressof(gs),
-            ctypes.addressof(numels),
-            int(full),
-            threads,
-            partial.data_ptr(),
-            out.data_ptr(),
-        )
-        stats, o = out.float(), 0
+        kernel, _ = scaled_adam_kernel.kernel()
+        stats, o = kernel.stats(ns.params, grads, full).float(), 0  # under no_grad: the parameters as they are
         for b in ns.buckets:
             b.stats, b.pg_ready = stats[o : o + len(b.params)], full
             o += len(b.params)
         ns.grads = grads
 
     def _update_native(self, group: dict[str, Any], ns: _NativeSet, clip: float) -> None:
-        """The C kernel's update pass over the set, then this step's scale gradients from the sums p*g it returns."""
+        """The C++ kernel's update pass over the set, then this step's scale gradients from the sums p*g it returns."""
         beta1, beta2 = group["betas"]
         period = group["size_update_period"]
         assert ns.grads is not None
@@ -747,34 +534,17 @@ class ScaledAdam(torch.optim.Optimizer):
         alphas, sizes = zip(*(self._row_coefficients(group, b, step, clip) for b, step in zip(ns.buckets, steps)))
         alpha, size = torch.cat(alphas).view(-1), torch.cat(sizes).view(-1)
         step_of_row = [step for b, step in zip(ns.buckets, steps) for _ in b.params]
-        p_ptrs, g_ptrs = [p.data_ptr() for p in ns.params], [g.data_ptr() for g in ns.grads]
-        threads = torch.get_num_threads()
+        kernel, _ = scaled_adam_kernel.kernel()
         dots = torch.empty(len(ns.params), dtype=torch.float64)
         for step in sorted(set(steps)):  # the buckets of a group step together: normally one call
             rows = [i for i, s in enumerate(step_of_row) if s == step]
             bias2 = 1 - beta2 ** (step + 1)
             v_scale = 1 / bias2 if bias2 < 0.99 else 1.0  # icefall drops the correction once it is small
             consts = torch.tensor([clip, beta1, beta2, v_scale, group["eps"]], dtype=torch.float32)
-            arrays = [
-                _array(ctypes.c_void_p, [ptrs[i] for i in rows]) for ptrs in (p_ptrs, g_ptrs, ns.deltas, ns.avg_sqs)
-            ]
-            numels = _array(ctypes.c_int64, [ns.numels[i] for i in rows])
+            tensors = (ns.params, ns.grads, ns.deltas, ns.avg_sqs)
             sub = rows if len(rows) < len(step_of_row) else slice(None)
-            out = torch.empty(len(rows), dtype=torch.float64)
-            partial = torch.empty(len(rows) * threads, dtype=torch.float64)
-            a, z = alpha[sub].contiguous(), size[sub].contiguous()
-            _native_kernels().mtl_sa_update(
-                len(rows),
-                *map(ctypes.addressof, arrays),
-                ctypes.addressof(numels),
-                a.data_ptr(),
-                z.data_ptr(),
-                consts.data_ptr(),
-                threads,
-                partial.data_ptr(),
-                out.data_ptr(),
-            )
-            dots[sub] = out
+            lists = [[ts[i] for i in rows] for ts in tensors] if isinstance(sub, list) else list(tensors)
+            dots[sub] = kernel.update(*lists, alpha[sub].contiguous(), size[sub].contiguous(), consts)
         o = 0
         for b, step in zip(ns.buckets, steps):
             if not b.pg_ready:  # d(loss)/d(log scale) of each tensor for this step, from the clipped gradient
@@ -889,9 +659,9 @@ class ScaledAdam(torch.optim.Optimizer):
                 self.param_name(gi, b.index[i])
                 for gi, (buckets, _) in enumerate(plans)
                 for b in buckets
-                for i, gsq in enumerate(b.stats[:, 0].tolist())
+                for i, gsq in enumerate(b.stats[:, 0].tolist() if b.stats is not None else [])
                 if not math.isfinite(gsq)
-            ]  # type: ignore[index]
+            ]
             shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         except Exception as e:  # diagnostics must never stop training
             shown = f"unknown ({type(e).__name__})"

@@ -1,6 +1,6 @@
 """trainer.compile: the compiled forward trains to the same parameters as the eager one, every
 balancer still gets its gradients at the shared representation and the last shared layer, and a compiler
-that fails leaves an eager run and one warning line."""
+that fails stops the run with one line saying why (never an eager run in its place)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.engine.builders import build
-from mtl_bench.engine.compile import CompiledForward, compile_mode, maybe_compile
+from mtl_bench.engine.compile import CompiledForward, CompileError, compile_mode, implementation_of, maybe_compile
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import StepRunner
 from mtl_bench.models import MLP, LeNet, MultiTaskModel
@@ -30,10 +30,10 @@ STEPS = 3
 def fresh_dynamo():
     """Each test compiles from scratch: dynamo keeps compiled code per code object, and past its recompile limit
     (8 per code object, e.g. Sequential.forward) it runs the frame eagerly without a word to us."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     counters.clear()
     yield
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 def parts(cfg):
@@ -148,7 +148,7 @@ def test_every_balancer_trains_the_same_compiled(compose_cfg, balancer):
     assert_same_training(compose_cfg(*SMALL, "model.widths=[32,32,32]", f"balancer={balancer}"))
 
 
-# ----------------------------------------------------------------------------- settings, structure, fallback
+# ----------------------------------------------------------------------------- settings, structure, failures
 
 
 @pytest.mark.parametrize(
@@ -207,28 +207,24 @@ def compiler_fails(monkeypatch):
     monkeypatch.setattr(torch, "compile", compile_failing)
 
 
-def test_a_failing_compiler_falls_back_to_eager_with_one_warning(compiler_fails, caplog):
+def one_line(err: pytest.ExceptionInfo[CompileError], *parts: str) -> None:
+    message = str(err.value)
+    assert message.startswith("trainer.compile=") and "\n" not in message, message
+    for part in parts:
+        assert part in message, message
+
+
+def test_a_failing_compiler_stops_with_one_line(compiler_fails):
     torch.manual_seed(0)
     model = MLP((6,), {"a": 2, "b": 3}, widths=(8, 8))
     forward = maybe_compile(model, True)
-    x = torch.randn(5, 6)
-    with caplog.at_level(logging.WARNING, logger="mtl_bench"):
-        first = forward(x)
-        second = forward(x, tasks=["b"])
-    eager = model(x)
-    torch.testing.assert_close(first.shared, eager.shared, rtol=0, atol=0)
-    torch.testing.assert_close(second.preds["b"], eager.preds["b"], rtol=0, atol=0)
-    assert list(second.preds) == ["b"]
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1, [r.getMessage() for r in warnings]
-    message = warnings[0].getMessage()
-    assert "torch.compile failed" in message and "no C++ compiler found" in message and "\n" not in message
-    assert not forward.compiled
+    with pytest.raises(CompileError) as err:
+        forward(torch.randn(5, 6))
+    one_line(err, "torch.compile failed on the forward", "no C++ compiler found", "set trainer.compile=false")
 
 
-def test_a_failing_compiler_still_trains_the_same_as_eager(compiler_fails, compose_cfg, caplog):
+def test_a_failing_compiler_stops_the_training_step(compiler_fails, compose_cfg):
     cfg = compose_cfg(*SMALL, "model.widths=[16,16]", "balancer=gradnorm")
-    eager_model, _, _ = train_steps(cfg, False)
     taskset, model, balancer = parts(cfg)
     forward = maybe_compile(model, "max-autotune")
     runner = StepRunner(
@@ -240,19 +236,14 @@ def test_a_failing_compiler_still_trains_the_same_as_eager(compiler_fails, compo
         cfg.seed,
         torch.device("cpu"),
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    with caplog.at_level(logging.WARNING, logger="mtl_bench"):
-        for step in range(STEPS):
-            optimizer.zero_grad(set_to_none=True)
-            runner.run(step)
-            optimizer.step()
-            balancer.step(False)
-    for p, q in zip(eager_model.parameters(), model.parameters()):
-        torch.testing.assert_close(q, p, rtol=0, atol=0)
-    assert sum("torch.compile failed" in r.getMessage() for r in caplog.records) == 1
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(CompileError) as err:
+        runner.run(0)
+    one_line(err, "trainer.compile=max-autotune", "no C++ compiler found")
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
 
 
-def test_a_backward_inductor_cannot_compile_runs_its_graph_eagerly(monkeypatch, compose_cfg, caplog):
+def test_a_backward_inductor_cannot_compile_stops_with_one_line(monkeypatch, compose_cfg):
     import mtl_bench.engine.compile as compile_module
 
     real = compile_module.compile_graph
@@ -263,43 +254,45 @@ def test_a_backward_inductor_cannot_compile_runs_its_graph_eagerly(monkeypatch, 
         return real(gm, example_inputs, options, backward)
 
     monkeypatch.setattr(compile_module, "compile_graph", forward_only)
-    with caplog.at_level(logging.WARNING, logger="mtl_bench"):
+    with pytest.raises(CompileError) as err:
         assert_same_training(compose_cfg(*SMALL, "model.widths=[16,16]", "balancer=gradnorm"))
-    failures = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
-    assert len(failures) == 1 and "backward kernel rejected" in failures[0]
+    one_line(err, "on the backward graph", "backward kernel rejected")
 
 
-def test_torch_compile_refusing_at_once_leaves_an_eager_model(monkeypatch, caplog):
+def test_torch_compile_refusing_at_once_is_an_error_at_wrap_time(monkeypatch):
     def refuse(*args, **kwargs):
         raise RuntimeError("Dynamo is not supported on this Python")
 
     monkeypatch.setattr(torch, "compile", refuse)
-    model = MLP((4,), {"a": 1})
-    with caplog.at_level(logging.WARNING, logger="mtl_bench"):
-        forward = maybe_compile(model, True)
-    assert not forward.compiled and "Dynamo is not supported" in caplog.text
-    x = torch.randn(2, 4)
-    torch.testing.assert_close(forward(x).preds["a"], model(x).preds["a"], rtol=0, atol=0)
+    with pytest.raises(CompileError) as err:
+        maybe_compile(MLP((4,), {"a": 1}), True)
+    one_line(err, "at wrap time", "Dynamo is not supported")
 
 
-def test_an_input_error_is_the_eager_error_not_a_fallback(caplog):
+def test_an_input_error_is_the_eager_error_not_a_compile_error():
     forward = maybe_compile(MLP((4,), {"a": 1}, widths=(3, 3)), True)
-    with caplog.at_level(logging.WARNING, logger="mtl_bench"), pytest.raises(RuntimeError, match="shapes"):
+    with pytest.raises(RuntimeError, match="shapes") as err:
         forward(torch.randn(2, 5))
-    assert "torch.compile failed" not in caplog.text
+    assert not isinstance(err.value, CompileError)
 
 
-def test_a_model_with_its_own_forward_runs_eagerly_with_a_warning(caplog):
+def test_a_model_with_its_own_forward_is_an_error():
     class Custom(MLP):
         def forward(self, x, tasks=None):
             return super().forward(x * 2, tasks)
 
-    model = Custom((4,), {"a": 1})
-    with caplog.at_level(logging.WARNING, logger="mtl_bench"):
-        forward = maybe_compile(model, True)
-    assert "defines its own forward" in caplog.text and not forward.compiled
-    x = torch.randn(2, 4)
-    torch.testing.assert_close(forward(x).preds["a"], model(x).preds["a"], rtol=0, atol=0)
+    with pytest.raises(CompileError) as err:
+        maybe_compile(Custom((4,), {"a": 1}), True)
+    one_line(err, "cannot compile this model", "defines its own forward")
+
+
+def test_what_runs_is_named_and_logged_once(caplog):
+    model = MLP((4,), {"a": 1}, widths=(3, 3))
+    assert implementation_of(maybe_compile(model, False)) == "eager"
+    with caplog.at_level(logging.INFO, logger="mtl_bench"):
+        forward = maybe_compile(model, "max-autotune")
+    assert implementation_of(forward).startswith("torch.compile mode=max-autotune (inductor): ")
+    assert [r.getMessage() for r in caplog.records] == [f"trainer.compile: {implementation_of(forward)}"]
 
 
 # ----------------------------------------------------------------------------- through the recipe

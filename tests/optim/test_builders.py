@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mtl_bench.engine.builders import build
+from mtl_bench.errors import ConfigError
 from mtl_bench.optim import Cosine, Eden, ScaledAdam, build_param_groups
 
 
@@ -127,3 +128,11 @@ def test_scaled_adam_from_config(optimizer):
         "scaled_adam", [torch.nn.Parameter(torch.ones(4, 4))], lr=0.01, clipping_scale="null", compile="false"
     )
     assert isinstance(opt, ScaledAdam) and opt.compile is False and opt.param_groups[0]["betas"] == (0.9, 0.98)
+
+
+def test_scaled_adam_compile_true_that_cannot_be_had_is_one_line_naming_the_key(optimizer):
+    params = [torch.nn.Parameter(torch.ones(4, 4, dtype=torch.bfloat16))]
+    with pytest.raises(ConfigError) as err:
+        optimizer("scaled_adam", params, compile="true")
+    message = str(err.value)
+    assert message.startswith("optim.compile: true needs float32 contiguous CPU parameters") and "\n" not in message

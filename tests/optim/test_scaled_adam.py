@@ -11,8 +11,9 @@ import math
 import pytest
 import torch
 
-from mtl_bench.optim import ScaledAdam, scaled_adam
-from mtl_bench.optim.scaled_adam import AUTO_COMPILE_MIN_NUMEL, CHUNK, _native_kernels, should_compile
+from mtl_bench.errors import ConfigError
+from mtl_bench.optim import ScaledAdam, scaled_adam_kernel
+from mtl_bench.optim.scaled_adam import AUTO_COMPILE_MIN_NUMEL, CHUNK, EAGER, KERNEL
 
 BETAS = (0.9, 0.98)
 
@@ -362,17 +363,26 @@ def test_chunked_per_tensor_layout_matches_reference():
     close(params, ref_params)
 
 
-needs_kernel = pytest.mark.skipif(_native_kernels() is None, reason="no C compiler with OpenMP to build the kernel")
+def kernel_or_skip() -> None:
+    """Build the C++ kernel (a minute the first time on a machine, then cached); skip where it cannot be built."""
+    module, error = scaled_adam_kernel.kernel()
+    if module is None:
+        pytest.skip(f"ScaledAdam's C++ kernel cannot be built here: {error}")
+
+
+# building the kernel at first use takes about a minute (then torch caches it), so its tests are slow ones
+needs_kernel = pytest.mark.slow
 
 
 @needs_kernel
 def test_native_kernel_matches_eager_and_reference():
-    # float32 CPU tensors through the C kernel: stacks of equal shapes, odd shapes, biases, a missing and a
+    # float32 CPU tensors through the C++ kernel: stacks of equal shapes, odd shapes, biases, a missing and a
     # non-contiguous gradient; scalars stay eager beside it. Spikes make clipping act; 45 steps cross size periods.
     g = torch.Generator().manual_seed(5)
     params = make_params() + [torch.nn.Parameter(torch.randn(40, 30, generator=g) * 0.1) for _ in range(CHUNK + 1)]
     eager_params, ref_params = clone_params(params), clone_params(params)
     kw = dict(lr=0.05, clipping_scale=2.0, clipping_update_period=8, param_max_rms=0.5)
+    kernel_or_skip()
     native = ScaledAdam(params, compile=True, **kw)
     eager = ScaledAdam(eager_params, compile=False, **kw)
     ref = Reference(ref_params, **kw)
@@ -383,7 +393,8 @@ def test_native_kernel_matches_eager_and_reference():
             if s == 7:
                 ps[9].grad = torch.zeros_like(ps[9]) if ps is ref_params else None
         native.step(), eager.step(), ref.step()
-    assert native.native and not eager.native
+    assert native.compiled and not eager.compiled
+    assert native.implementation == KERNEL and eager.implementation == EAGER
     assert all(b.native != b.scalar for b in native._plans[0][1])
     close(params, eager_params, rtol=1e-5, atol=1e-7)
     close(params, ref_params)
@@ -392,6 +403,7 @@ def test_native_kernel_matches_eager_and_reference():
 
 @needs_kernel
 def test_native_kernel_skips_a_nonfinite_step():
+    kernel_or_skip()
     params = make_params()
     opt = ScaledAdam(params, lr=0.05, clipping_scale=2.0, compile=True)
     run(opt, params, 3)
@@ -399,7 +411,7 @@ def test_native_kernel_skips_a_nonfinite_step():
     set_grads(params, 3)
     params[1].grad[2, 3] = float("nan")
     opt.step()
-    assert opt.native and opt.skipped_steps == 1
+    assert opt.compiled and opt.skipped_steps == 1
     assert all(torch.equal(p.detach(), q) for p, q in zip(params, before))
     run(opt, params, 2, start=4)
     assert all(torch.isfinite(p).all() for p in params)
@@ -407,8 +419,10 @@ def test_native_kernel_skips_a_nonfinite_step():
 
 @needs_kernel
 def test_native_plan_follows_a_parameter_that_changes_layout():
+    kernel_or_skip()
     params = make_params()
-    opt = ScaledAdam(params, compile=True)
+    opt = ScaledAdam(params, compile="auto")
+    opt._native = True  # as if the model were large enough
     run(opt, params, 2)
     buckets, native = opt._plan(0, opt.param_groups[0])
     assert native is not None and any(p is params[0] for p in native.params)
@@ -454,51 +468,77 @@ def test_signature_is_the_declaration_of_options():
         assert sum(line.strip().startswith(f"{name}: ") for line in doc.splitlines()) == 1, name
 
 
-@pytest.mark.slow  # about 20-40 s on 2 shared cores, nearly all of it inductor's first compile in the process
-def test_compiled_matches_eager():
-    # Small tensors keep the compile short; all three compiled graphs run: a chunk of CHUNK rows, one row per
-    # tensor (the remainder), stacked rows.
-    params = make_params() + [torch.nn.Parameter(torch.randn(40, 30) * 0.1) for _ in range(CHUNK + 1)]
+@needs_kernel
+def test_kernel_blocks_and_threads_match_eager():
+    # tensors longer than the kernel's block (2^20 elements) are summed block by block, across 2 threads; the
+    # result must not depend on that split
+    kernel_or_skip()
+    g = torch.Generator().manual_seed(7)
+    params = make_params() + [torch.nn.Parameter(torch.randn(1030, 1030, generator=g) * 0.1) for _ in range(2)]
     eager_params = clone_params(params)
-    compiled = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, compile=True)
-    compiled.use_native = False  # torch.compile itself (the C kernel has its own test)
-    compiled.stack_max_numel = 100  # the 40x30 tensors take the per-tensor path
+    kernel = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, compile=True)
     eager = ScaledAdam(eager_params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, compile=False)
-    eager.stack_max_numel = 100
-    for s in range(12):
-        set_grads(params, s)
-        set_grads(eager_params, s)
-        compiled.step()
-        eager.step()
-    assert compiled.compiled and not eager.compiled
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for s in range(12):
+            set_grads(params, s)
+            set_grads(eager_params, s)
+            kernel.step()
+            eager.step()
+    finally:
+        torch.set_num_threads(threads)
+    assert kernel.compiled and not eager.compiled
     close(params, eager_params, rtol=1e-5, atol=1e-6)
 
 
-def test_failed_compile_falls_back_to_eager(monkeypatch, caplog):
-    def broken(*args):
-        raise KeyError("buf5")  # what inductor raised on one stacked layout in torch 2.13
-
-    monkeypatch.setattr(scaled_adam, "_compiled_fns", lambda: (broken, broken))
-    params, eager_params = make_params(), make_params()
-    auto = ScaledAdam(params, compile="auto")
-    auto._use_compiled = True  # as if the model were large enough
-    eager = ScaledAdam(eager_params, compile=False)
-    with caplog.at_level(logging.WARNING, logger="mtl_bench.optim.scaled_adam"):
-        run(auto, params, 3)
-    run(eager, eager_params, 3)
-    assert not auto.compiled and "torch.compile failed (KeyError" in caplog.text
-    close(params, eager_params, rtol=0, atol=0)
-    forced = ScaledAdam(make_params(), compile=True)
-    forced.use_native = False  # the C kernel would take these float32 CPU tensors away from torch.compile
-    with pytest.raises(KeyError):
-        run(forced, forced.param_groups[0]["params"], 1)
+def big_params() -> list[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.zeros(AUTO_COMPILE_MIN_NUMEL)), torch.nn.Parameter(torch.zeros(()))]
 
 
-def test_compile_auto_decides_by_size():
-    assert not should_compile("auto", AUTO_COMPILE_MIN_NUMEL - 1)
-    assert should_compile("auto", AUTO_COMPILE_MIN_NUMEL) == torch._dynamo.is_dynamo_supported()
-    assert should_compile(True, 0) and not should_compile(False, 10**9)
+def test_unbuildable_kernel_auto_says_why_and_true_is_a_config_error(monkeypatch, caplog):
+    monkeypatch.setattr(scaled_adam_kernel, "kernel", lambda: (None, "RuntimeError: Ninja is required"))
+    with caplog.at_level(logging.INFO, logger="mtl_bench"):
+        auto = ScaledAdam(big_params(), compile="auto")
+    assert auto.implementation == EAGER and not auto.compiled
+    assert "cannot be built here (RuntimeError: Ninja is required)" in auto.implementation_reason
+    lines = [r.getMessage() for r in caplog.records if r.name == "mtl_bench"]
+    assert lines == [f"ScaledAdam: eager update ({auto.implementation_reason})"]
+    with pytest.raises(ValueError) as err:  # the builder reports it as `optim.compile: ...`
+        ScaledAdam(big_params(), compile=True)
+    message = str(err.value)
+    assert message.startswith("compile: true, but ScaledAdam's C++ kernel cannot be built here") and "Ninja" in message
+    assert "\n" not in message
+
+
+def test_compile_true_refuses_what_the_kernel_cannot_take():
+    with pytest.raises(ValueError, match=r"^compile: true needs float32 contiguous CPU parameters.*bfloat16"):
+        ScaledAdam([torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))], compile=True)
+
+
+def test_compile_auto_decides_by_size(monkeypatch):
     small = ScaledAdam([torch.nn.Parameter(torch.zeros(10, 10))], compile="auto")
     small.param_groups[0]["params"][0].grad = torch.ones(10, 10)
     small.step()
-    assert not small.compiled
+    assert not small.compiled and small.implementation == EAGER
+    assert small.implementation_reason.startswith("compile=auto: 100 elements in float32 CPU tensors, under")
+    off = ScaledAdam(big_params(), compile=False)
+    assert off.implementation == EAGER and off.implementation_reason == "compile=false"
+    built = []
+    monkeypatch.setattr(scaled_adam_kernel, "kernel", lambda: (built.append(1) or object(), ""))
+    big = ScaledAdam(big_params(), compile="auto")  # from AUTO_COMPILE_MIN_NUMEL elements on: the kernel
+    assert big.compiled and big.implementation == KERNEL and big.implementation_reason == "compile=auto" and built
+
+
+def test_compile_true_refuses_a_parameter_that_changes_layout_later(monkeypatch):
+    monkeypatch.setattr(scaled_adam_kernel, "kernel", lambda: (object(), ""))  # never called: the plan refuses first
+    params = make_params()
+    opt = ScaledAdam(params, compile=True)
+    assert opt.implementation == KERNEL and opt.implementation_reason == "compile=true"
+    params[0].data = params[0].data.t().contiguous().t()  # same values, no longer contiguous
+    set_grads(params, 0)
+    with pytest.raises(
+        ConfigError,
+        match=r"^compile: true needs float32 .*group0.params\[0\]\(6, 5\) is cpu torch.float32, not contiguous;",
+    ):
+        opt.step()
