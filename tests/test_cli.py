@@ -37,7 +37,7 @@ def test_train_help_is_hydras_with_our_groups():
     assert result.returncode == 0
     assert "mtl-bench train" in result.stdout
     assert "optim: adam, adamw, custom, scaled_adam, sgd" in result.stdout
-    assert "optim/schedule: cosine, cyclic, eden, eden2, multistep, none, step" in result.stdout
+    assert "optim/schedule: cosine, cyclic, eden, eden2, multistep, none, plateau, step" in result.stdout
     balancers = next(line for line in result.stdout.splitlines() if line.startswith("balancer: "))
     assert {"fixed", "gradnorm", "rescaled_norm"} <= set(balancers.split(": ")[1].split(", "))
     assert "schema/" not in result.stdout
@@ -60,7 +60,7 @@ def test_cfg_job_prints_the_composed_config():
         (["optim.lr=abc"], "mtl-bench: error: optim.lr: expected float | torch.Tensor, got 'abc'"),
         (["optim.lrr=1"], "mtl-bench: error: optim.lrr: no such key (a new key needs a plus: +optim.lrr=..."),
         (["optim"], "mtl-bench: error: cannot parse the override"),
-        (["optim.lr=-1"], "mtl-bench: error: optim: Invalid learning rate: -1"),
+        (["optim.lr=-1"], "mtl-bench: error: optim.lr: Invalid learning rate: -1"),
         (["balancer.weights={t0:1.0,t7:2.0}"], "mtl-bench: error: balancer.weights: weights for unknown tasks"),
         (
             ["balancer.name=gradnorm"],

@@ -53,7 +53,8 @@ def _unknown_keys(node: Any, schema: type, prefix: str) -> None:
 def apply_length(cfg: DictConfig, overrides: list[str]) -> None:
     """One way to say how long: a length typed on the command line replaces the preset's (the other is
     dropped); both typed is an error."""
-    given = [key for key in LENGTH_KEYS if any(o.lstrip("+~").split("=", 1)[0] == key for o in overrides)]
+    typed = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o}
+    given = [key for key in LENGTH_KEYS if key in typed and typed[key].lower() not in ("null", "none")]
     if len(given) == 2:
         raise ConfigError("trainer.max_steps and trainer.epochs: give one of them (a run's length is one or the other)")
     if given:

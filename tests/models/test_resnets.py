@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from mtl_bench.models.resnet18 import ResNet18
 from mtl_bench.models.resnet_dilated import ResNetDilated
+from mtl_bench.optim.schedules import to_steps
 from tests.helpers.balancer_kit import libmtl_module
 
 NYU = {"segmentation": 13, "depth": 1, "normal": 3}
@@ -394,7 +395,8 @@ def test_preset_is_libmtls_recipe_with_the_stl_reference(compose_cfg):
     assert (cfg.optim.lr, cfg.optim.weight_decay) == (1e-4, 1e-5)
     assert (cfg.trainer.batch_size, cfg.trainer.epochs, cfg.trainer.eval_batch_size) == (8, 200, 8)
     steps_per_epoch = 795 // cfg.trainer.batch_size  # LibMTL's loader drops the last partial batch, as ours
-    assert cfg.optim.schedule.step_size == 100 * steps_per_epoch and cfg.optim.schedule.gamma == 0.5
+    assert cfg.optim.schedule.step_size == "100 epochs" and cfg.optim.schedule.gamma == 0.5
+    assert to_steps("step_size", cfg.optim.schedule.step_size, steps_per_epoch) == 100 * steps_per_epoch
     assert cfg.trainer.eval_every == steps_per_epoch
     ref = OmegaConf.to_container(cfg.tasks.reference)
     ours = [
