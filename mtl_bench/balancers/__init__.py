@@ -3,8 +3,10 @@
 from mtl_bench.balancers.aligned_mtl import AlignedMTL
 from mtl_bench.balancers.base import BackwardContext, Balancer
 from mtl_bench.balancers.cagrad import CAGrad
+from mtl_bench.balancers.con_fig import ConFIG
 from mtl_bench.balancers.cosmos import COSMOS
 from mtl_bench.balancers.db_mtl import DualBalancing
+from mtl_bench.balancers.dualproj import DualProj
 from mtl_bench.balancers.dwa import DynamicWeightAverage
 from mtl_bench.balancers.famo import FAMO
 from mtl_bench.balancers.fixed import FixedWeights
@@ -13,6 +15,7 @@ from mtl_bench.balancers.graddrop import GradDrop
 from mtl_bench.balancers.gradnorm import GradNorm
 from mtl_bench.balancers.gradvac import GradVac
 from mtl_bench.balancers.imtl import IMTL
+from mtl_bench.balancers.krum import Krum
 from mtl_bench.balancers.mgda import MGDA
 from mtl_bench.balancers.nash_mtl import NashMTL
 from mtl_bench.balancers.pbi import PenaltyBoundaryIntersection
@@ -49,4 +52,7 @@ __all__ = [
     "PenaltyBoundaryIntersection",
     "ScaleInvariant",
     "SmoothTchebycheff",
+    "ConFIG",
+    "DualProj",
+    "Krum",
 ]
