@@ -25,6 +25,7 @@ from mtl_bench.balancers.rescaled_norm import RescaledNormBalancer
 from mtl_bench.balancers.rlw import RandomLossWeighting
 from mtl_bench.balancers.si import ScaleInvariant
 from mtl_bench.balancers.stch import SmoothTchebycheff
+from mtl_bench.balancers.trimmed_mean import TrimmedMean
 from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
 
@@ -57,4 +58,5 @@ __all__ = [
     "DualProj",
     "Krum",
     "FairGrad",
+    "TrimmedMean",
 ]
