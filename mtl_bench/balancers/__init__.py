@@ -8,6 +8,7 @@ from mtl_bench.balancers.cosmos import COSMOS
 from mtl_bench.balancers.db_mtl import DualBalancing
 from mtl_bench.balancers.dualproj import DualProj
 from mtl_bench.balancers.dwa import DynamicWeightAverage
+from mtl_bench.balancers.excess_mtl import ExcessMTL
 from mtl_bench.balancers.fairgrad import FairGrad
 from mtl_bench.balancers.famo import FAMO
 from mtl_bench.balancers.fixed import FixedWeights
@@ -59,4 +60,5 @@ __all__ = [
     "Krum",
     "FairGrad",
     "TrimmedMean",
+    "ExcessMTL",
 ]
