@@ -94,7 +94,7 @@ class ExcessMTL(GradientBalancer):
         for k, block in enumerate(blocks):
             square = block.float().square()
             square = rank_mean(square / (scale * scale) if scale is not None else square)
-            total_sq = self._buffers[f"sq_grad_sum_{k}"] + square
+            total_sq = self._current(f"sq_grad_sum_{k}") + square
             self._stage(**{f"sq_grad_sum_{k}": total_sq})
             e = (square / torch.sqrt(total_sq + 1e-7)).reshape(square.shape[0], -1).sum(1)
             excess = e if excess is None else excess + e
