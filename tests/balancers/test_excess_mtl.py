@@ -15,6 +15,7 @@ from tests.helpers.balancer_kit import (
     assert_resume_and_skip_keep_the_state,
     assert_same_parameters,
     make_model,
+    run_ddp,
     train_ours,
     train_torchjd,
 )
@@ -142,3 +143,14 @@ def test_bad_options_fail_clearly():
         build(make_model(), warmup_steps=0)
     with pytest.raises(ValueError, match="^total: 'two' is not one of tasks, one"):
         build(make_model(), total="two")
+
+
+def make_for_ranks(names, model):
+    return ExcessMTL(names, list(model.trunk.parameters()), robust_step_size=0.5)
+
+
+def test_ddp_ranks_hold_the_same_state(tmp_path):
+    """Each rank sees its own half batch; the squared gradients are averaged over the ranks, so the
+    squared-gradient sums, weights and parameters agree bit for bit."""
+    r0, _ = run_ddp(tmp_path, make_for_ranks, steps=3)
+    assert r0["state"]["steps"].item() == 3 and r0["state"]["sq_grad_sum_0"].abs().sum() > 0
