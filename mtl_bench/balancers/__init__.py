@@ -21,6 +21,7 @@ from mtl_bench.balancers.krum import Krum
 from mtl_bench.balancers.mgda import MGDA
 from mtl_bench.balancers.nash_mtl import NashMTL
 from mtl_bench.balancers.pbi import PenaltyBoundaryIntersection
+from mtl_bench.balancers.pcd import PCD
 from mtl_bench.balancers.pcgrad import PCGrad
 from mtl_bench.balancers.rescaled_norm import RescaledNormBalancer
 from mtl_bench.balancers.rlw import RandomLossWeighting
@@ -61,4 +62,5 @@ __all__ = [
     "FairGrad",
     "TrimmedMean",
     "ExcessMTL",
+    "PCD",
 ]
