@@ -5,6 +5,7 @@ from mtl_bench.balancers.base import BackwardContext, Balancer
 from mtl_bench.balancers.cagrad import CAGrad
 from mtl_bench.balancers.con_fig import ConFIG
 from mtl_bench.balancers.cosmos import COSMOS
+from mtl_bench.balancers.cr_mogm import CRMOGM
 from mtl_bench.balancers.db_mtl import DualBalancing
 from mtl_bench.balancers.dualproj import DualProj
 from mtl_bench.balancers.dwa import DynamicWeightAverage
@@ -63,4 +64,5 @@ __all__ = [
     "TrimmedMean",
     "ExcessMTL",
     "PCD",
+    "CRMOGM",
 ]
