@@ -20,6 +20,7 @@ from mtl_bench.balancers.gradvac import GradVac
 from mtl_bench.balancers.imtl import IMTL
 from mtl_bench.balancers.krum import Krum
 from mtl_bench.balancers.mgda import MGDA
+from mtl_bench.balancers.moco import MoCo
 from mtl_bench.balancers.nash_mtl import NashMTL
 from mtl_bench.balancers.pbi import PenaltyBoundaryIntersection
 from mtl_bench.balancers.pcd import PCD
@@ -65,4 +66,5 @@ __all__ = [
     "ExcessMTL",
     "PCD",
     "CRMOGM",
+    "MoCo",
 ]
