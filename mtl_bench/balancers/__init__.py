@@ -21,12 +21,14 @@ from mtl_bench.balancers.imtl import IMTL
 from mtl_bench.balancers.krum import Krum
 from mtl_bench.balancers.mgda import MGDA
 from mtl_bench.balancers.moco import MoCo
+from mtl_bench.balancers.modo import MoDo
 from mtl_bench.balancers.nash_mtl import NashMTL
 from mtl_bench.balancers.pbi import PenaltyBoundaryIntersection
 from mtl_bench.balancers.pcd import PCD
 from mtl_bench.balancers.pcgrad import PCGrad
 from mtl_bench.balancers.rescaled_norm import RescaledNormBalancer
 from mtl_bench.balancers.rlw import RandomLossWeighting
+from mtl_bench.balancers.sdmgrad import SDMGrad
 from mtl_bench.balancers.si import ScaleInvariant
 from mtl_bench.balancers.stch import SmoothTchebycheff
 from mtl_bench.balancers.trimmed_mean import TrimmedMean
@@ -67,4 +69,6 @@ __all__ = [
     "PCD",
     "CRMOGM",
     "MoCo",
+    "MoDo",
+    "SDMGrad",
 ]
