@@ -155,3 +155,24 @@ def test_needs_two_or_three_micro_batches():
     with pytest.raises(RuntimeError, match="MoDo needs trainer.grad_accumulation_steps=2 or 3"):
         bal.backward(losses, out.shared, BackwardContext())
     assert "has no per-task mode" in bal.per_task_problem()
+
+
+def test_scaler_gives_the_fp32_parameters():
+    """The direction is written once per step in the scaled units the accumulated heads are in."""
+    expected, ours = make_model(), make_model()
+    train_three_micro_batches(expected, MoDo(list(TASKS3), list(expected.trunk.parameters()), gamma=0.05), 2)
+    bal = MoDo(list(TASKS3), list(ours.trunk.parameters()), gamma=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    ctx = BackwardContext(scaler=scaler, factor=1 / 3, accumulation_steps=3)
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        for j in range(3):
+            x, y = batch(seed=3 * step + j)
+            out, losses = task_losses(ours, x, y)
+            bal.backward(losses, out.shared, ctx)
+        scaler.step(opt)
+        scaler.update()
+        bal.step()
+    for p, q in zip(ours.parameters(), expected.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
