@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
@@ -80,15 +81,27 @@ class Balancer(nn.Module):
 
     task_names: list[str]
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "Balancer":
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         # Every balancer's first argument is its task names; a dict there is the constructor form before the
-        # plug-in design ({task: weight}), which list(...) would silently turn into names without weights.
-        names = args[0] if args else kwargs.get("task_names")
-        if isinstance(names, Mapping):
-            raise TypeError(old_constructor_form(cls, names))
-        return super().__new__(cls)
+        # plug-in design ({task: weight}), which list(...) would silently turn into names without weights. Each
+        # subclass's own __init__ checks it first (functools.wraps keeps its signature for the config checks).
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+
+        @functools.wraps(init)
+        def checked_init(self: Any, *args: Any, **kw: Any) -> None:
+            names = args[0] if args else kw.get("task_names")
+            if isinstance(names, Mapping):
+                raise TypeError(old_constructor_form(type(self), names))
+            init(self, *args, **kw)
+
+        cls.__init__ = checked_init  # type: ignore[method-assign]
 
     def __init__(self, task_names: list[str]) -> None:
+        if isinstance(task_names, Mapping):
+            raise TypeError(old_constructor_form(type(self), task_names))
         super().__init__()
         if not task_names:
             raise ValueError("task_names: a balancer needs at least one task")

@@ -46,3 +46,16 @@ def test_task_names_as_a_list_still_build_copy_and_pickle() -> None:
     for clone in (copy.deepcopy(bal), pickle.loads(pickle.dumps(bal))):
         assert clone.task_names == ["a", "b"]
         assert clone.weights.tolist() == [1.0, 2.0]
+
+
+def test_every_balancer_keeps_its_constructors_signature():
+    """The old-form check must not hide a constructor's options from the config check (inspect.signature)."""
+    import inspect
+
+    import mtl_bench.balancers as balancers
+
+    for name in balancers.__all__:
+        cls = getattr(balancers, name)
+        if isinstance(cls, type) and issubclass(cls, balancers.Balancer) and cls is not balancers.Balancer:
+            params = inspect.signature(cls).parameters
+            assert "task_names" in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()), name

@@ -15,6 +15,8 @@ TASK_SETS = {
     "toy10": ["tasks=toy10", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32", "model.widths=[32,32]"],
     "digits": ["tasks=digits", "model=lenet", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32"],
 }
+# Methods whose independent draws are the micro-batches of one step (their YAML's first line says so).
+EXTRA = {"modo": ["trainer.grad_accumulation_steps=3"], "sdmgrad": ["trainer.grad_accumulation_steps=3"]}
 SHORT = ["trainer=smoke", "trainer.max_steps=6", "trainer.log_every=3", "trainer.eval_every=6", "trainer.batch_size=32"]
 
 
@@ -23,7 +25,7 @@ SHORT = ["trainer=smoke", "trainer.max_steps=6", "trainer.log_every=3", "trainer
 def test_every_balancer_trains_on_both_task_sets(compose_cfg, tmp_path, balancer, tasks):
     if balancer == "nash_mtl":
         pytest.importorskip("cvxpy")  # Nash-MTL's solver: pip install cvxpy ecos
-    cfg = compose_cfg(f"balancer={balancer}", *TASK_SETS[tasks], *SHORT)
+    cfg = compose_cfg(f"balancer={balancer}", *TASK_SETS[tasks], *SHORT, *EXTRA.get(balancer, []))
     result = train(cfg, tmp_path)
     assert result.step == 6
     metrics = json.loads((tmp_path / "metrics.json").read_text())

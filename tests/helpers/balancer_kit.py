@@ -437,3 +437,17 @@ def train_torchjd(
         returned.append(autojac.jac_to_grad(list(model.trunk.parameters()), aggregator))
         opt.step()
     return returned
+
+
+def train_scalarizer(
+    model: MultiTaskModel, objective: Callable[[torch.Tensor], torch.Tensor], steps: int, tasks=TASKS3, lr=0.1
+) -> None:
+    """SGD on `objective(stacked losses)` with a plain backward: a reference loss-level method (torchjd's
+    scalarizers, a paper's formula) on the seeded three-task case."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        x, y = batch(tasks, seed=step)
+        opt.zero_grad()
+        _, losses = task_losses(model, x, y)
+        objective(torch.stack([losses[t] for t in tasks])).backward()
+        opt.step()

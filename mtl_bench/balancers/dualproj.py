@@ -1,0 +1,61 @@
+"""Lopez-Paz & Ranzato, NeurIPS 2017, "Gradient Episodic Memory for Continual Learning", Eq. 11 (DualProj)."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+from torch import Tensor
+
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
+from mtl_bench.balancers.solvers import dual_cone_weights
+
+
+def dualproj_weights(gram: np.ndarray, u: np.ndarray, norm_eps: float, reg_eps: float) -> tuple[np.ndarray, int]:
+    """The weights of Jᵀu projected onto the dual cone of J's rows, and how many of the T constraints the
+    projection made active (raised the weight above u)."""
+    t = gram.shape[0]
+    trace = np.trace(gram)
+    normalized = np.zeros_like(gram) if trace < norm_eps else gram / trace
+    weights = dual_cone_weights(normalized + reg_eps * np.eye(t), u)
+    return weights, int((weights > u + 1e-12).sum())
+
+
+class DualProj(GradientBalancer):
+    """The mean gradient Σ_i g_i/T projected onto the dual cone {x: g_j·x ≥ 0 for all j}, so no task's loss
+    rises to first order. One projection where UPGrad sums T (one per task gradient); in weight space
+    v = argmin vᵀGv subject to v ≥ 1/T, on the Gramian normalised by its trace plus `reg_eps`·I.
+
+    Reference: torchjd 0.18 `DualProj` (mean preference, quadprog projector with norm_eps = reg_eps = 1e-4).
+    The heads get their own gradients (weight 1), as torchjd's mtl_backward gives them.
+
+    Metrics: `weight/<task>`, `grad_norm/<task>`, `grad_cos/<a>/<b>`, `dualproj/active` (the number of tasks
+    whose constraint the projection made active: 0 when the mean gradient conflicts with none).
+    """
+
+    SOURCES = ("shared_params",)
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: str = "shared_params",
+        norm_eps: float = 1e-4,
+        reg_eps: float = 1e-4,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients); DualProj has no shared_rep mode (as in torchjd).
+        norm_eps: a Gramian whose trace is below this (>= 0) counts as zero.
+        reg_eps: added to the normalised Gramian's diagonal (>= 0) so the QP is strictly convex.
+        """
+        super().__init__(task_names, shared_params, grad_source)
+        for name, value in (("norm_eps", norm_eps), ("reg_eps", reg_eps)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name}: must be a number >= 0, got {value!r}")
+        self.norm_eps, self.reg_eps = float(norm_eps), float(reg_eps)
+
+    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+        u = np.full(gram.shape[0], 1.0 / gram.shape[0])
+        return host_solution(gram, "dualproj/active", lambda g: dualproj_weights(g, u, self.norm_eps, self.reg_eps))

@@ -1,0 +1,118 @@
+"""He et al., ICML 2024, "Robust Multi-Task Learning with Excess Risks" (ExcessMTL)."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, rank_mean
+
+TOTALS = ("tasks", "one")
+HEAD_WEIGHTS = ("weights", "ones")
+
+
+class ExcessMTL(GradientBalancer):
+    """Task weights moved towards the tasks with the largest excess risk, estimated from the gradients:
+    e_i = Σ_p g_ip² / √(S_ip + 1e-7), S the running sum of squared gradients (an AdaGrad-style diagonal
+    Hessian, the paper's Eq. 6-7). During the first `warmup_steps` steps the weights stay uniform and the
+    e_i average into the baseline e⁰; afterwards each step sets w ← total·softmax(log w + η·e/e⁰) (Eq. 9,
+    the exponentiated-gradient step, in log space) and trains on d = Σ_i w_i g_i.
+
+    Reference: the authors' code as in LibMTL main `ExcessMTL` (commit 4336804): weights start at 1 and sum to
+    T (`total="tasks"`), the first step's e is the baseline (`warmup_steps=1`) and the heads get the weights
+    (`head_weights="weights"`: it trains on Σ w_i L_i). torchjd 0.18 `ExcessMTL` is `total="one"`,
+    `head_weights="ones"` and `warmup_steps=n_warmup_steps` for n_warmup_steps >= 1 (its 0 takes the first
+    step's e as both baseline and update; it also adds 1e-7 to e⁰). S, the weights, e⁰, the warm-up sum and the
+    step count are buffers (S holds T values per shared parameter). Under DDP the squared gradients are averaged
+    over the ranks (one all-reduce of T times the shared parameters per step), so every rank holds the same S.
+
+    Metrics: `weight/<task>`, `grad_norm/<task>`, `grad_cos/<a>/<b>`, `excess_mtl/excess/<task>` (e_i / e⁰_i,
+    or e_i during the warm-up).
+    """
+
+    SOURCES = ("shared_params",)
+
+    weights: Tensor
+    baseline: Tensor
+    warmup_sum: Tensor
+    steps: Tensor
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: str = "shared_params",
+        robust_step_size: float = 1.0,
+        warmup_steps: int = 1,
+        total: str = "tasks",
+        head_weights: str = "weights",
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients); ExcessMTL has no shared_rep mode here.
+        robust_step_size: η of the exponentiated weight update (> 0).
+        warmup_steps: steps with uniform weights whose excess risks average into the baseline (>= 1; the
+            authors' code: 1; the paper's appendix: 3 epochs of steps).
+        total: what the weights sum to: tasks (T, the authors' code) or one (torchjd).
+        head_weights: the heads' loss weights: weights (the authors' code) or ones (torchjd).
+        """
+        super().__init__(task_names, shared_params, grad_source)
+        if (
+            isinstance(robust_step_size, bool)
+            or not isinstance(robust_step_size, (int, float))
+            or not robust_step_size > 0
+        ):
+            raise ValueError(f"robust_step_size: must be a number > 0, got {robust_step_size!r}")
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
+            raise ValueError(f"warmup_steps: must be an integer >= 1, got {warmup_steps!r}")
+        if total not in TOTALS:
+            raise ValueError(f"total: {total!r} is not one of {', '.join(TOTALS)}")
+        if head_weights not in HEAD_WEIGHTS:
+            raise ValueError(f"head_weights: {head_weights!r} is not one of {', '.join(HEAD_WEIGHTS)}")
+        self.robust_step_size, self.warmup_steps = float(robust_step_size), warmup_steps
+        self.total, self.head_weights = total, head_weights
+        self.HEADS_FROM_SOLUTION = head_weights == "weights"
+        t = len(self.task_names)
+        self._total = float(t) if total == "tasks" else 1.0
+        self.register_buffer("weights", torch.full((t,), self._total / t))
+        self.register_buffer("baseline", torch.ones(t))
+        self.register_buffer("warmup_sum", torch.zeros(t))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        for k, p in enumerate(self._params):
+            self.register_buffer(f"sq_grad_sum_{k}", torch.zeros((t, *p.shape), dtype=torch.float32))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, robust_step_size={self.robust_step_size}, warmup_steps={self.warmup_steps}"
+
+    def _finish_solve(
+        self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
+    ) -> dict[str, Tensor]:
+        excess = None
+        for k, block in enumerate(blocks):
+            square = block.float().square()
+            square = rank_mean(square / (scale * scale) if scale is not None else square)
+            total_sq = self._current(f"sq_grad_sum_{k}") + square
+            self._stage(**{f"sq_grad_sum_{k}": total_sq})
+            e = (square / torch.sqrt(total_sq + 1e-7)).reshape(square.shape[0], -1).sum(1)
+            excess = e if excess is None else excess + e
+        assert excess is not None
+        self._excess = excess
+        return super()._finish_solve(blocks, scale, losses, shared)
+
+    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+        excess, steps = self._excess, self.steps + 1
+        warming = steps <= self.warmup_steps
+        warmup_sum = torch.where(warming, self.warmup_sum + excess, self.warmup_sum)
+        baseline = torch.where(steps == self.warmup_steps, warmup_sum / self.warmup_steps, self.baseline)
+        ratio = excess / baseline
+        moved = self._total * torch.softmax(torch.log(self.weights) + self.robust_step_size * ratio, dim=0)
+        weights = torch.where(warming, self.weights, moved)
+        self._require_finite(weights)
+        self._stage(weights=weights, baseline=baseline, warmup_sum=warmup_sum, steps=steps)
+        metrics = {
+            f"excess_mtl/excess/{name}": v for name, v in zip(self.task_names, torch.where(warming, excess, ratio))
+        }
+        return Solution(weights, weights if self.HEADS_FROM_SOLUTION else None, metrics)

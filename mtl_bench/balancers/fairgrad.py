@@ -1,0 +1,78 @@
+"""Ban & Ji, ICML 2024, "Fair Resource Allocation in Multi-Task Learning" (FairGrad)."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+from torch import Tensor
+
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
+
+HEAD_WEIGHTS = ("weights", "ones")
+
+
+def fairgrad_weights(gram: np.ndarray, alpha: float, max_nfev: Optional[int]) -> tuple[np.ndarray, float]:
+    """w ≥ 0 with G w = w^{−1/α} (each task's improvement g_i·d = w_i^{−1/α}), by scipy's bounded least
+    squares from the uniform point as the reference does; and the residual's cost ½‖G w − w^{−1/α}‖²."""
+    t = gram.shape[0]
+    uniform = np.full(t, 1.0 / t)
+    if alpha == 0:  # α = 0 is linear scalarization with uniform weights (the paper, Section 3; torchjd)
+        return uniform, 0.0
+    result = least_squares(
+        lambda x: gram @ x - np.power(x, -1.0 / alpha), uniform, bounds=(0, np.inf), max_nfev=max_nfev
+    )
+    return result.x, float(result.cost)
+
+
+class FairGrad(GradientBalancer):
+    """α-fair allocation of the update's improvement among tasks: d = Σ_i w_i g_i with (G w)_i = w_i^{−1/α}
+    (α = 1: proportional fairness, Nash-MTL's condition; α → ∞: max-min fairness; α = 0: the uniform sum).
+
+    Reference: the authors' code (OptMN-Lab/fairgrad, `methods/weight_methods.py` `FairGrad`), copied by LibMTL
+    main `FairGrad` (commit 4336804; it trains on Σ w_i L_i, so the heads get w too: `head_weights="weights"`)
+    and torchjd 0.18 `FairGrad` (heads weight 1: `head_weights="ones"`). The solve is scipy's `least_squares`
+    on the host (one sync per step), on G in float64 (torchjd: float32).
+
+    Metrics: `weight/<task>`, `grad_norm/<task>`, `grad_cos/<a>/<b>`, `fairgrad/cost` (the solve's residual
+    cost: near 0 when the fairness condition holds).
+    """
+
+    SOURCES = ("shared_params",)
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: str = "shared_params",
+        alpha: float = 1.0,
+        max_nfev: Optional[int] = None,
+        head_weights: str = "weights",
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients); FairGrad has no shared_rep mode (as its code).
+        alpha: the fairness α (>= 0; the paper's runs use 0.5 to 8 by data set).
+        max_nfev: the most residual evaluations of the solve (>= 1); null: scipy's default, 100·T.
+        head_weights: the heads' loss weights: weights (the authors' code, LibMTL) or ones (torchjd).
+        """
+        super().__init__(task_names, shared_params, grad_source)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
+            raise ValueError(f"alpha: must be a number >= 0, got {alpha!r}")
+        if max_nfev is not None and (isinstance(max_nfev, bool) or not isinstance(max_nfev, int) or max_nfev < 1):
+            raise ValueError(f"max_nfev: must be an integer >= 1 or null, got {max_nfev!r}")
+        if head_weights not in HEAD_WEIGHTS:
+            raise ValueError(f"head_weights: {head_weights!r} is not one of {', '.join(HEAD_WEIGHTS)}")
+        self.alpha, self.max_nfev, self.head_weights = float(alpha), max_nfev, head_weights
+        self.HEADS_FROM_SOLUTION = head_weights == "weights"
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, alpha={self.alpha}, head_weights={self.head_weights}"
+
+    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+        solution = host_solution(gram, "fairgrad/cost", lambda g: fairgrad_weights(g, self.alpha, self.max_nfev))
+        if self.HEADS_FROM_SOLUTION:
+            solution.head_weights = solution.weights
+        return solution

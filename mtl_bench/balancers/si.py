@@ -1,0 +1,41 @@
+"""Scale-invariant loss Σ_i log L_i, the "SI" baseline of Navon et al., ICML 2022, "Multi-Task Learning as a
+Bargaining Game" (Nash-MTL), Section 6."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from mtl_bench.balancers.base import stack_weights, task_weights
+from mtl_bench.balancers.scalarization import ScalarizedBalancer
+
+
+class ScaleInvariant(ScalarizedBalancer):
+    """Trains on Σ_i c_i log L_i: each task's gradient divided by its own loss (w_i = c_i / L_i), so scaling a
+    loss by a constant does not change the update. The losses must be positive.
+
+    Reference: AvivNavon/nash-mtl `methods/weight_methods.py` `ScaleInvariantLinearScalarization`
+    (`task_weights` c, 1 each by default; commit cce1840). Per-task mode is supported: w_i needs L_i only.
+
+    Metrics: `weight/<task>` (c_i / L_i).
+    """
+
+    PER_TASK = True
+
+    task_scales: Tensor
+
+    def __init__(self, task_names: Sequence[str], weights: Optional[Mapping[str, float]] = None) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        weights: the c_i of Σ_i c_i log L_i, one >= 0 per task; None gives every task 1.0 (the paper).
+        """
+        super().__init__(list(task_names))
+        self.register_buffer("task_scales", stack_weights(task_weights(weights, self.task_names), self.task_names))
+
+    def _objective(self, losses: Tensor) -> Tensor:
+        return (self.task_scales * torch.log(losses)).sum()
+
+    def _task_weight(self, task: str, loss: Tensor) -> Tensor:
+        return self.task_scales[self.task_names.index(task)] / loss

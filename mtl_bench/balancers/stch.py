@@ -1,0 +1,107 @@
+"""Lin et al., ICML 2024, "Smooth Tchebycheff Scalarization for Multi-Objective Optimization" (STCH)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from mtl_bench import tags
+from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.scalarization import ScalarizedBalancer, preference_vector, reference_point
+from mtl_bench.balancers.staged import JOINT, StagedBalancer
+
+
+class SmoothTchebycheff(ScalarizedBalancer, StagedBalancer):
+    """Trains on μ·log Σ_i exp(λ_i (f_i − z_i) / μ), a smooth maximum of the weighted objectives λ_i (f_i − z_i)
+    (tighter as μ → 0): w = ∂/∂L, so the worst-off task gets most of the weight. Without warm-up f_i = L_i.
+
+    With `warmup_steps` = S > 0 (LibMTL main's variant): the first S steps train on Σ_i log(L_i + 1e-20) (the
+    scale-invariant loss), the losses of the last `nadir_steps` of them average into the nadir point n, and from
+    then on f_i = log(L_i / n_i + 1e-20) and the objective is multiplied by T, as LibMTL does (so the update keeps
+    the scale of the warm-up's sum over T tasks).
+
+    Reference: torchjd 0.18 `scalarization.STCH` (no warm-up; preference 1/T by default) and LibMTL main
+    `STCH` (commit 4336804): its `STCH_warmup_epoch` W is warmup_steps = (W + 1)·E and nadir_steps = E for E
+    steps per epoch, with preference 1 each. The step count and the nadir sum are buffers. No per-task mode.
+
+    Metrics: `weight/<task>` (w_i).
+    """
+
+    pref: Tensor
+    reference_point: Tensor
+    steps: Tensor
+    nadir_sum: Tensor
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        mu: float = 0.1,
+        preference: Optional[Mapping[str, float]] = None,
+        reference: Optional[Mapping[str, float]] = None,
+        warmup_steps: int = 0,
+        nadir_steps: Optional[int] = None,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        mu: the smoothing μ (> 0); smaller is closer to the maximum (the paper tries 0.01 to 1).
+        preference: λ, one weight >= 0 per task; None gives 1/T each.
+        reference: the ideal point z, one number per task; None gives 0 each.
+        warmup_steps: steps on Σ log L_i before the STCH objective on log(L_i / nadir_i) (0: none, f_i = L_i).
+        nadir_steps: the last warm-up steps whose losses average into the nadir point (1..warmup_steps); null:
+            all of them. Only with warmup_steps > 0.
+        """
+        super().__init__(list(task_names))
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not mu > 0:
+            raise ValueError(f"mu: must be a number > 0, got {mu!r}")
+        self.mu = float(mu)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps: must be an integer >= 0, got {warmup_steps!r}")
+        if nadir_steps is not None and warmup_steps == 0:
+            raise ValueError("nadir_steps: only with warmup_steps > 0 (no warm-up, no nadir point)")
+        nadir_steps = warmup_steps if nadir_steps is None else nadir_steps
+        if isinstance(nadir_steps, bool) or not isinstance(nadir_steps, int) or not 0 <= nadir_steps <= warmup_steps:
+            raise ValueError(
+                f"nadir_steps: must be an integer in [1, warmup_steps={warmup_steps}], got {nadir_steps!r}"
+            )
+        if warmup_steps and nadir_steps < 1:
+            raise ValueError(
+                f"nadir_steps: must be an integer in [1, warmup_steps={warmup_steps}], got {nadir_steps!r}"
+            )
+        self.warmup_steps, self.nadir_steps = warmup_steps, nadir_steps
+        self.register_buffer("pref", preference_vector(preference, self.task_names))
+        self.register_buffer("reference_point", reference_point(reference, self.task_names))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("nadir_sum", torch.zeros(len(self.task_names)))
+
+    def extra_repr(self) -> str:
+        return f"tasks={self.task_names}, mu={self.mu}"
+
+    def _objective(self, losses: Tensor) -> Tensor:
+        if self.warmup_steps:
+            logs = torch.log(losses / (self.nadir_sum / self.nadir_steps) + 1e-20)
+            return (
+                len(self.task_names) * self.mu * torch.logsumexp(self.pref * (logs - self.reference_point) / self.mu, 0)
+            )
+        return self.mu * torch.logsumexp(self.pref * (losses - self.reference_point) / self.mu, dim=0)
+
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        if not self.warmup_steps:
+            return super().backward(losses, shared, ctx)
+        self.check_losses(losses)
+        self._begin(JOINT, ctx, shared)
+        ordered = {name: losses[name] for name in self.task_names}
+        current = self._mean("losses", self._rank_mean(ordered))
+        warming = self.steps < self.warmup_steps
+        nadir = self.steps >= self.warmup_steps - self.nadir_steps
+        self._require_finite(current)
+        self._stage(
+            steps=self.steps + 1, nadir_sum=torch.where(warming & nadir, self.nadir_sum + current, self.nadir_sum)
+        )
+        # warm-up: ∂ Σ log(L + 1e-20) / ∂L; after it the STCH weights on the committed nadir point
+        weights = torch.where(warming, 1 / (current + 1e-20), self._weights(current))
+        stacked = torch.stack([loss.float() for loss in ordered.values()])
+        self.run_backward((weights * stacked).sum(), ctx)
+        self._end_joint()
+        return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}

@@ -1,0 +1,72 @@
+"""Yin et al., ICML 2018, "Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates" (trimmed mean)."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from mtl_bench import tags
+from mtl_bench.balancers.jacobian import GradientBalancer, gram_metrics, gramian, rank_mean, write_leaf_grads
+
+
+class TrimmedMean(GradientBalancer):
+    """Coordinate-wise trimmed mean of the task gradients: in every coordinate of the shared parameters the
+    `trim` largest and `trim` smallest of the T values are dropped and the other T − 2·trim averaged. Not a
+    weighting of whole gradients, so the direction is built per parameter block (a sort over the T rows)
+    instead of from the Gramian. Needs T ≥ 2·trim + 1.
+
+    Reference: torchjd 0.18 `TrimmedMean` (`trim_number`). The heads get their own gradients (weight 1), as
+    torchjd's mtl_backward gives them. Under DDP each rank trims its own gradients and DDP averages the
+    results (the trimmed mean of the global batch would need the whole T×P Jacobian from every rank).
+
+    Metrics: `weight/<task>` (the share of coordinates in which g_i was kept, divided by T − 2·trim, so the
+    weights of the plain mean are 1/T each), `grad_norm/<task>`, `grad_cos/<a>/<b>`.
+    """
+
+    SOURCES = ("shared_params",)
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: str = "shared_params",
+        trim: int = 1,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients); the trimmed mean has no shared_rep mode here.
+        trim: how many of the largest and of the smallest values each coordinate drops (>= 0; needs T >= 2·trim + 1).
+        """
+        super().__init__(task_names, shared_params, grad_source)
+        t = len(self.task_names)
+        if isinstance(trim, bool) or not isinstance(trim, int) or not 0 <= trim <= (t - 1) // 2:
+            raise ValueError(
+                f"trim: must be an integer in [0, (T - 1) // 2] = [0, {(t - 1) // 2}] for {t} tasks, got {trim!r}"
+            )
+        self.trim = trim
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, trim={self.trim}"
+
+    def _finish_solve(
+        self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
+    ) -> dict[str, Tensor]:
+        t, kept = len(self.task_names), len(self.task_names) - 2 * self.trim
+        gram = gramian(blocks)
+        gram = rank_mean(gram / (scale * scale) if scale is not None else gram)
+        self._require_finite(gram, rank_mean(losses))
+        directions, counts, total = [], torch.zeros(t, device=gram.device), 0
+        for block in blocks:
+            ordered, rows = torch.sort(block, dim=0)  # the trimmed mean is homogeneous: scaled J, scaled result
+            directions.append(ordered.narrow(0, self.trim, kept).mean(dim=0))
+            middle = rows.narrow(0, self.trim, kept).reshape(-1)
+            counts += torch.bincount(middle, minlength=t).to(counts.dtype)
+            total += block[0].numel()
+        write_leaf_grads(list(zip(self._params, directions)))
+        weights = counts / (total * kept)
+        metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
+        metrics.update(gram_metrics(gram, self.task_names))
+        return metrics

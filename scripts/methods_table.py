@@ -1,0 +1,173 @@
+"""docs/methods.md from the balancers' classes and YAMLs, so the page cannot drift from the code.
+
+    python scripts/methods_table.py > docs/methods.md
+
+One row per `conf/balancer/*.yaml`: kind, state (the buffers of a built instance), grad_source modes,
+per-task mode, whether the method's tests cover AMP (a GradScaler) and DDP, and its test file; then each
+method's paper (its module's first line) and reference (the `Reference:` sentence of its class docstring).
+`tests/balancers/test_methods_table.py` checks that the committed page equals this script's output.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from mtl_bench.balancers.base import Balancer
+from mtl_bench.balancers.jacobian import GradientBalancer
+from mtl_bench.balancers.scalarization import ScalarizedBalancer
+from mtl_bench.catalog import conf_root
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS = ["a", "b", "c"]
+# The test file of what a family shares: AMP and DDP checks written once for every method of the family.
+FAMILY_TESTS = {GradientBalancer: "test_jacobian.py", ScalarizedBalancer: "test_scalarization.py"}
+WIDTH = 120
+
+
+def target(path: Path) -> type[Balancer]:
+    module, _, name = str(OmegaConf.load(path)["_target_"]).rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def build(cls: type[Balancer], options: dict) -> Balancer | None:
+    """An instance on three tasks and a small shared layer, or None when it cannot be built here (an
+    optional dependency missing)."""
+    layer = torch.nn.Linear(2, 2)
+    supplied = {
+        "task_names": TASKS,
+        "shared_params": list(layer.parameters()),
+        "shared_layer": layer,
+        "world_size": 1,
+        "initial_losses_known": {t: None for t in TASKS},
+    }
+    wanted = inspect.signature(cls).parameters
+    try:
+        return cls(**{k: v for k, v in supplied.items() if k in wanted}, **options)
+    except ImportError:
+        return None
+
+
+def kind(cls: type[Balancer]) -> str:
+    if issubclass(cls, GradientBalancer) or "grad_source" in inspect.signature(cls).parameters:
+        return "gradient"
+    return "loss weighting"
+
+
+def modes(cls: type[Balancer], options: dict) -> str:
+    sources = getattr(cls, "SOURCES", None)
+    if sources is not None:
+        return ", ".join(sources)
+    return str(options.get("grad_source", "-"))
+
+
+def state(instance: Balancer | None) -> list[str]:
+    """What `state_dict()` keeps: the buffers, and "generator" for a random generator's state."""
+    if instance is None:
+        return ["?"]
+    names = [name for name, _ in instance.named_buffers()]
+    if type(instance).get_extra_state is not torch.nn.Module.get_extra_state:
+        names.append("generator")
+    return names
+
+
+def state_kind(names: list[str]) -> str:
+    random = "generator" in names
+    learned = [n for n in names if n != "generator"]
+    return ", ".join([*(["buffers"] if learned else []), *(["random"] if random else [])]) or "none"
+
+
+def test_files(cls: type[Balancer]) -> list[Path]:
+    own = ROOT / "tests" / "balancers" / f"test_{cls.__module__.rsplit('.', 1)[-1]}.py"
+    family = [ROOT / "tests" / "balancers" / f for base, f in FAMILY_TESTS.items() if issubclass(cls, base)]
+    return [p for p in [own, *family] if p.is_file()]
+
+
+def covered(files: list[Path], pattern: str) -> str:
+    """own: the method's test file covers it; family: only its family's file (the shared code path); else no."""
+    hits = [bool(re.search(pattern, p.read_text())) for p in files]
+    if hits and hits[0] and files[0].name.startswith("test_") and not _is_family(files[0]):
+        return "own"
+    return "family" if any(hits) else "no"
+
+
+def _is_family(path: Path) -> bool:
+    return path.name in FAMILY_TESTS.values()
+
+
+def reference(cls: type[Balancer]) -> str:
+    doc = " ".join(line.strip() for line in inspect.getdoc(cls).splitlines())
+    found = re.search(r"References?: (.*?)(?:\.\s|\.$)", doc)
+    return found.group(1) if found else "none stated"
+
+
+def paper(cls: type[Balancer]) -> str:
+    doc = sys.modules[cls.__module__].__doc__ or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def rows() -> list[dict[str, str]]:
+    out = []
+    for path in sorted((conf_root() / "balancer").glob("*.yaml")):
+        cls = target(path)
+        options = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if not k.startswith("_")}
+        options.pop("diagnostics", None)  # an engine option, not the class's
+        instance = build(cls, {k: v for k, v in options.items() if not isinstance(v, str) or "${" not in v})
+        tests = test_files(cls)
+        per_task = "?" if instance is None else ("yes" if instance.per_task_problem() is None else "no")
+        out.append(
+            {
+                "option": path.stem,
+                "class": cls.__name__,
+                "kind": kind(cls),
+                "state": state_kind(state(instance)),
+                "buffers": ", ".join(state(instance)) or "none",
+                "grad_source": modes(cls, options),
+                "per-task": per_task,
+                "AMP": covered(tests, r"GradScaler|scaler"),
+                "DDP": covered(tests, r"ddp|DDP"),
+                "test": tests[0].name if tests else "none",
+                "paper": paper(cls),
+                "reference": reference(cls),
+            }
+        )
+    return out
+
+
+def render() -> str:
+    table = rows()
+    columns = ["option", "class", "kind", "state", "grad_source", "per-task", "AMP", "DDP"]
+    lines = [
+        "# Balancing methods",
+        "",
+        "Generated by `python scripts/methods_table.py > docs/methods.md` from the classes in `mtl_bench.balancers`",
+        "and their YAMLs under `conf/balancer/`; do not edit by hand (a test compares this page with the script).",
+        "Each method is `mtl-bench train balancer=<option>`. state: what `state_dict()` keeps (buffers, listed below;",
+        "a random generator). per-task: runs `trainer.step_mode=per_task`. AMP, DDP: whether a test trains it under a",
+        "GradScaler or two DDP ranks: own (its file under tests/balancers/, named below), family (only the file of",
+        "the code it shares: test_jacobian.py, test_scalarization.py) or no.",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+    ]
+    for row in table:
+        lines.append("| " + " | ".join(f"`{row[c]}`" if c == "option" else row[c] for c in columns) + " |")
+    lines += ["", "## Papers and references", ""]
+    for row in table:
+        text = (
+            f"- `{row['option']}`: {row['paper']} Reference: {row['reference']}. "
+            f"State: {row['buffers']}. Test: tests/balancers/{row['test']}."
+        )
+        lines += textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
