@@ -125,6 +125,11 @@ class Balancer(nn.Module):
         """Commit the state update of this step unless the step was skipped; stateless balancers: no-op."""
         return {}
 
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        """Why this balancer cannot run with `steps` micro-batches per optimizer step, or None when it can; asked
+        at build time, as per_task_problem."""
+        return None
+
     def per_task_problem(self) -> Optional[str]:
         """Why this balancer cannot run per-task steps (one batch per task), or None when it can; the loop
         asks at build time so that the run stops in one line before training."""

@@ -60,6 +60,12 @@ class MultiBatchBalancer(GradientBalancer):
         self._micro.append(blocks)
         self._blocks = blocks if self._blocks is None else [a + b for a, b in zip(self._blocks, blocks)]
 
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        if steps in self.BATCHES:
+            return None
+        needed = " or ".join(str(k) for k in self.BATCHES)
+        return f"{type(self).__name__} needs {needed} micro-batches per step (its independent draws)"
+
     def per_task_problem(self) -> Optional[str]:
         return (
             f"{type(self).__name__} has no per-task mode: its independent draws are the micro-batches of one "

@@ -154,6 +154,9 @@ def build_balancer(
     problem = balancer.per_task_problem() if conf.step_mode == "per_task" else None
     if problem is not None:
         raise ConfigError(f"trainer.step_mode=per_task: {problem}")
+    problem = balancer.accumulation_problem(conf.grad_accumulation_steps)
+    if problem is not None:
+        raise ConfigError(f"trainer.grad_accumulation_steps={conf.grad_accumulation_steps}: {problem}")
     return balancer
 
 

@@ -87,3 +87,12 @@ def test_schedule_lengths_in_epochs_and_percent_follow_the_run():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     assert StepDecay(optimizer, step_size="100 epochs", steps_per_epoch=397).step_size == 39700
     assert MultiStep(optimizer, milestones=["50%", "75%"], total_steps=200).milestones == [100, 150]
+
+
+def test_a_balancer_that_needs_micro_batches_says_so_at_build_time(tmp_path):
+    result = cli("train", "balancer=modo", f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "mtl-bench: error: trainer.grad_accumulation_steps=1: MoDo needs 2 or 3 micro-batches per step "
+        "(its independent draws)"
+    )
