@@ -1,0 +1,10 @@
+"""MTL architectures around any backbone that declares its stages (chosen with `model/arch=<name>`)."""
+
+from mtl_bench.models.archs.base import Architecture, Backbone
+from mtl_bench.models.archs.cgc import CGC
+from mtl_bench.models.archs.cross_stitch import CrossStitch
+from mtl_bench.models.archs.dselect_k import DSelectK
+from mtl_bench.models.archs.hps import HPS
+from mtl_bench.models.archs.mmoe import MMoE
+
+__all__ = ["CGC", "HPS", "Architecture", "Backbone", "CrossStitch", "DSelectK", "MMoE"]
