@@ -87,7 +87,7 @@ class DSelectK(Architecture):
             regulariser.append(self._regulariser(selectors))
         if self.training and torch.is_grad_enabled() and regulariser:
             gates = [p for t in tasks for p in self._z_logits[t].parameters() if p.requires_grad]
-            torch.autograd.backward(torch.stack(regulariser).sum(), inputs=gates)
+            torch.autograd.backward(torch.stack(regulariser).sum(), inputs=gates, retain_graph=True)
         return experts, reps
 
     def _regulariser(self, selectors: Tensor) -> Tensor:
