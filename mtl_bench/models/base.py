@@ -29,11 +29,11 @@ class MultiTaskModel(nn.Module):
     balancers find this in the autograd graph and take exact per-task gradients at the shared parameters
     (balancers/jacobian.py); only methods defined at `shared` itself (grad_source=shared_rep, GradDrop) refuse.
 
-
-    Backbones that declare `stages` (where their trunk, an nn.Sequential, is cut: the end index of each stage) and
-    `make_trunk` (a fresh trunk, built as the first) can be wrapped by an architecture (`arch`, mtl_bench.models.archs:
-    mixtures of experts, cross-stitch, ...); it then takes the trunk's place as `self.trunk` and names the shared
-    parameters, the shared representation and the last shared layer. `arch` None or `hps` keeps the trunk.
+    Backbones that declare `stages` (the end index of each stage in their trunk, an nn.Sequential; `stem`: where a
+    stem ends inside the first) and `make_trunk` (a fresh trunk, built as the first) can be wrapped by an
+    architecture (`arch`, mtl_bench.models.archs: mixtures of experts, cross-stitch, ...); it then takes the trunk's
+    place as `self.trunk` and names the shared parameters, the shared representation and the last shared layer.
+    `arch` None or `hps` keeps the trunk.
     """
 
     def __init__(
@@ -42,6 +42,7 @@ class MultiTaskModel(nn.Module):
         heads: dict[str, nn.Module],
         last_shared_layer: nn.Module,
         stages: Sequence[int] = (),
+        stem: int = 0,
         make_trunk: Optional[Callable[[], nn.Sequential]] = None,
         input_shape: Sequence[int] = (),
         arch: Optional[Callable[..., Any]] = None,
@@ -52,7 +53,7 @@ class MultiTaskModel(nn.Module):
                 raise ValueError(f"arch: {type(self).__name__} declares no stages, so only hps wraps it")
             names = {id(m): n for n, m in trunk.named_modules()}
             backbone = Backbone(
-                trunk, make_trunk, tuple(stages), names[id(last_shared_layer)], tuple(heads), tuple(input_shape)
+                trunk, make_trunk, tuple(stages), names[id(last_shared_layer)], tuple(heads), tuple(input_shape), stem
             )
             body = arch(backbone=backbone)
             if body is not trunk:

@@ -63,6 +63,7 @@ class ResNet18(MultiTaskModel):
             task_heads,
             last_shared_layer=linear,
             stages=STAGES + (len(trunk),),
+            stem=4,  # conv1, bn1, relu, maxpool
             make_trunk=lambda: _trunk(hidden, dropout, weights)[0],
             input_shape=input_shape,
             arch=arch,

@@ -106,6 +106,7 @@ class ResNetDilated(MultiTaskModel):
             task_heads,
             last_shared_layer=trunk.get_submodule("layer4.2.conv3"),  # the last block's last convolution
             stages=(5, 6, 7, 8),  # stem + layer1 | layer2 | layer3 | layer4 (LibMTL's cuts)
+            stem=4,  # conv1, bn1, relu, maxpool
             make_trunk=lambda: _trunk(output_stride, weights),
             input_shape=input_shape,
             arch=arch,

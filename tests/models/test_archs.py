@@ -19,7 +19,7 @@ from torch import nn
 from mtl_bench.catalog import conf_root
 from mtl_bench.engine.builders import check_part, parameters
 from mtl_bench.models import MLP, CelebACNN, LeNet, MultiTaskModel, ResNet18, ResNetDilated
-from mtl_bench.models.archs import CGC, HPS, CrossStitch, DSelectK, MMoE
+from mtl_bench.models.archs import CGC, HPS, PLE, CrossStitch, DSelectK, MMoE
 from tests.helpers.balancer_kit import libmtl_module
 
 TASKS = ("a", "b")
@@ -40,6 +40,7 @@ class TinyResNet(MultiTaskModel):
             task_heads,
             trunk.layer4[0],
             stages=(5, 6, 7, 8),
+            stem=4,
             make_trunk=lambda: self.make(int(input_shape[0])),
             input_shape=input_shape,
             arch=arch,
@@ -92,9 +93,16 @@ def _copy(module: nn.Module) -> nn.Module:
 def their_name(arch: str, name: str) -> str:
     """Our parameter or buffer name -> LibMTL's."""
     name = re.sub(r"^heads\.", "decoders.", name)
+    stem = {"conv1": 0, "bn1": 1, "relu": 2, "maxpool": 3}
+    if arch == "PLE" and not name.startswith("decoders."):
+        name = re.sub(r"^trunk\.", "encoder.", name)
+        match = re.match(r"(encoder\.(?:shared_layer\.\d+|specific_layer\.\d+\.\w+)\.\d+)\.(\w+)\.(.*)", name)
+        if match:
+            head, first, tail = match.groups()
+            return f"{head}.{stem[first]}.{tail}" if first in stem else f"{head}.{tail}"
+        return name
     if arch != "Cross_stitch" or name.startswith("decoders."):
         return re.sub(r"^trunk\.", "", name)
-    stem = {"conv1": 0, "bn1": 1, "relu": 2, "maxpool": 3}
     if name == "trunk.cross_unit":
         return "encoder.cross_unit"
     tn, stage, rest = re.match(r"trunk\.columns\.(\d+)\.(\d+)\.(.*)", name).groups()  # type: ignore[union-attr]
@@ -128,6 +136,7 @@ CASES = [
     ("CGC", CGC, {"num_shared": 1, "num_specific": 2}, {"num_experts": [1, 2, 2]}, TinyResNet, (3, 8, 8)),
     ("DSelect_k", DSelectK, {"num_experts": 4, "num_nonzeros": 2}, {"num_experts": [4], "num_nonzeros": 2}, MLP, (5,)),
     ("Cross_stitch", CrossStitch, {"mixing": "libmtl"}, {}, TinyResNet, (3, 8, 8)),
+    ("PLE", PLE, {"num_shared": 2, "num_specific": 1}, {"num_experts": [2, 1, 1]}, TinyResNet, (3, 8, 8)),
 ]
 
 
@@ -257,6 +266,8 @@ def test_every_backbone_declares_stages_that_compose_to_its_trunk(cls, shape, st
     model = cls(shape, {"a": 1}, arch=spy)
     backbone = seen["backbone"]
     assert list(backbone.stages) == stages
+    assert backbone.stem == (4 if cls in (ResNet18, ResNetDilated) else 0)  # conv1, bn1, relu, maxpool
+    assert len(backbone.levels(model.trunk)) == len(stages) + (backbone.stem > 0)
     assert backbone.last_layer(model.trunk) is model.last_shared_layer
     model.eval()
     x = torch.randn(2, *shape)

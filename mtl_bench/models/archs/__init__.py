@@ -6,5 +6,6 @@ from mtl_bench.models.archs.cross_stitch import CrossStitch
 from mtl_bench.models.archs.dselect_k import DSelectK
 from mtl_bench.models.archs.hps import HPS
 from mtl_bench.models.archs.mmoe import MMoE
+from mtl_bench.models.archs.ple import PLE
 
-__all__ = ["CGC", "HPS", "Architecture", "Backbone", "CrossStitch", "DSelectK", "MMoE"]
+__all__ = ["CGC", "HPS", "Architecture", "Backbone", "CrossStitch", "DSelectK", "MMoE", "PLE"]

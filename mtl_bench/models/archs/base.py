@@ -18,6 +18,8 @@ class Backbone:
     trunk: the trunk the model built (an architecture may use it as its first column or expert).
     make_trunk: builds a fresh trunk of the same shape (own initialisation; pretrained weights if configured).
     stages: end index in the trunk (nn.Sequential) of each stage, ascending; the last is len(trunk).
+    stem: end index of the stem inside the first stage (ResNets: conv1, bn1, relu, maxpool), 0 if none: PLE makes it
+        a level of its own, cross-stitch does not stitch after it (LibMTL's cuts).
     last_shared: qualified name of the trunk's last shared layer (`trunk.get_submodule(last_shared)`).
     tasks: the task names, in the task set's order.
     input_shape: one sample's shape.
@@ -29,6 +31,7 @@ class Backbone:
     last_shared: str
     tasks: tuple[str, ...]
     input_shape: tuple[int, ...]
+    stem: int = 0
 
     @property
     def input_size(self) -> int:
@@ -46,6 +49,13 @@ class Backbone:
             raise ValueError(f"stages: must end at the trunk's length {len(trunk)}, got {list(self.stages)}")
         starts = (0, *self.stages[:-1])
         return [trunk[a:b] for a, b in zip(starts, self.stages)]
+
+    def levels(self, trunk: nn.Sequential) -> list[nn.Sequential]:
+        """The stages with the stem, if any, cut off as a level of its own."""
+        stages = self.cut(trunk)
+        if not self.stem:
+            return stages
+        return [trunk[: self.stem], stages[0][self.stem :], *stages[1:]]
 
     def last_layer(self, trunk: nn.Module) -> nn.Module:
         return trunk.get_submodule(self.last_shared)
