@@ -1,0 +1,130 @@
+"""Parameter count and training-step time of each architecture against LibMTL 1.1.5's same architecture, one run.
+
+    python scripts/bench_archs.py [--rounds 5] [--steps 3] [--batch 16] [--size 32] [--device cpu] [--threads 1]
+
+Backbone: ResNet-18 (mtl_bench.models.ResNet18: torchvision's ResNet-18, pooled hidden layer of 512 + BatchNorm +
+ReLU + dropout) on (3, size, size) images, two tasks with linear heads (10 and 5 classes). LibMTL's architectures
+(loaded from the installed files) get the same trunk as their encoder, cut where ours cuts it (conv1, bn1, relu,
+maxpool, layer1..3, and layer4 followed by the pooled hidden layer), and our heads as decoders; parameters are
+copied from ours, so both sides compute the same numbers. A step: zero_grad, forward, the two cross-entropy
+losses summed (equal weights), backward, SGD step. Ours and LibMTL's run interleaved round after round; each time
+is the median over rounds of the mean step time over --steps steps. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import statistics
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtl_bench.analysis.machine import machine_description
+from mtl_bench.models import ResNet18
+from mtl_bench.models.archs import CGC, HPS, PLE, CrossStitch, DSelectK, MMoE
+from tests.helpers.balancer_kit import libmtl_module
+
+TASKS = {"a": 10, "b": 5}
+# name: (our class, our options, LibMTL's class name, LibMTL's options)
+ARCHS: dict[str, tuple[Callable[..., Any], dict[str, Any], str, dict[str, Any]]] = {
+    "hps": (HPS, {}, "HPS", {}),
+    "mmoe": (MMoE, {"num_experts": 4}, "MMoE", {"num_experts": [4]}),
+    "cgc": (CGC, {"num_shared": 1, "num_specific": 1}, "CGC", {"num_experts": [1, 1, 1]}),
+    "ple": (PLE, {"num_shared": 1, "num_specific": 1}, "PLE", {"num_experts": [1, 1, 1]}),
+    "dselect_k": (DSelectK, {"num_experts": 4}, "DSelect_k", {"num_experts": [4], "num_nonzeros": 2, "kgamma": 1.0}),
+    "cross_stitch": (CrossStitch, {"mixing": "libmtl"}, "Cross_stitch", {}),
+}
+NEEDS = {"MMoE": ("abstract_arch",), "CGC": ("abstract_arch", "MMoE"), "DSelect_k": ("abstract_arch", "MMoE")}
+
+
+def libmtl_encoder(trunk: nn.Sequential) -> nn.Sequential:
+    """Our ResNet-18 trunk under LibMTL's attribute names: its layer4 is our last stage (layer4 + pooled hidden)."""
+    names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3")
+    parts = [(n, trunk.get_submodule(n)) for n in names]
+    return nn.Sequential(OrderedDict([*parts, ("layer4", trunk[7:])]))
+
+
+def build(name: str, shape: tuple[int, ...], device: torch.device) -> tuple[nn.Module, nn.Module]:
+    cls, options, their_cls, their_options = ARCHS[name]
+    torch.manual_seed(0)
+    ours = ResNet18(shape, TASKS, arch=lambda backbone: cls(backbone, **options)).to(device)
+    module = libmtl_module(their_cls, package="architecture", needs=NEEDS.get(their_cls, ("abstract_arch",)))
+    decoders = nn.ModuleDict({t: copy.deepcopy(ours.heads[t]) for t in TASKS})
+
+    def make() -> nn.Sequential:
+        return libmtl_encoder(ResNet18(shape, {}).trunk)
+
+    ref = getattr(module, their_cls)(
+        list(TASKS), make, decoders, False, False, device, img_size=list(shape), **their_options
+    ).to(device)
+    if their_cls == "DSelect_k":  # LibMTL's codes under NumPy 2 are all ones (see tests/models/test_archs.py)
+        bits = ref._num_binary
+        codes = [[(e >> (bits - 1 - b)) & 1 for b in range(bits)] for e in range(ref.num_experts)]
+        ref._binary_codes = torch.tensor(codes, dtype=torch.bool, device=device).unsqueeze(0)
+    return ours, ref
+
+
+def count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def timer(model: nn.Module, predict: Callable, x: torch.Tensor, y: dict, steps: int, device: torch.device) -> float:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad()
+        preds = predict(x)
+        sum(F.cross_entropy(preds[t], y[t]) for t in TASKS).backward()
+        opt.step()
+
+    step()  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--archs", default=",".join(ARCHS))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    logging.getLogger("mtl_bench").setLevel(logging.ERROR)  # the random-initialisation notice, once per trunk
+    device = torch.device(args.device)
+    shape = (3, args.size, args.size)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, *shape, generator=gen).to(device)
+    y = {t: torch.randint(0, n, (args.batch,), generator=gen).to(device) for t, n in TASKS.items()}
+    print(f"Machine: {machine_description()}; device {device}, {args.threads} thread(s)")
+    print(f"ResNet-18 backbone, input {shape}, batch {args.batch}, tasks {TASKS}, rounds {args.rounds} x {args.steps}")
+    print()
+    print("| arch | params (ours) | params (LibMTL) | step ms (ours) | step ms (LibMTL) | ours / LibMTL |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in args.archs.split(","):
+        ours, ref = build(name, shape, device)
+        mine, theirs = [], []
+        for _ in range(args.rounds):
+            mine.append(timer(ours, lambda b: ours(b).preds, x, y, args.steps, device))
+            theirs.append(timer(ref, ref, x, y, args.steps, device))
+        a, b = statistics.median(mine) * 1e3, statistics.median(theirs) * 1e3
+        print(f"| {name} | {count(ours):,} | {count(ref):,} | {a:.1f} | {b:.1f} | {a / b:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
