@@ -55,7 +55,10 @@ class MultiTaskModel(nn.Module):
             backbone = Backbone(
                 trunk, make_trunk, tuple(stages), names[id(last_shared_layer)], tuple(heads), tuple(input_shape), stem
             )
-            body = arch(backbone=backbone)
+            try:
+                body = arch(backbone=backbone)
+            except ValueError as err:  # "num_experts: ..." -> "arch.num_experts: ...", shown as model.arch.num_experts
+                raise ValueError(f"arch.{err}") from None
             if body is not trunk:
                 trunk, last_shared_layer = body, body.last_shared_layer
         self.trunk = trunk

@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from mtl_bench.catalog import conf_root
-from mtl_bench.engine.builders import check_part, parameters
+from mtl_bench.engine.builders import build, check_part, parameters
+from mtl_bench.errors import ConfigError
 from mtl_bench.models import MLP, CelebACNN, LeNet, MultiTaskModel, ResNet18, ResNetDilated
 from mtl_bench.models.archs import CGC, HPS, PLE, CrossStitch, DSelectK, MMoE
 from tests.helpers.balancer_kit import libmtl_module
@@ -313,10 +314,17 @@ def test_every_arch_yaml_names_each_option_of_its_class(path):
 def test_bad_options_name_the_option(arch, options, message):
     with pytest.raises(ValueError) as info:
         ours(MLP, (3,), arch, **options)
-    assert str(info.value) == message
+    assert str(info.value) == f"arch.{message}"  # the model names the key under itself: model.arch.<option>
 
 
 def test_a_model_without_stages_refuses_an_architecture():
     trunk = nn.Sequential(nn.Linear(3, 4))
     with pytest.raises(ValueError, match="^arch: MultiTaskModel declares no stages, so only hps wraps it$"):
         MultiTaskModel(trunk, {"a": nn.Linear(4, 1)}, trunk[0], arch=MMoE)
+
+
+def test_a_bad_architecture_option_is_one_line_naming_its_config_key(compose_cfg):
+    cfg = compose_cfg("model=mlp", "model/arch=mmoe", "model.arch.num_experts=0")
+    with pytest.raises(ConfigError) as info:
+        build("model", cfg.model, MultiTaskModel, input_shape=(3,), heads=OUT)
+    assert str(info.value) == "model.arch.num_experts: must be an integer >= 1, got 0"
