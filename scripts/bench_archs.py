@@ -7,8 +7,9 @@ ReLU + dropout) on (3, size, size) images, two tasks with linear heads (10 and 5
 (loaded from the installed files) get the same trunk as their encoder, cut where ours cuts it (conv1, bn1, relu,
 maxpool, layer1..3, and layer4 followed by the pooled hidden layer), and copies of our heads as decoders: the same
 shapes and operations on both sides (tests/models/test_archs.py checks the numbers are the same). A step:
-zero_grad, forward, the two cross-entropy losses summed (equal weights), backward, SGD step. Ours and LibMTL's run interleaved round after round; each time
-is the median over rounds of the mean step time over --steps steps. Prints a markdown table.
+zero_grad, forward, the two cross-entropy losses summed (equal weights), backward, SGD step. Ours and LibMTL's
+run interleaved round after round; each time is the median over rounds of the mean step time over --steps steps.
+Prints a markdown table.
 """
 
 from __future__ import annotations
