@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import copy
 import re
+import sys
+import types
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
 import pytest
 import torch
 import torch.nn.functional as F
+import torchvision
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -20,7 +23,7 @@ from mtl_bench.catalog import conf_root
 from mtl_bench.engine.builders import build, check_part, parameters
 from mtl_bench.errors import ConfigError
 from mtl_bench.models import MLP, CelebACNN, LeNet, MultiTaskModel, ResNet18, ResNetDilated
-from mtl_bench.models.archs import CGC, HPS, PLE, CrossStitch, DSelectK, MMoE
+from mtl_bench.models.archs import CGC, HPS, MTAN, PLE, CrossStitch, DSelectK, MMoE
 from tests.helpers.balancer_kit import libmtl_module
 
 TASKS = ("a", "b")
@@ -328,3 +331,90 @@ def test_a_bad_architecture_option_is_one_line_naming_its_config_key(compose_cfg
     with pytest.raises(ConfigError) as info:
         build("model", cfg.model, MultiTaskModel, input_shape=(3,), heads=OUT)
     assert str(info.value) == "model.arch.num_experts: must be an integer >= 1, got 0"
+
+
+class ResNet18Maps(MultiTaskModel):
+    """torchvision's ResNet-18 up to layer4 (feature maps), pooled by the heads: the ResNet LibMTL's MTAN takes."""
+
+    def __init__(self, input_shape: Sequence[int], heads: Mapping[str, int], arch: Any = None) -> None:
+        trunk = self.make()
+        task_heads = {
+            t: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, n)) for t, n in heads.items()
+        }
+        super().__init__(
+            trunk,
+            task_heads,
+            trunk.layer4[-1].conv2,
+            stages=(5, 6, 7, 8),
+            stem=4,
+            make_trunk=self.make,
+            input_shape=input_shape,
+            arch=arch,
+        )
+
+    @staticmethod
+    def make() -> nn.Sequential:
+        net = torchvision.models.resnet18(weights=None)
+        names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")
+        return nn.Sequential(OrderedDict((n, getattr(net, n)) for n in names))
+
+
+def test_mtan_same_outputs_parameter_counts_and_steps_as_libmtl(monkeypatch):
+    """LibMTL's MTAN on the same ResNet-18 trunk. Its attention blocks come from LibMTL/model/resnet.py, which
+    imports a torchvision module that no longer exists (torchvision.models.utils): a stand-in gives it torch.hub's
+    function of the same name."""
+    utils = types.ModuleType("torchvision.models.utils")
+    utils.load_state_dict_from_url = torch.hub.load_state_dict_from_url  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchvision.models.utils", utils)
+    libmtl_module("resnet", package="model", needs=())
+    module = libmtl_module("MTAN", package="architecture", needs=("abstract_arch",))
+    torch.manual_seed(0)
+    model = ResNet18Maps((3, 16, 16), OUT, arch=MTAN)
+
+    def encoder() -> nn.Sequential:
+        trunk = ResNet18Maps.make()
+        trunk.feature_dim = 512  # what LibMTL's MTAN reads to tell BasicBlock ResNets from Bottleneck ones
+        return trunk
+
+    decoders = nn.ModuleDict({t: copy.deepcopy(model.heads[t]) for t in TASKS})
+    ref = module.MTAN(list(TASKS), encoder, decoders, False, False, torch.device("cpu"))
+    stem = {"conv1": "0", "bn1": "1"}
+
+    def name(ours_name: str) -> str:
+        ours_name = re.sub(r"^heads\.", "decoders.", ours_name)
+        ours_name = re.sub(r"^trunk\.", "encoder.", ours_name)
+        match = re.match(r"encoder\.shared_conv\.(\w+)\.(.*)", ours_name)
+        return f"encoder.shared_conv.{stem[match.group(1)]}.{match.group(2)}" if match else ours_name
+
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    assert sorted(name(k) for k in model.state_dict()) == sorted(ref.state_dict())
+    ref.load_state_dict({name(k): v for k, v in model.state_dict().items()})
+    theirs_shared = {n for n, p in ref.named_parameters() if id(p) in {id(q) for q in ref.get_share_params()}}
+    ours_shared = {name(n) for n, p in model.named_parameters() if id(p) in {id(q) for q in model.shared_parameters()}}
+    assert ours_shared - theirs_shared == {n for n in ours_shared if n.startswith("encoder.encoder_block_att.")}
+    assert theirs_shared <= ours_shared
+
+    x = torch.randn(3, 4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    y = {t: torch.randn(3, 4, OUT[t], generator=torch.Generator().manual_seed(2 + i)) for i, t in enumerate(TASKS)}
+    model.eval(), ref.eval()
+    with torch.no_grad():
+        mine, reference = model(x[0]).preds, ref(x[0])
+    for t in TASKS:
+        torch.testing.assert_close(mine[t], reference[t], rtol=1e-5, atol=1e-6)
+    model.train(), ref.train()
+    sgd_steps(lambda xb: model(xb).preds, list(model.parameters()), 3, x, y)
+    sgd_steps(ref, list(ref.parameters()), 3, x, y)
+    after = dict(ref.state_dict())
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, after[name(key)], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_mtan_refuses_a_backbone_whose_stages_do_not_end_in_feature_maps():
+    with pytest.raises(
+        ValueError, match="^arch.backbone: mtan needs stages ending in feature maps, stage 0 gives 2-d$"
+    ):
+        MLP((4,), OUT, arch=MTAN)
+    with pytest.raises(
+        ValueError, match="^arch.backbone: mtan needs stages ending in feature maps, stage 3 gives 2-d$"
+    ):
+        ResNet18((3, 16, 16), OUT, arch=MTAN)  # its last stage ends in the pooled hidden layer
