@@ -84,6 +84,12 @@ class MultiTaskModel(nn.Module):
             )
         return None
 
+    def set_progress(self, epoch: int, epochs: int) -> None:
+        """The epoch about to be trained (from 0) and the number of epochs, for architectures that schedule by
+        them (LTB); the engine calls it before each epoch and after a resume."""
+        if isinstance(self.trunk, Architecture):
+            self.trunk.set_progress(epoch, epochs)
+
     def measurements(self) -> dict[str, Tensor]:
         """What the architecture learned, as device tensors of the last training forward (gates' mean mixture
         weights, cross-stitch coefficients), keyed by TensorBoard tag; empty for hard sharing."""

@@ -23,7 +23,7 @@ from mtl_bench.catalog import conf_root
 from mtl_bench.engine.builders import build, check_part, parameters
 from mtl_bench.errors import ConfigError
 from mtl_bench.models import MLP, CelebACNN, LeNet, MultiTaskModel, ResNet18, ResNetDilated
-from mtl_bench.models.archs import CGC, HPS, MTAN, PLE, CrossStitch, DSelectK, MMoE
+from mtl_bench.models.archs import CGC, HPS, LTB, MTAN, PLE, CrossStitch, DSelectK, MMoE
 from tests.helpers.balancer_kit import libmtl_module
 
 TASKS = ("a", "b")
@@ -418,3 +418,55 @@ def test_mtan_refuses_a_backbone_whose_stages_do_not_end_in_feature_maps():
         ValueError, match="^arch.backbone: mtan needs stages ending in feature maps, stage 3 gives 2-d$"
     ):
         ResNet18((3, 16, 16), OUT, arch=MTAN)  # its last stage ends in the pooled hidden layer
+
+
+# LibMTL's LTB (github.com/median-research-group/LibMTL, main branch at 4336804, LibMTL/architecture/LTB.py; not in
+# the 1.1.5 release) on the same TinyResNet columns, parameters copied from ours (built after torch.manual_seed(0)),
+# three SGD steps (lr 0.1, the two MSE losses summed) at epochs 0 (warm-up), 5 and 30 of 100, torch.manual_seed(100 +
+# step) before each forward: its predictions and its `alpha` afterwards, rounded to 6 decimals. Ours matched it to
+# 0.0 when these were taken.
+LTB_PREDS = {
+    (0, "a"): [-0.251166, -0.224512, -0.105322, -0.272936, -0.211384, -0.190412]
+    + [-0.166736, -0.211191, -0.124773, -0.301507, -0.263232, -0.22089],
+    (5, "b"): [-0.047974, 0.174403, 0.110312, -0.109484, 0.233416, 0.112904, 0.022644, 0.272923, 0.115616]
+    + [-0.0811, 0.121831, -0.00167, -0.013439, 0.122015, -0.003252, 0.109874, 0.176038, -0.125442],
+    (30, "a"): [-0.380997, -0.187129, -0.493391, -0.138203, -0.329026, -0.123494]
+    + [-0.411223, -0.138156, -0.39729, -0.155685, -0.465061, -0.278325],
+}
+LTB_ALPHA = [1.0, 1.0, 1.0, 1.0, 0.999211, 1.000789, 1.0, 1.0, 0.996383, 1.003617, 1.0, 1.0, 1.002267, 0.997733]
+LTB_ALPHA += [0.999786, 1.000214, 1.000672, 0.999328, 0.997859, 1.002141, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_ltb_matches_libmtl_main_branch_numbers():
+    torch.manual_seed(0)
+    model = TinyResNet((3, 8, 8), OUT, arch=LTB)
+    assert sum(p.numel() for p in model.parameters()) == 3201  # LibMTL's count on the same columns and heads
+    x = torch.randn(3, 6, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    y = {t: torch.randn(3, 6, OUT[t], generator=torch.Generator().manual_seed(2 + i)) for i, t in enumerate(TASKS)}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    for step, epoch in enumerate((0, 5, 30)):
+        model.set_progress(epoch, 100)
+        torch.manual_seed(100 + step)
+        opt.zero_grad()
+        preds = model(x[step]).preds
+        for (at, task), values in LTB_PREDS.items():
+            if at == epoch:
+                torch.testing.assert_close(preds[task].flatten(), torch.tensor(values), rtol=0, atol=2e-6)
+        sum(F.mse_loss(preds[t], y[t][step]) for t in TASKS).backward()
+        opt.step()
+    torch.testing.assert_close(model.trunk.alpha.flatten(), torch.tensor(LTB_ALPHA), rtol=0, atol=2e-6)
+    assert set(model.measurements()) == {f"arch/branch{i}/{t}/{j}" for i in range(1, 5) for t in TASKS for j in TASKS}
+
+
+def test_ltb_evaluates_with_each_tasks_most_likely_parent_and_needs_the_progress_to_train():
+    torch.manual_seed(0)
+    model = TinyResNet((3, 8, 8), OUT, arch=LTB)
+    with torch.no_grad():
+        model.trunk.alpha.copy_(torch.tensor([[0.0, 1.0], [2.0, -1.0]]).expand(6, 2, 2))
+    model.eval()
+    a = model.trunk.branching()
+    torch.testing.assert_close(a[1], torch.tensor([[0.0, 1.0], [1.0, 0.0]]))  # a reads b's column, b reads a's
+    model.train()
+    with pytest.raises(RuntimeError, match=r"model.set_progress\(epoch, epochs\)"):
+        model(torch.randn(2, 3, 8, 8))

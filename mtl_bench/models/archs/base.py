@@ -102,6 +102,9 @@ class Architecture(nn.Module):
     def measurements(self) -> dict[str, Tensor]:
         return dict(self._measured)
 
+    def set_progress(self, epoch: int, epochs: int) -> None:
+        """The training progress, for architectures that schedule by it (LTB's temperature); others ignore it."""
+
     def _measure_gate(self, task: str, weights: Tensor, names: Sequence[str]) -> None:
         """Mean over the batch of a task's mixture weights (N, E), kept on the device."""
         if self.training and torch.is_grad_enabled():
