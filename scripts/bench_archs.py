@@ -1,6 +1,7 @@
 """Parameter count and training-step time of each architecture against LibMTL 1.1.5's same architecture, one run.
 
     python scripts/bench_archs.py [--rounds 5] [--steps 3] [--batch 16] [--size 32] [--device cpu] [--threads 1]
+    python scripts/bench_archs.py --backbone resnet_dilated --archs hps,mtan,cross_stitch,ple --batch 4
 
 Backbone: ResNet-18 (mtl_bench.models.ResNet18: torchvision's ResNet-18, pooled hidden layer of 512 + BatchNorm +
 ReLU + dropout) on (3, size, size) images, two tasks with linear heads (10 and 5 classes). LibMTL's architectures
@@ -10,6 +11,11 @@ shapes and operations on both sides (tests/models/test_archs.py checks the numbe
 zero_grad, forward, the two cross-entropy losses summed (equal weights), backward, SGD step. Ours and LibMTL's
 run interleaved round after round; each time is the median over rounds of the mean step time over --steps steps.
 Prints a markdown table.
+
+--backbone resnet_dilated: dilated ResNet-50 with its DeepLab heads (3 and 1 channels, MSE against random maps);
+LibMTL's encoder is the same trunk (conv1 .. layer4, `feature_dim` 2048, what its MTAN reads). MTAN runs on this
+backbone only (ResNet-18's last stage ends in vectors); LibMTL's MTAN imports LibMTL/model/resnet.py, whose
+torchvision import no longer exists: a stand-in module gives it torch.hub's function of the same name.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import argparse
 import copy
 import logging
 import statistics
+import sys
 import time
+import types
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -27,11 +35,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.models import ResNet18
-from mtl_bench.models.archs import CGC, HPS, PLE, CrossStitch, DSelectK, MMoE
+from mtl_bench.models import ResNet18, ResNetDilated
+from mtl_bench.models.archs import CGC, HPS, MTAN, PLE, CrossStitch, DSelectK, MMoE
 from tests.helpers.balancer_kit import libmtl_module
 
-TASKS = {"a": 10, "b": 5}
+TASKS = {"a": 10, "b": 5}  # classes (resnet18) or channels (resnet_dilated: 3 and 1)
+DENSE = {"a": 3, "b": 1}
 # name: (our class, our options, LibMTL's class name, LibMTL's options)
 ARCHS: dict[str, tuple[Callable[..., Any], dict[str, Any], str, dict[str, Any]]] = {
     "hps": (HPS, {}, "HPS", {}),
@@ -40,6 +49,7 @@ ARCHS: dict[str, tuple[Callable[..., Any], dict[str, Any], str, dict[str, Any]]]
     "ple": (PLE, {"num_shared": 1, "num_specific": 1}, "PLE", {"num_experts": [1, 1, 1]}),
     "dselect_k": (DSelectK, {"num_experts": 4}, "DSelect_k", {"num_experts": [4], "num_nonzeros": 2, "kgamma": 1.0}),
     "cross_stitch": (CrossStitch, {"mixing": "libmtl"}, "Cross_stitch", {}),
+    "mtan": (MTAN, {}, "MTAN", {}),
 }
 NEEDS = {"MMoE": ("abstract_arch",), "CGC": ("abstract_arch", "MMoE"), "DSelect_k": ("abstract_arch", "MMoE")}
 
@@ -51,15 +61,29 @@ def libmtl_encoder(trunk: nn.Sequential) -> nn.Sequential:
     return nn.Sequential(OrderedDict([*parts, ("layer4", trunk[7:])]))
 
 
-def build(name: str, shape: tuple[int, ...], device: torch.device) -> tuple[nn.Module, nn.Module]:
+def dilated_encoder(shape: tuple[int, ...]) -> nn.Sequential:
+    trunk = ResNetDilated(shape, {}).trunk
+    trunk.feature_dim = 2048  # what LibMTL's MTAN reads to pick Bottleneck blocks
+    return trunk
+
+
+def build(name: str, shape: tuple[int, ...], device: torch.device, backbone: str) -> tuple[nn.Module, nn.Module]:
     cls, options, their_cls, their_options = ARCHS[name]
     torch.manual_seed(0)
-    ours = ResNet18(shape, TASKS, arch=lambda backbone: cls(backbone, **options)).to(device)
+    if their_cls == "MTAN":
+        utils = types.ModuleType("torchvision.models.utils")
+        utils.load_state_dict_from_url = torch.hub.load_state_dict_from_url  # type: ignore[attr-defined]
+        sys.modules.setdefault("torchvision.models.utils", utils)
+        libmtl_module("resnet", package="model", needs=())
+    make: Callable[[], nn.Sequential]
+    if backbone == "resnet_dilated":
+        ours = ResNetDilated(shape, DENSE, arch=lambda backbone: cls(backbone, **options)).to(device)
+        make = lambda: dilated_encoder(shape)  # noqa: E731
+    else:
+        ours = ResNet18(shape, TASKS, arch=lambda backbone: cls(backbone, **options)).to(device)
+        make = lambda: libmtl_encoder(ResNet18(shape, {}).trunk)  # noqa: E731
     module = libmtl_module(their_cls, package="architecture", needs=NEEDS.get(their_cls, ("abstract_arch",)))
     decoders = nn.ModuleDict({t: copy.deepcopy(ours.heads[t]) for t in TASKS})
-
-    def make() -> nn.Sequential:
-        return libmtl_encoder(ResNet18(shape, {}).trunk)
 
     ref = getattr(module, their_cls)(
         list(TASKS), make, decoders, False, False, device, img_size=list(shape), **their_options
@@ -81,7 +105,8 @@ def timer(model: nn.Module, predict: Callable, x: torch.Tensor, y: dict, steps: 
     def step() -> None:
         opt.zero_grad()
         preds = predict(x)
-        sum(F.cross_entropy(preds[t], y[t]) for t in TASKS).backward()
+        loss = F.mse_loss if y["a"].is_floating_point() else F.cross_entropy
+        sum(loss(preds[t], y[t]) for t in TASKS).backward()
         opt.step()
 
     step()  # warm-up
@@ -103,7 +128,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--archs", default=",".join(ARCHS))
+    parser.add_argument("--archs", default=",".join(a for a in ARCHS if a != "mtan"))
+    parser.add_argument("--backbone", default="resnet18", choices=("resnet18", "resnet_dilated"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.getLogger("mtl_bench").setLevel(logging.ERROR)  # the random-initialisation notice, once per trunk
@@ -111,14 +137,18 @@ def main() -> None:
     shape = (3, args.size, args.size)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(args.batch, *shape, generator=gen).to(device)
-    y = {t: torch.randint(0, n, (args.batch,), generator=gen).to(device) for t, n in TASKS.items()}
+    if args.backbone == "resnet_dilated":
+        y = {t: torch.randn(args.batch, c, *shape[1:], generator=gen).to(device) for t, c in DENSE.items()}
+    else:
+        y = {t: torch.randint(0, n, (args.batch,), generator=gen).to(device) for t, n in TASKS.items()}
     print(f"Machine: {machine_description()}; device {device}, {args.threads} thread(s)")
-    print(f"ResNet-18 backbone, input {shape}, batch {args.batch}, tasks {TASKS}, rounds {args.rounds} x {args.steps}")
+    tasks = DENSE if args.backbone == "resnet_dilated" else TASKS
+    print(f"{args.backbone} backbone, input {shape}, batch {args.batch}, tasks {tasks}, {args.rounds} x {args.steps}")
     print()
     print("| arch | params (ours) | params (LibMTL) | step ms (ours) | step ms (LibMTL) | ours / LibMTL |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in args.archs.split(","):
-        ours, ref = build(name, shape, device)
+        ours, ref = build(name, shape, device, args.backbone)
         mine, theirs = [], []
         for _ in range(args.rounds):
             mine.append(timer(ours, lambda b: ours(b).preds, x, y, args.steps, device))
