@@ -9,8 +9,8 @@ ReLU + dropout) on (3, size, size) images, two tasks with linear heads (10 and 5
 maxpool, layer1..3, and layer4 followed by the pooled hidden layer), and copies of our heads as decoders: the same
 shapes and operations on both sides (tests/models/test_archs.py checks the numbers are the same). A step:
 zero_grad, forward, the two cross-entropy losses summed (equal weights), backward, SGD step. Ours and LibMTL's
-run interleaved round after round; each time is the median over rounds of the mean step time over --steps steps.
-Prints a markdown table.
+run interleaved round after round, who goes first alternating; each time is the median over rounds of the mean
+step time over --steps steps. Prints a markdown table.
 
 --backbone resnet_dilated: dilated ResNet-50 with its DeepLab heads (3 and 1 channels, MSE against random maps);
 LibMTL's encoder is the same trunk (conv1 .. layer4, `feature_dim` 2048, what its MTAN reads). MTAN runs on this
@@ -150,9 +150,12 @@ def main() -> None:
     for name in args.archs.split(","):
         ours, ref = build(name, shape, device, args.backbone)
         mine, theirs = [], []
-        for _ in range(args.rounds):
+        for r in range(args.rounds):  # who goes first alternates: the second of a pair ran faster here
+            if r % 2:
+                theirs.append(timer(ref, ref, x, y, args.steps, device))
             mine.append(timer(ours, lambda b: ours(b).preds, x, y, args.steps, device))
-            theirs.append(timer(ref, ref, x, y, args.steps, device))
+            if not r % 2:
+                theirs.append(timer(ref, ref, x, y, args.steps, device))
         a, b = statistics.median(mine) * 1e3, statistics.median(theirs) * 1e3
         print(f"| {name} | {count(ours):,} | {count(ref):,} | {a:.1f} | {b:.1f} | {a / b:.3f} |", flush=True)
 

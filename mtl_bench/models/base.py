@@ -80,7 +80,7 @@ class MultiTaskModel(nn.Module):
         if isinstance(self.trunk, Architecture) and self.trunk.shared_rep_is_per_task:
             return (
                 f"{type(self.trunk).__name__} has no representation shared by all tasks (each task reads its own "
-                "column), so gradients at the shared representation do not overlap; use grad_source=shared_params"
+                "column or features), so per-task gradients there do not overlap; use grad_source=shared_params"
             )
         return None
 
