@@ -124,7 +124,7 @@ def test_a_replaced_target_drops_the_options_own_keys_but_not_the_command_lines(
     overrides = ["model._target_=mtl_bench.models.LeNet", "+model.hidden=7"]
     cfg = compose_cfg(*overrides)
     check_config(cfg, overrides)
-    assert set(cfg.model) == {"_target_", "_partial_", "hidden"}
+    assert set(cfg.model) == {"_target_", "_partial_", "hidden", "arch"}  # LeNet takes an architecture too
 
 
 def test_trainer_values_are_checked(compose_cfg):

@@ -4,7 +4,7 @@ one linear head per attribute. Nash-MTL (AvivNavon/nash-mtl) has no CelebA model
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from torch import nn
 
@@ -42,6 +42,7 @@ class CelebACNN(MultiTaskModel):
         heads: Mapping[str, int],
         channels: Sequence[int] = (64, 128, 256, 512),
         hidden: int = 512,
+        arch: Any = None,
     ) -> None:
         """
         input_shape: one sample's (channels, height, width) (given by the engine from the task set); height and
@@ -49,6 +50,8 @@ class CelebACNN(MultiTaskModel):
         heads: each task's output width (given by the engine from the task set).
         channels: the four conv stages' widths (FAMO: 64, 128, 256, 512).
         hidden: width of the two shared linear layers and of `shared` (FAMO: 512).
+        arch: the architecture around the trunk (`model/arch=<name>`; null or hps: hard sharing). Stages: the four
+            conv stages (each ending at its pooling), then the two linears.
         """
         if len(input_shape) != 3 or not all(int(s) > 0 for s in input_shape):
             raise ValueError(f"input_shape: CelebACNN needs (channels, height, width), got {tuple(input_shape)!r}")
@@ -64,12 +67,30 @@ class CelebACNN(MultiTaskModel):
             raise ValueError(f"channels: must be four integers > 0 (the conv stages' widths), got {channels!r}")
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
             raise ValueError(f"hidden: must be an integer > 0, got {hidden!r}")
-        c0, c1, c2, c3 = (int(c) for c in channels)
-        layers: list[nn.Module] = [*_conv(int(input_shape[0]), c0), nn.MaxPool2d(2, stride=2, padding=0)]
-        layers += [*_conv(c0, c1), *_conv(c1, c1), nn.MaxPool2d(2, stride=2, padding=0)]
-        layers += [*_conv(c1, c2), *_conv(c2, c2), nn.MaxPool2d(2, stride=2, padding=0)]
-        layers += [*_conv(c2, c3), *_conv(c3, c3), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
-        layers += [*_linear(c3, hidden), *_linear(hidden, hidden)]
-        trunk = nn.Sequential(*layers)
+        trunk, stages = _trunk(int(input_shape[0]), channels, hidden)
         last = [m for m in trunk if isinstance(m, nn.Linear)][-1]
-        super().__init__(trunk, {name: nn.Linear(hidden, int(out)) for name, out in heads.items()}, last)
+        super().__init__(
+            trunk,
+            {name: nn.Linear(hidden, int(out)) for name, out in heads.items()},
+            last,
+            stages=stages,
+            make_trunk=lambda: _trunk(int(input_shape[0]), channels, hidden)[0],
+            input_shape=input_shape,
+            arch=arch,
+        )
+
+
+def _trunk(in_channels: int, channels: Sequence[int], hidden: int) -> tuple[nn.Sequential, list[int]]:
+    """The trunk and the end of each stage (4 conv stages, the linears)."""
+    c0, c1, c2, c3 = (int(c) for c in channels)
+    layers: list[nn.Module] = [*_conv(in_channels, c0), nn.MaxPool2d(2, stride=2, padding=0)]
+    stages = [len(layers)]
+    layers += [*_conv(c0, c1), *_conv(c1, c1), nn.MaxPool2d(2, stride=2, padding=0)]
+    stages.append(len(layers))
+    layers += [*_conv(c1, c2), *_conv(c2, c2), nn.MaxPool2d(2, stride=2, padding=0)]
+    stages.append(len(layers))
+    layers += [*_conv(c2, c3), *_conv(c3, c3), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    stages.append(len(layers))
+    layers += [*_linear(c3, hidden), *_linear(hidden, hidden)]
+    stages.append(len(layers))
+    return nn.Sequential(*layers), stages

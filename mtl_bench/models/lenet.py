@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from torch import nn
 
@@ -16,18 +16,33 @@ class LeNet(MultiTaskModel):
     """
 
     def __init__(
-        self, input_shape: Sequence[int], heads: Mapping[str, int], channels: Sequence[int] = (10, 20), hidden: int = 50
+        self,
+        input_shape: Sequence[int],
+        heads: Mapping[str, int],
+        channels: Sequence[int] = (10, 20),
+        hidden: int = 50,
+        arch: Any = None,
     ) -> None:
         """
         input_shape: one sample's (channels, height, width) (given by the engine from the task set).
         heads: each task's output width (given by the engine from the task set).
         channels: output channels of each conv stage, at least one.
         hidden: width of the shared hidden layer (> 0).
+        arch: the architecture around the trunk (`model/arch=<name>`; null or hps: hard sharing). Stages: one per
+            conv stage, then the hidden layer.
         """
         if not hidden > 0:
             raise ValueError(f"hidden: must be > 0, got {hidden}")
         trunk, last = _trunk(input_shape, channels, hidden)
-        super().__init__(trunk, {name: nn.Linear(hidden, out_dim) for name, out_dim in heads.items()}, last)
+        super().__init__(
+            trunk,
+            {name: nn.Linear(hidden, out_dim) for name, out_dim in heads.items()},
+            last,
+            stages=[3 * (k + 1) for k in range(len(channels))] + [len(trunk)],
+            make_trunk=lambda: _trunk(input_shape, channels, hidden)[0],
+            input_shape=input_shape,
+            arch=arch,
+        )
 
 
 def _trunk(input_shape: Sequence[int], channels: Sequence[int], hidden: int) -> tuple[nn.Sequential, nn.Linear]:

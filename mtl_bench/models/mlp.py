@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from torch import nn
 
@@ -16,6 +16,7 @@ class MLP(MultiTaskModel):
     """Trunk: Flatten, then Linear + activation per width; heads: Linear(widths[-1], out_dim) per task.
 
     `last_shared_layer` is the trunk's last Linear (the shared representation is its activated output).
+    Stages (for architectures): one per width.
     """
 
     def __init__(
@@ -24,16 +25,27 @@ class MLP(MultiTaskModel):
         heads: Mapping[str, int],
         widths: Sequence[int] = (100, 100, 100, 100),
         activation: str = "relu",
+        arch: Any = None,
     ) -> None:
         """
         input_shape: one sample's shape (given by the engine from the task set).
         heads: each task's output width (given by the engine from the task set).
         widths: the trunk's layer widths, at least one, each > 0.
         activation: relu, tanh or gelu.
+        arch: the architecture around the trunk (`model/arch=<name>`; null or hps: hard sharing). Stages: one per
+            width (Linear + activation; the first also flattens).
         """
         trunk, last = _trunk(input_shape, widths, activation)
         size = int(widths[-1])
-        super().__init__(trunk, {name: nn.Linear(size, out_dim) for name, out_dim in heads.items()}, last)
+        super().__init__(
+            trunk,
+            {name: nn.Linear(size, out_dim) for name, out_dim in heads.items()},
+            last,
+            stages=[1 + 2 * (k + 1) for k in range(len(widths))],
+            make_trunk=lambda: _trunk(input_shape, widths, activation)[0],
+            input_shape=input_shape,
+            arch=arch,
+        )
 
 
 def _trunk(input_shape: Sequence[int], widths: Sequence[int], activation: str) -> tuple[nn.Sequential, nn.Linear]:

@@ -10,7 +10,7 @@ decoder is Linear(512, classes). Here the backbone is `torchvision.models.resnet
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from torch import nn
 
@@ -39,6 +39,7 @@ class ResNet18(MultiTaskModel):
         hidden: int = 512,
         dropout: float = 0.5,
         weights: Optional[str] = None,
+        arch: Any = None,
     ) -> None:
         """
         input_shape: one sample's (3, height, width) (given by the engine from the task set).
@@ -47,6 +48,8 @@ class ResNet18(MultiTaskModel):
         dropout: dropout probability after the hidden layer, in [0, 1) (LibMTL's 0.5).
         weights: path of a torchvision ResNet-18 state dict to start the encoder from (ImageNet: resnet18-f37072fd.pth,
             torchvision.models.ResNet18_Weights.IMAGENET1K_V1; its `fc.*` is ignored); null: random init, logged.
+        arch: the architecture around the trunk (`model/arch=<name>`; null or hps: hard sharing). Stages: stem +
+            layer1, layer2, layer3, layer4 + the pooled hidden layer; every column or expert loads `weights`.
         """
         torchvision = torchvision_module("ResNet18 (model=resnet18)")
         check_rgb_shape(input_shape, "ResNet18")
@@ -54,20 +57,37 @@ class ResNet18(MultiTaskModel):
             raise ValueError(f"hidden: must be an integer > 0, got {hidden!r}")
         if isinstance(dropout, bool) or not 0 <= dropout < 1:
             raise ValueError(f"dropout: must be in [0, 1), got {dropout!r}")
-        backbone = torchvision.models.resnet18(weights=None)
-        load_backbone_weights(backbone, weights, "resnet18")
-        linear = nn.Linear(FEATURES, hidden)
-        nn.init.normal_(linear.weight, 0.0, 0.005)  # the reference's `weight.data.normal_(0, 0.005)`
-        nn.init.constant_(linear.bias, 0.1)  # and `bias.data.fill_(0.1)`
-        layers = [(name, getattr(backbone, name)) for name in ENCODER]
-        layers += [
-            ("avgpool", nn.AdaptiveAvgPool2d(1)),
-            ("flatten", nn.Flatten()),
-            ("hidden", linear),
-            ("hidden_bn", nn.BatchNorm1d(hidden)),
-            ("hidden_relu", nn.ReLU()),
-            ("dropout", nn.Dropout(dropout)),
-        ]
-        trunk = nn.Sequential(OrderedDict(layers))
+        trunk, linear = _trunk(hidden, dropout, weights)
         task_heads: dict[str, nn.Module] = {name: nn.Linear(hidden, int(classes)) for name, classes in heads.items()}
-        super().__init__(trunk, task_heads, last_shared_layer=linear)
+        super().__init__(
+            trunk,
+            task_heads,
+            last_shared_layer=linear,
+            stages=STAGES + (len(trunk),),
+            stem=4,  # conv1, bn1, relu, maxpool
+            make_trunk=lambda: _trunk(hidden, dropout, weights)[0],
+            input_shape=input_shape,
+            arch=arch,
+        )
+
+
+# Stages for architectures: stem + layer1 | layer2 | layer3 | layer4 + pooled hidden layer (LibMTL's cuts).
+STAGES = (5, 6, 7)
+
+
+def _trunk(hidden: int, dropout: float, weights: Optional[str]) -> tuple[nn.Sequential, nn.Linear]:
+    backbone = torchvision.models.resnet18(weights=None)
+    load_backbone_weights(backbone, weights, "resnet18")
+    linear = nn.Linear(FEATURES, hidden)
+    nn.init.normal_(linear.weight, 0.0, 0.005)  # the reference's `weight.data.normal_(0, 0.005)`
+    nn.init.constant_(linear.bias, 0.1)  # and `bias.data.fill_(0.1)`
+    layers = [(name, getattr(backbone, name)) for name in ENCODER]
+    layers += [
+        ("avgpool", nn.AdaptiveAvgPool2d(1)),
+        ("flatten", nn.Flatten()),
+        ("hidden", linear),
+        ("hidden_bn", nn.BatchNorm1d(hidden)),
+        ("hidden_relu", nn.ReLU()),
+        ("dropout", nn.Dropout(dropout)),
+    ]
+    return nn.Sequential(OrderedDict(layers)), linear

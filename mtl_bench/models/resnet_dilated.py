@@ -12,7 +12,7 @@ rates, and the heads are `torchvision.models.segmentation.deeplabv3.DeepLabHead`
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from torch import nn
 
@@ -73,6 +73,7 @@ class ResNetDilated(MultiTaskModel):
         atrous_rates: Sequence[int] = (12, 24, 36),
         normalize: Sequence[str] = ("normal",),
         weights: Optional[str] = None,
+        arch: Any = None,
     ) -> None:
         """
         input_shape: one sample's (3, height, width) (given by the engine from the task set); predictions are
@@ -87,6 +88,8 @@ class ResNetDilated(MultiTaskModel):
             that are not tasks of the task set are ignored.
         weights: path of a torchvision ResNet-50 state dict to start the encoder from (ImageNet: resnet50-0676ba61.pth,
             torchvision.models.ResNet50_Weights.IMAGENET1K_V1; its `fc.*` is ignored); null: random init, logged.
+        arch: the architecture around the trunk (`model/arch=<name>`; null or hps: hard sharing). Stages: stem +
+            layer1, layer2, layer3, layer4 (LibMTL's cuts); every column or expert loads `weights`.
         """
         torchvision = torchvision_module(NEEDED_BY)
         size = check_rgb_shape(input_shape, "ResNetDilated")
@@ -96,10 +99,23 @@ class ResNetDilated(MultiTaskModel):
         if not rates or any(r <= 0 or r != given for r, given in zip(rates, atrous_rates)):
             raise ValueError(f"atrous_rates: need one or more integer dilations > 0, got {atrous_rates!r}")
         normalized = check_normalize(normalize)
-        backbone = torchvision.models.resnet50(weights=None, replace_stride_with_dilation=OUTPUT_STRIDES[output_stride])
-        load_backbone_weights(backbone, weights, "resnet50")
-        trunk = nn.Sequential(OrderedDict((name, getattr(backbone, name)) for name in ENCODER))
+        trunk = _trunk(output_stride, weights)
         task_heads: dict[str, nn.Module] = {
             name: dense_head(int(out), rates, size, name in normalized) for name, out in heads.items()
         }
-        super().__init__(trunk, task_heads, last_shared_layer=backbone.layer4[-1].conv3)
+        super().__init__(
+            trunk,
+            task_heads,
+            last_shared_layer=trunk.get_submodule("layer4.2.conv3"),  # the last block's last convolution
+            stages=(5, 6, 7, 8),  # stem + layer1 | layer2 | layer3 | layer4 (LibMTL's cuts)
+            stem=4,  # conv1, bn1, relu, maxpool
+            make_trunk=lambda: _trunk(output_stride, weights),
+            input_shape=input_shape,
+            arch=arch,
+        )
+
+
+def _trunk(output_stride: int, weights: Optional[str]) -> nn.Sequential:
+    backbone = torchvision.models.resnet50(weights=None, replace_stride_with_dilation=OUTPUT_STRIDES[output_stride])
+    load_backbone_weights(backbone, weights, "resnet50")
+    return nn.Sequential(OrderedDict((name, getattr(backbone, name)) for name in ENCODER))

@@ -1,0 +1,128 @@
+"""Every balancer (conf/balancer/*.yaml) on every architecture (conf/model/arch/*.yaml), built from config as the
+engine builds them, takes two SGD steps on a small MLP backbone; the combinations that make no sense are refused
+at build time with one line."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections import OrderedDict
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.models.resnet import BasicBlock
+
+from mtl_bench.balancers import Balancer
+from mtl_bench.catalog import config_options
+from mtl_bench.engine.builders import ENGINE_KEYS, build, node_dict
+from mtl_bench.engine.compat import check_model_balancer
+from mtl_bench.errors import ConfigError
+from mtl_bench.models import MultiTaskModel
+from mtl_bench.models.archs import MTAN
+
+TASKS = {"a": 2, "b": 1, "c": 3}
+ARCHS = [a for a in config_options()["model/arch"] if a != "mtan"]  # mtan needs feature maps: see test_archs.py
+# Each balancer as shipped, plus the methods at the shared representation (their other grad_source).
+PAIRS = [(b, a, ()) for b in config_options()["balancer"] for a in ARCHS]
+PAIRS += [(b, a, ("balancer.grad_source=shared_rep",)) for b in ("mgda", "gradnorm") for a in ARCHS]
+REFUSED = {"cross_stitch", "ple", "ltb"}  # at shared_rep: each task reads its own column or representation
+
+
+@pytest.mark.parametrize(("balancer", "arch", "extra"), PAIRS)
+def test_every_balancer_trains_on_every_architecture(compose_cfg, balancer, arch, extra):
+    if balancer == "nash_mtl" and importlib.util.find_spec("cvxpy") is None:
+        pytest.skip("nash_mtl needs cvxpy (the peers extra)")
+    overrides = ("model=mlp", "model.widths=[8,8]", f"model/arch={arch}", f"balancer={balancer}", *extra)
+    cfg = compose_cfg(*overrides)
+    torch.manual_seed(0)
+    model: MultiTaskModel = build("model", cfg.model, MultiTaskModel, input_shape=(4,), heads=TASKS)
+    node = node_dict(cfg.balancer)
+    if arch in REFUSED and node.get("grad_source") == "shared_rep":
+        with pytest.raises(ConfigError) as info:
+            check_model_balancer(model, node)
+        assert str(info.value).startswith("balancer.grad_source=shared_rep: ")
+        assert "has no representation shared by all tasks" in str(info.value)
+        assert "\n" not in str(info.value)
+        return
+    check_model_balancer(model, node)
+    two_steps(model, cfg.balancer, (4,))
+
+
+def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...]) -> None:
+    bal = build(
+        "balancer",
+        balancer_node,
+        Balancer,
+        ignore=ENGINE_KEYS["balancer"],
+        task_names=list(TASKS),
+        shared_params=list(model.shared_parameters()),
+        shared_layer=model.last_shared_layer,
+        world_size=1,
+        initial_losses_known={t: None for t in TASKS},
+    )
+    model.set_progress(1, 10)  # past LTB's warm-up: its branches are sampled
+    opt = torch.optim.SGD([*model.parameters(), *bal.parameters()], lr=0.05)
+    gen = torch.Generator().manual_seed(1)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        x = torch.randn(6, *shape, generator=gen)
+        opt.zero_grad()
+        out = model(x)
+        losses = {t: F.mse_loss(out.preds[t], torch.randn(6, n, generator=gen)) for t, n in TASKS.items()}
+        metrics = bal.backward(losses, out.shared)
+        opt.step()
+        metrics |= bal.step(False)
+        assert all(torch.isfinite(v).all() for v in metrics.values())
+    shared = {id(p) for p in model.shared_parameters()}
+    moved = [not torch.equal(b, p) for b, p in zip(before, model.parameters()) if id(p) in shared]
+    assert any(moved), "no shared parameter moved"
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class SmallResNet(MultiTaskModel):
+    """A ResNet of torchvision's BasicBlocks, two per stage, widths 4 to 8: feature maps at every stage (MTAN)."""
+
+    def __init__(self, input_shape, heads, arch=None) -> None:
+        trunk = self.make()
+        task_heads = {
+            t: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, n)) for t, n in heads.items()
+        }
+        super().__init__(
+            trunk,
+            task_heads,
+            trunk.layer2[-1].conv2,
+            stages=(5, 6),
+            stem=4,
+            make_trunk=self.make,
+            input_shape=input_shape,
+            arch=arch,
+        )
+
+    @staticmethod
+    def make() -> nn.Sequential:
+        down = nn.Sequential(nn.Conv2d(4, 8, 1, stride=2, bias=False), nn.BatchNorm2d(8))
+        return nn.Sequential(
+            OrderedDict(
+                conv1=nn.Conv2d(3, 4, 3, padding=1, bias=False),
+                bn1=nn.BatchNorm2d(4),
+                relu=nn.ReLU(),
+                maxpool=nn.MaxPool2d(2),
+                layer1=nn.Sequential(BasicBlock(4, 4), BasicBlock(4, 4)),
+                layer2=nn.Sequential(BasicBlock(4, 8, stride=2, downsample=down), BasicBlock(8, 8)),
+            )
+        )
+
+
+@pytest.mark.parametrize("balancer", config_options()["balancer"])
+def test_every_balancer_trains_on_mtan(compose_cfg, balancer):
+    if balancer == "nash_mtl" and importlib.util.find_spec("cvxpy") is None:
+        pytest.skip("nash_mtl needs cvxpy (the peers extra)")
+    cfg = compose_cfg(f"balancer={balancer}")
+    torch.manual_seed(0)
+    model = SmallResNet((3, 8, 8), TASKS, arch=MTAN)
+    if node_dict(cfg.balancer).get("grad_source") == "shared_rep":
+        with pytest.raises(ConfigError, match="^balancer.grad_source=shared_rep: MTAN has no representation"):
+            check_model_balancer(model, node_dict(cfg.balancer))
+        return
+    two_steps(model, cfg.balancer, (3, 8, 8))
