@@ -31,6 +31,7 @@ HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 SUPPLIED: dict[str, tuple[str, ...]] = {
     "tasks": (),
     "model": ("input_shape", "heads"),
+    "model.arch": ("backbone",),
     "balancer": tuple(BUILD_ARGUMENTS),
     "optim": ("params",),
     "precision": ("device",),

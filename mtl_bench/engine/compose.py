@@ -21,6 +21,7 @@ from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.catalog import conf_root
 from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf
 from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, parameters, target_of
+from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import optimizer_steps_per_epoch, samples_per_epoch
 from mtl_bench.errors import ConfigError
@@ -32,6 +33,7 @@ from mtl_bench.tasks import TaskSet
 log = logging.getLogger("mtl_bench")
 
 LENGTH_KEYS = ("trainer.max_steps", "trainer.epochs")
+HPS = "mtl_bench.models.archs.HPS"  # hard parameter sharing: the trunk as it is
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str) -> None:
@@ -90,8 +92,15 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
     apply_length(cfg, overrides)
     _unknown_keys(cfg, RunConf, "")
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    if "model._target_" in given and OmegaConf.select(cfg, "model.arch._target_") not in (None, HPS):
+        raise ConfigError(
+            "model/arch: an architecture wraps the backbones mtl-bench ships (their stages are declared); "
+            "with model._target_ set, keep model/arch=hps"
+        )
     for key, supplied in SUPPLIED.items():
         node = OmegaConf.select(cfg, key)
+        if node is None and key == "model.arch":  # a model without architectures (the user's own class)
+            continue
         if f"{key}._target_" in given and isinstance(node, DictConfig):
             params = parameters(target_of(key, node_dict(node)))
             dropped = [
@@ -151,6 +160,7 @@ def build_balancer(
     }
     assert set(supplied) == set(BUILD_ARGUMENTS)
     balancer: Balancer = build("balancer", cfg.balancer, Balancer, **supplied).to(device)
+    check_model_balancer(model, node_dict(cfg.balancer))
     problem = balancer.per_task_problem() if conf.step_mode == "per_task" else None
     if problem is not None:
         raise ConfigError(f"trainer.step_mode=per_task: {problem}")

@@ -318,11 +318,14 @@ class Recipe:
         progress = Progress(total, self.step, self.bar)
         started = time.perf_counter()
         previous_handlers = self._catch_stop_signals()
+        start = self.step
         window_losses, window_steps, window_start = torch.zeros(n, device=self.device), 0, time.perf_counter()
         self.model.train()
         try:
             with maybe_profile(conf.profile and self.logger is not None, self.run_dir) as profiler:
                 while self.step < total:
+                    if self.step % self.runner.steps_per_epoch == 0 or self.step == start:
+                        self._set_progress()
                     logging_now = (self.step + 1) % conf.log_every == 0 or self.step + 1 == total
                     result = self.optimizer_step(logging_now)
                     self.step += 1
@@ -357,6 +360,11 @@ class Recipe:
         wall = self.elapsed_before + time.perf_counter() - started
         self.save(wall)
         return TrainResult(self.step, val, test, summary, wall, self.initial_test)
+
+    def _set_progress(self) -> None:
+        """The epoch about to be trained, for architectures that schedule by it (LTB); after a resume too."""
+        per_epoch = self.runner.steps_per_epoch
+        self.model.set_progress(self.step // per_epoch, -(-self.total_steps // per_epoch))
 
     def _evaluate_and_select(self) -> tuple[Metrics, Metrics | None]:
         """Evaluate val (and test where the selection or the end of the run needs it); the selection sees both."""
@@ -445,6 +453,8 @@ class Recipe:
         diagnose = self.diagnostics is not None and logging_now and (self.step + 1) % conf.diagnostics_every == 0
         result = self.runner.run(self.step, self.diagnostics if diagnose else None)
         measured = result.measurements
+        if logging_now:
+            measured |= self.model.measurements()  # what an architecture learned (gates, cross-stitch units)
         clipping = conf.grad_clip.max_norm is not None or conf.grad_clip.clip_value is not None
         if scaler is not None and (clipping or logging_now):
             scaler.unscale_(self.optimizer)  # clip and measure the true gradients

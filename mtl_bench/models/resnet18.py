@@ -51,7 +51,7 @@ class ResNet18(MultiTaskModel):
         arch: the architecture around the trunk (`model/arch=<name>`; null or hps: hard sharing). Stages: stem +
             layer1, layer2, layer3, layer4 + the pooled hidden layer; every column or expert loads `weights`.
         """
-        torchvision = torchvision_module("ResNet18 (model=resnet18)")
+        torchvision_module(NEEDED_BY)  # first: the install line comes before any shape error
         check_rgb_shape(input_shape, "ResNet18")
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0:
             raise ValueError(f"hidden: must be an integer > 0, got {hidden!r}")
@@ -71,12 +71,13 @@ class ResNet18(MultiTaskModel):
         )
 
 
+NEEDED_BY = "ResNet18 (model=resnet18)"
 # Stages for architectures: stem + layer1 | layer2 | layer3 | layer4 + pooled hidden layer (LibMTL's cuts).
 STAGES = (5, 6, 7)
 
 
 def _trunk(hidden: int, dropout: float, weights: Optional[str]) -> tuple[nn.Sequential, nn.Linear]:
-    backbone = torchvision.models.resnet18(weights=None)
+    backbone = torchvision_module(NEEDED_BY).models.resnet18(weights=None)
     load_backbone_weights(backbone, weights, "resnet18")
     linear = nn.Linear(FEATURES, hidden)
     nn.init.normal_(linear.weight, 0.0, 0.005)  # the reference's `weight.data.normal_(0, 0.005)`

@@ -91,7 +91,7 @@ class ResNetDilated(MultiTaskModel):
         arch: the architecture around the trunk (`model/arch=<name>`; null or hps: hard sharing). Stages: stem +
             layer1, layer2, layer3, layer4 (LibMTL's cuts); every column or expert loads `weights`.
         """
-        torchvision = torchvision_module(NEEDED_BY)
+        torchvision_module(NEEDED_BY)  # first: the install line comes before any shape error
         size = check_rgb_shape(input_shape, "ResNetDilated")
         if isinstance(output_stride, bool) or output_stride not in OUTPUT_STRIDES:
             raise ValueError(f"output_stride: must be 8 or 16, got {output_stride!r}")
@@ -116,6 +116,7 @@ class ResNetDilated(MultiTaskModel):
 
 
 def _trunk(output_stride: int, weights: Optional[str]) -> nn.Sequential:
+    torchvision = torchvision_module(NEEDED_BY)
     backbone = torchvision.models.resnet50(weights=None, replace_stride_with_dilation=OUTPUT_STRIDES[output_stride])
     load_backbone_weights(backbone, weights, "resnet50")
     return nn.Sequential(OrderedDict((name, getattr(backbone, name)) for name in ENCODER))
