@@ -1,0 +1,105 @@
+"""model=mpnn against nash-mtl's `Net` (AvivNavon/nash-mtl cce1840, experiments/quantum_chemistry/models.py, MIT
+licence): the reference below is their module, trimmed to what the forward uses; ours computes the edge network once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+pytest.importorskip("torch_geometric")
+
+from torch_geometric.data import Batch, Data  # noqa: E402
+from torch_geometric.nn import NNConv, Set2Set  # noqa: E402
+
+from mtl_bench.models.mpnn import MPNN  # noqa: E402
+
+NAMES = ["mu", "alpha", "homo"]
+
+
+class ReferenceNet(nn.Module):
+    """nash-mtl's `Net` (their code, heads as a ModuleList)."""
+
+    def __init__(self, n_tasks: int, num_features: int = 11, dim: int = 64) -> None:
+        super().__init__()
+        self.lin0 = nn.Linear(num_features, dim)
+        edge_net = nn.Sequential(nn.Linear(5, 128), nn.ReLU(), nn.Linear(128, dim * dim))
+        self.conv = NNConv(dim, dim, edge_net, aggr="mean")
+        self.gru = nn.GRU(dim, dim)
+        self.set2set = Set2Set(dim, processing_steps=3)
+        self.lin1 = nn.Linear(2 * dim, dim)
+        self.task_specific = nn.ModuleList([nn.Linear(dim, 1) for _ in range(n_tasks)])
+
+    def forward(self, data):
+        out = F.relu(self.lin0(data.x))
+        h = out.unsqueeze(0)
+        for _ in range(3):
+            m = F.relu(self.conv(out, data.edge_index, data.edge_attr))
+            out, h = self.gru(m.unsqueeze(0), h)
+            out = out.squeeze(0)
+        out = self.set2set(out, data.batch)
+        features = F.relu(self.lin1(out))
+        return torch.cat([head(features) for head in self.task_specific], dim=1), features
+
+
+def random_batch(sizes, seed=0) -> Batch:
+    """Complete graphs (every ordered pair): 4 bond one-hots (zero on non-bonds) + a distance, as the task set."""
+    gen = torch.Generator().manual_seed(seed)
+    graphs = []
+    for n in sizes:
+        rows, cols = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+        keep = rows != cols
+        edge_index = torch.stack([rows[keep], cols[keep]])
+        bonds = F.one_hot(torch.randint(0, 4, (edge_index.shape[1],), generator=gen), 4).float()
+        bonds *= (torch.rand(edge_index.shape[1], 1, generator=gen) < 0.3).float()
+        dist = torch.rand(edge_index.shape[1], 1, generator=gen) * 3
+        x = torch.rand(n, 11, generator=gen)
+        graphs.append(Data(x=x, edge_index=edge_index, edge_attr=torch.cat([bonds, dist], 1)))
+    return Batch.from_data_list(graphs)
+
+
+def copy_reference(model: MPNN, ref: ReferenceNet) -> None:
+    state = {f"trunk.{k}": v for k, v in ref.state_dict().items() if not k.startswith("task_specific")}
+    for i, name in enumerate(NAMES):
+        state[f"heads.{name}.weight"] = ref.task_specific[i].weight
+        state[f"heads.{name}.bias"] = ref.task_specific[i].bias
+    model.load_state_dict(state)  # strict: every parameter of ours has its counterpart
+
+
+def test_same_outputs_and_gradients_as_the_reference_net():
+    torch.manual_seed(0)
+    ref = ReferenceNet(len(NAMES))
+    model = MPNN((11,), {name: 1 for name in NAMES})
+    copy_reference(model, ref)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    data = random_batch([5, 9, 3, 18])
+    logits, features = ref(data)
+    out = model(data)
+    torch.testing.assert_close(out.shared, features, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat([out.preds[n] for n in NAMES], 1), logits, rtol=1e-5, atol=1e-5)
+    logits.square().sum().backward()
+    sum(p.square().sum() for p in out.preds.values()).backward()
+    grads = {f"trunk.{k}": p.grad for k, p in ref.named_parameters() if not k.startswith("task_specific")}
+    for name, p in model.trunk.named_parameters(prefix="trunk"):
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-5)
+
+
+def test_paper_size_shared_parameters_and_last_shared_layer():
+    model = MPNN((11,), {f"t{i}": 1 for i in range(11)})
+    assert sum(p.numel() for p in model.parameters()) == 617_675  # nash-mtl's Net with 11 heads
+    assert sum(p.numel() for p in model.shared_parameters()) == 617_675 - 11 * 65
+    assert model.last_shared_layer is model.trunk.lin1
+
+
+def test_the_edge_network_runs_once_per_forward():
+    model = MPNN((11,), {"mu": 1})
+    calls = []
+    model.trunk.conv.nn.register_forward_hook(lambda *args: calls.append(1))
+    model(random_batch([4, 6]))
+    assert len(calls) == 1
+
+
+def test_bad_shape_is_one_line():
+    with pytest.raises(ValueError, match=r"^input_shape: MPNN needs \(node features,\)"):
+        MPNN((3, 8, 8), {"mu": 1})
