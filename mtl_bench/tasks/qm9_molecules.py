@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
@@ -113,7 +113,8 @@ def molecule(row: dict[str, str], features: str = "pyg") -> Molecule:
     from rdkit import Chem, RDLogger
     from rdkit.Chem import rdDetermineBonds
 
-    RDLogger.DisableLog("rdApp.*")  # a warning per odd valence would flood the build's output
+    # A warning per odd valence would flood the build's output.
+    RDLogger.DisableLog("rdApp.*")  # type: ignore[attr-defined]
     elements = ast.literal_eval(row["Elements"])
     xyz = ast.literal_eval(row["XYZ_Ang"])  # some coordinates are written `0.`: not JSON
     block = f"{len(elements)}\n\n" + "".join(f"{e} {x:.10f} {y:.10f} {z:.10f}\n" for e, (x, y, z) in zip(elements, xyz))
@@ -178,7 +179,7 @@ def molecule(row: dict[str, str], features: str = "pyg") -> Molecule:
     )
 
 
-def _bare_graph(mol):  # type: ignore[no-untyped-def]
+def _bare_graph(mol: Any) -> Any:
     """The molecule's graph alone (single bonds, no charges or aromatic flags), to match onto XYZ connectivity."""
     from rdkit import Chem
 
