@@ -138,7 +138,8 @@ class QM9(TaskSet):
         features: pyg (PyG's node features: aromatic and sp/sp2/sp3 all 0, Kekulé bonds) or rdkit (perceived).
         limit: null: all 130,831 molecules; a number: only the first `limit` (tests; part of the cache key).
         cache_dir: where the graphs are cached; null: $XDG_CACHE_HOME/mtl-bench or ~/.cache/mtl-bench.
-        reference: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
+        reference: single-task metrics {target: {metric: value}} for `mtl-bench report -b reference`; entries of
+            targets not trained are dropped (the shipped table covers Nash-MTL's 11, a run may train fewer).
         """
         names = list(targets)
         unknown = [name for name in names if name not in COLUMNS]
@@ -190,4 +191,9 @@ class QM9(TaskSet):
             for name, s in zip(names, scale)
         ]
         splits = {split: GraphSplit(graphs, i, y, names) for split, i in ids.items()}
+        unknown = [name for name in reference or {} if name not in COLUMNS]
+        if unknown:
+            raise ValueError(f"reference: {', '.join(unknown)} is not a QM9 target; targets: {', '.join(COLUMNS)}")
+        if reference is not None:
+            reference = {name: values for name, values in reference.items() if name in names}
         super().__init__(tasks, (int(graphs["x"].shape[1]),), reference=reference, **splits)
