@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import csv
 import sys
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -54,7 +55,9 @@ def require_chem() -> None:
     """ImportError in one line naming the extra when rdkit or torch_geometric is missing."""
     for module in ("rdkit", "torch_geometric"):
         try:
-            __import__(module)
+            with warnings.catch_warnings():  # torch_geometric 2.8's import warns that torch.jit.script is deprecated
+                warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
+                __import__(module)
         except ImportError as err:
             raise ImportError(f"tasks=qm9 needs {module}: {INSTALL}") from err
 

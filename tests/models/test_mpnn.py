@@ -1,46 +1,20 @@
-"""model=mpnn against nash-mtl's `Net` (AvivNavon/nash-mtl cce1840, experiments/quantum_chemistry/models.py, MIT
-licence): the reference below is their module, trimmed to what the forward uses; ours computes the edge network once."""
+"""model=mpnn against nash-mtl's `Net` (tests/helpers/nash_mtl_net.py, adapted from their code): the same outputs and
+gradients given the same parameters, although ours computes the edge network once per forward."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 pytest.importorskip("torch_geometric")
 
 from torch_geometric.data import Batch, Data  # noqa: E402
-from torch_geometric.nn import NNConv, Set2Set  # noqa: E402
 
 from mtl_bench.models.mpnn import MPNN  # noqa: E402
+from tests.helpers.nash_mtl_net import ReferenceNet  # noqa: E402
 
 NAMES = ["mu", "alpha", "homo"]
-
-
-class ReferenceNet(nn.Module):
-    """nash-mtl's `Net` (their code, heads as a ModuleList)."""
-
-    def __init__(self, n_tasks: int, num_features: int = 11, dim: int = 64) -> None:
-        super().__init__()
-        self.lin0 = nn.Linear(num_features, dim)
-        edge_net = nn.Sequential(nn.Linear(5, 128), nn.ReLU(), nn.Linear(128, dim * dim))
-        self.conv = NNConv(dim, dim, edge_net, aggr="mean")
-        self.gru = nn.GRU(dim, dim)
-        self.set2set = Set2Set(dim, processing_steps=3)
-        self.lin1 = nn.Linear(2 * dim, dim)
-        self.task_specific = nn.ModuleList([nn.Linear(dim, 1) for _ in range(n_tasks)])
-
-    def forward(self, data):
-        out = F.relu(self.lin0(data.x))
-        h = out.unsqueeze(0)
-        for _ in range(3):
-            m = F.relu(self.conv(out, data.edge_index, data.edge_attr))
-            out, h = self.gru(m.unsqueeze(0), h)
-            out = out.squeeze(0)
-        out = self.set2set(out, data.batch)
-        features = F.relu(self.lin1(out))
-        return torch.cat([head(features) for head in self.task_specific], dim=1), features
 
 
 def random_batch(sizes, seed=0) -> Batch:
