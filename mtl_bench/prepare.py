@@ -11,7 +11,7 @@ from mtl_bench.errors import ConfigError
 
 
 def prepare(overrides: list[str]) -> str:
-    """Compose the config with `overrides` and build its task set; returns a one-line summary. Bad input: ConfigError."""
+    """Compose the config with `overrides`, build its task set; returns a one-line summary (bad input: ConfigError)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
