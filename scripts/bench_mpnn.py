@@ -51,7 +51,7 @@ def main() -> None:
 
     def our_loss() -> torch.Tensor:
         preds = ours(data).preds
-        return sum(F.mse_loss(preds[n], y[:, i : i + 1]) for i, n in enumerate(ts.task_names))  # type: ignore[return-value]
+        return torch.stack([F.mse_loss(preds[n], y[:, i : i + 1]) for i, n in enumerate(ts.task_names)]).sum()
 
     models = {"nash-mtl Net (reference)": (ref, ref_loss), "mtl-bench mpnn": (ours, our_loss)}
     optimizers = {name: torch.optim.Adam(model.parameters(), lr=1e-3) for name, (model, _) in models.items()}
