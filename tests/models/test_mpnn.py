@@ -69,7 +69,7 @@ def test_paper_size_shared_parameters_and_last_shared_layer():
 def test_the_edge_network_runs_once_per_forward():
     model = MPNN((11,), {"mu": 1})
     calls = []
-    model.trunk.conv.nn.register_forward_hook(lambda *args: calls.append(1))
+    model.trunk.conv.nn[0].register_forward_hook(lambda *args: calls.append(1))
     model(random_batch([4, 6]))
     assert len(calls) == 1
 
