@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Mapping, Sized
 
 from mtl_bench.errors import ConfigError
 
@@ -30,9 +31,12 @@ def prepare(overrides: list[str]) -> str:
         raise ConfigError(describe(err)) from None
     start = time.perf_counter()
     taskset = build("tasks", cfg.tasks, TaskSet)
-    sizes = ", ".join(f"{name} {len(split)}" for name, split in _splits(taskset))
+    sizes = ", ".join(f"{name} {_size(getattr(taskset, name))}" for name in ("train", "val", "test"))
     return f"tasks ready in {time.perf_counter() - start:.1f} s: {sizes}"
 
 
-def _splits(taskset: object) -> list[tuple[str, object]]:
-    return [(name, getattr(taskset, name)) for name in ("train", "val", "test")]
+def _size(split: object) -> str:
+    """Samples of a split; a multi-input split's per task."""
+    if isinstance(split, Mapping):
+        return "/".join(str(len(s)) for s in split.values())
+    return str(len(split)) if isinstance(split, Sized) else "?"
