@@ -201,3 +201,32 @@ def test_full_build_matches_pyg_counts(tmp_path):
     valences = torch.tensor([0, 1, 0, 0, 0, 0, 4, 3, 2, 1], dtype=torch.float64)[g["z"]].sum()
     assert (kinds[:3].double() @ torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)) / 2 == valences / 2
     assert kinds[:3].sum() == g["edge_index"].shape[1]
+
+
+def test_mae_and_delta_m_as_nash_mtl_computes_them(cache_dir):
+    # nash-mtl experiments/quantum_chemistry/trainer.py `evaluate` and utils.py `delta_fn`, on the same predictions:
+    # MAE of de-standardised outputs, x1000 at their indices [2, 3, 5, 6, 7, 8, 9], Δm against their BASE.
+    from omegaconf import OmegaConf
+
+    from mtl_bench.catalog import conf_root
+    from mtl_bench.report.delta_m import delta_m_flat, relative_drops
+
+    shipped = OmegaConf.to_container(OmegaConf.load(conf_root() / "tasks" / "qm9.yaml").reference)
+    ts = QM9(n_test=50, n_val=50, limit=LIMIT, cache_dir=cache_dir, reference=shipped)
+    gen = torch.Generator().manual_seed(0)
+    target = torch.randn(37, 11, generator=gen)
+    out = target + 0.3 * torch.randn(37, 11, generator=gen)
+    theirs = torch.nn.functional.l1_loss(out * ts.std, target * ts.std, reduction="none").sum(0) / 37
+    theirs[[2, 3, 5, 6, 7, 8, 9]] *= 1000
+    base = torch.tensor(
+        [0.0671, 0.1814, 60.576, 53.915, 0.5027, 4.539, 58.838, 64.244, 63.852, 66.223, 0.07212], dtype=torch.float64
+    )
+    their_delta = ((theirs.double() - base) / base).mean().item() * 100
+    ours = {
+        t.name: {"mae": t.metrics(out[:, i : i + 1], target[:, i : i + 1])["mae"].item() / 37}
+        for i, t in enumerate(ts.tasks)
+    }
+    torch.testing.assert_close(torch.tensor([ours[t]["mae"] for t in ts.task_names]), theirs, rtol=1e-5, atol=0)
+    higher = {t.name: t.higher_is_better for t in ts.tasks}
+    assert ts.reference is not None and [ts.reference[t]["mae"] for t in ts.task_names] == base.tolist()
+    assert delta_m_flat(relative_drops(ours, ts.reference, higher)) == pytest.approx(their_delta, rel=1e-5)
