@@ -71,6 +71,19 @@ def list_options(group: str = typer.Argument(None, help="Only this group (model,
         raise typer.Exit(2)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def prepare(ctx: typer.Context) -> None:
+    """Build a task set's cached data ahead of a sweep, from train's overrides (e.g. `mtl-bench prepare tasks=qm9`)."""
+    from mtl_bench.errors import ConfigError
+    from mtl_bench.prepare import prepare as prepare_tasks
+
+    try:
+        typer.echo(prepare_tasks(list(ctx.args)))
+    except ConfigError as err:
+        typer.echo(f"mtl-bench: error: {err}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command()
 def report(
     paths: list[Path] = typer.Argument(..., help="Run, sweep (multirun) or outputs/ directories; several are merged."),

@@ -139,11 +139,11 @@ def test_multirun_sweep_names_run_dirs_by_overrides(tmp_path):
 def test_list_shows_groups():
     result = CliRunner().invoke(app, ["list"])
     assert result.exit_code == 0
-    assert "tasks: celeba, cityscapes, digits, nyuv2, office31, office_home, toy, toy10" in result.output
+    assert "tasks: celeba, cityscapes, digits, nyuv2, office31, office_home, qm9, toy, toy10" in result.output
 
 
 # Presets of the standard benchmarks read data from tasks.root: tests/integration/test_benchmark_presets.py runs them on
-# tiny trees in the real format.
+# tiny trees in the real format; the QM9 presets (a cache of the whole dataset): tests/integration/test_qm9_cli.py.
 
 
 def test_every_experiment_preset_runs(tmp_path):

@@ -21,7 +21,7 @@ LAYERS = (
     ),
     ("rooms", ("tasks", "models", "balancers", "optim", "run_logger", "analysis", "report")),
     ("engine", ("engine",)),
-    ("app", ("train", "cli", "__main__", "bench")),
+    ("app", ("train", "cli", "__main__", "bench", "prepare")),
 )
 
 

@@ -102,7 +102,7 @@ class BatchSource:
             for j, i in enumerate(self.indices(loader_step).tolist())
         ]
 
-    def batch(self, loader_step: int) -> tuple[Tensor, dict[str, Tensor]]:
+    def batch(self, loader_step: int) -> tuple[Any, dict[str, Tensor]]:
         if isinstance(self.split, Split):
             return self.split.batch(self.indices(loader_step).to(self.split.inputs.device, non_blocking=True))
         if self._batches is None or loader_step != self._next_step:
@@ -112,6 +112,7 @@ class BatchSource:
                     batch_sampler=_Replay(self, loader_step),
                     num_workers=self.num_workers,
                     pin_memory=self.device.type == "cuda",
+                    collate_fn=getattr(self.split, "collate", None),
                 )
             )
         self._next_step = loader_step + 1
@@ -132,16 +133,18 @@ class _Replay:
             step += 1
 
 
-def to_device(inputs: Tensor, targets: dict[str, Tensor], device: torch.device) -> tuple[Tensor, dict[str, Tensor]]:
-    return (
-        inputs.to(device, non_blocking=True),
-        {name: t.to(device, non_blocking=True) for name, t in targets.items()},
-    )
+def to_device(inputs: Any, targets: dict[str, Tensor], device: torch.device) -> tuple[Any, dict[str, Tensor]]:
+    """Inputs are a tensor, a dict of tensors or any object with `.to(device)` (a PyG `Batch` of graphs)."""
+    if isinstance(inputs, Mapping):
+        inputs = {name: x.to(device, non_blocking=True) for name, x in inputs.items()}
+    else:
+        inputs = inputs.to(device, non_blocking=True)
+    return inputs, {name: t.to(device, non_blocking=True) for name, t in targets.items()}
 
 
 def eval_batches(
     split: Dataset, batch_size: int, device: torch.device, num_workers: int = 0
-) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
+) -> Iterator[tuple[Any, dict[str, Tensor]]]:
     """A split in order, in batches of `batch_size`: indexed on the device for a Split, else a DataLoader."""
     if isinstance(split, Split):
         n = len(split)
@@ -149,6 +152,10 @@ def eval_batches(
             yield split.batch(torch.arange(start, min(start + batch_size, n), device=split.inputs.device))
         return
     for inputs, targets in DataLoader(
-        split, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"
+        split,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        collate_fn=getattr(split, "collate", None),  # a task set's own batching (graphs into a PyG Batch)
     ):
         yield to_device(inputs, targets, device)

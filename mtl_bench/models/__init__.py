@@ -4,6 +4,7 @@ from mtl_bench.models.base import ModelOutput, MultiTaskModel
 from mtl_bench.models.celeba_cnn import CelebACNN
 from mtl_bench.models.lenet import LeNet
 from mtl_bench.models.mlp import MLP
+from mtl_bench.models.mpnn import MPNN
 from mtl_bench.models.resnet18 import ResNet18
 from mtl_bench.models.resnet_dilated import ResNetDilated
 from mtl_bench.models.segnet import SegNet
@@ -13,6 +14,7 @@ __all__ = [
     "CelebACNN",
     "LeNet",
     "MLP",
+    "MPNN",
     "ModelOutput",
     "MultiTaskModel",
     "ResNet18",

@@ -66,7 +66,8 @@ class TaskSet:
     dimension. `reference`: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
     A dataset served by the DataLoader is indexed with ints that carry `.key`, a number that depends on the
     draw alone (seed, step, position): random augmentation seeded from it is the same with any number of loader
-    workers and across a resume (tasks/dense/tree.py does so).
+    workers and across a resume (tasks/dense/tree.py does so). A dataset with a `collate(items)` method batches its own
+    items (tasks/qm9.py: graphs into a PyG `Batch`); a batch's input may be any object with `.to(device)`.
 
     Multi-input task sets (each task its own images: Office-31's domains) give every split as a dict
     {task: dataset} whose items are `(input, {task: target})` for that task alone; they train with

@@ -15,7 +15,8 @@ from torchvision.models.resnet import BasicBlock
 
 from mtl_bench.balancers import Balancer
 from mtl_bench.catalog import config_options
-from mtl_bench.engine.builders import ENGINE_KEYS, build, node_dict
+from mtl_bench.config import ENGINE_KEYS
+from mtl_bench.engine.builders import build, node_dict
 from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.errors import ConfigError
 from mtl_bench.models import MultiTaskModel
