@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtl_bench.analysis.machine import machine_description
+from mtl_bench.bench.peers import libmtl_module, restore_dselect_k_codes
 from mtl_bench.models import ResNet18, ResNetDilated
 from mtl_bench.models.archs import CGC, HPS, MTAN, PLE, CrossStitch, DSelectK, MMoE
-from tests.helpers.balancer_kit import libmtl_module
 
 TASKS = {"a": 10, "b": 5}  # classes (resnet18) or channels (resnet_dilated: 3 and 1)
 DENSE = {"a": 3, "b": 1}
@@ -88,10 +88,8 @@ def build(name: str, shape: tuple[int, ...], device: torch.device, backbone: str
     ref = getattr(module, their_cls)(
         list(TASKS), make, decoders, False, False, device, img_size=list(shape), **their_options
     ).to(device)
-    if their_cls == "DSelect_k":  # LibMTL's codes under NumPy 2 are all ones (see tests/models/test_archs.py)
-        bits = ref._num_binary
-        codes = [[(e >> (bits - 1 - b)) & 1 for b in range(bits)] for e in range(ref.num_experts)]
-        ref._binary_codes = torch.tensor(codes, dtype=torch.bool, device=device).unsqueeze(0)
+    if their_cls == "DSelect_k":
+        restore_dselect_k_codes(ref)
     return ours, ref
 
 

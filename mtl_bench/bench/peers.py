@@ -12,6 +12,8 @@ import types
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 from mtl_bench.models.base import MultiTaskModel
 
 MISSING = "LibMTL (the peers extra) is not installed: pip install -e '.[peers]'"
@@ -73,3 +75,13 @@ def libmtl_weighting(name: str, model: MultiTaskModel, tasks: Sequence[str], rep
     weighting = Weighting()
     weighting.init_param()
     return weighting
+
+
+def restore_dselect_k_codes(module: Any) -> None:
+    """LibMTL 1.1.5's DSelect_k builds its experts' binary codes with NumPy calls that give all ones under NumPy 2
+    (every expert then gets the same weight): put back the codes NumPy 1 gives (expert e's bits, most significant
+    first), so that the peer computes what its authors ran (tests/models/test_archs.py shows the difference)."""
+    bits = module._num_binary
+    codes = [[(e >> (bits - 1 - b)) & 1 for b in range(bits)] for e in range(module.num_experts)]
+    device = next(module.parameters()).device
+    module._binary_codes = torch.tensor(codes, dtype=torch.bool, device=device).unsqueeze(0)

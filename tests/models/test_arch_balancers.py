@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.models.resnet import BasicBlock
 
-from mtl_bench.balancers import Balancer
+from mtl_bench.balancers import BackwardContext, Balancer
 from mtl_bench.catalog import config_options
 from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.engine.builders import build, node_dict
@@ -47,15 +47,17 @@ def test_every_balancer_trains_on_every_architecture(compose_cfg, balancer, arch
         assert "\n" not in str(info.value)
         return
     check_model_balancer(model, node)
-    two_steps(model, cfg.balancer, (4,))
+    # The coordinate-wise median of three tasks' gradients is 0 where LTB's sampled branches give each parameter one
+    # task's gradient only: nothing need move, and that is the method, not a failure.
+    two_steps(model, cfg.balancer, (4,), must_move=(balancer, arch) != ("trimmed_mean", "ltb"))
 
 
-def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...]) -> None:
+def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...], must_move: bool = True) -> None:
     bal = build(
         "balancer",
         balancer_node,
         Balancer,
-        ignore=ENGINE_KEYS["balancer"],
+        ignore=ENGINE_KEYS.get("balancer", ()),
         task_names=list(TASKS),
         shared_params=list(model.shared_parameters()),
         shared_layer=model.last_shared_layer,
@@ -66,18 +68,21 @@ def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...]) -> N
     opt = torch.optim.SGD([*model.parameters(), *bal.parameters()], lr=0.05)
     gen = torch.Generator().manual_seed(1)
     before = [p.detach().clone() for p in model.parameters()]
+    # MoDo and SDMGrad draw their independent batches from the micro-batches of one step
+    k = next(k for k in (1, 2, 3) if bal.accumulation_problem(k) is None)
     for _ in range(2):
-        x = torch.randn(6, *shape, generator=gen)
         opt.zero_grad()
-        out = model(x)
-        losses = {t: F.mse_loss(out.preds[t], torch.randn(6, n, generator=gen)) for t, n in TASKS.items()}
-        metrics = bal.backward(losses, out.shared)
+        for _ in range(k):
+            x = torch.randn(6, *shape, generator=gen)
+            out = model(x)
+            losses = {t: F.mse_loss(out.preds[t], torch.randn(6, n, generator=gen)) for t, n in TASKS.items()}
+            metrics = bal.backward(losses, out.shared, BackwardContext(None, 1.0, k))
         opt.step()
         metrics |= bal.step(False)
         assert all(torch.isfinite(v).all() for v in metrics.values())
     shared = {id(p) for p in model.shared_parameters()}
     moved = [not torch.equal(b, p) for b, p in zip(before, model.parameters()) if id(p) in shared]
-    assert any(moved), "no shared parameter moved"
+    assert any(moved) or not must_move, "no shared parameter moved"
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
