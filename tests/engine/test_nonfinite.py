@@ -13,13 +13,7 @@ from mtl_bench.engine.data import StepSampler
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import NonFiniteLossError
 
-SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
 BAD_SAMPLE = 7
-
-
-@pytest.fixture
-def small_conf(compose_cfg):
-    return lambda *overrides: compose_cfg(*SMALL, *overrides)
 
 
 @pytest.fixture

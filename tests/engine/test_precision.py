@@ -11,13 +11,7 @@ from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 
-SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
 CPU = torch.device("cpu")
-
-
-@pytest.fixture
-def small_conf(compose_cfg):
-    return lambda *overrides: compose_cfg(*SMALL, *overrides)
 
 
 @pytest.fixture

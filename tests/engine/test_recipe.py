@@ -15,16 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
-
-SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
-
-
-@pytest.fixture
-def small_conf(compose_cfg):
-    def _conf(*overrides: str):
-        return compose_cfg(*SMALL, *overrides)
-
-    return _conf
+from tests.helpers.cli import SMALL
 
 
 def test_same_config_and_seed_give_identical_numbers(small_conf, tmp_path):

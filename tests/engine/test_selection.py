@@ -10,8 +10,8 @@ import torch
 from mtl_bench.engine.recipe import train
 from mtl_bench.engine.selection import Selection, eval_steps
 from mtl_bench.errors import ConfigError
+from tests.helpers.cli import SMALL
 
-SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
 HIGHER = {"a": {"loss": False, "acc": True}, "b": {"loss": False, "acc": True}}
 
 

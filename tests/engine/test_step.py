@@ -15,13 +15,6 @@ from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.recipe import train
 from mtl_bench.engine.step import StepRunner
 
-SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
-
-
-@pytest.fixture
-def small_conf(compose_cfg):
-    return lambda *overrides: compose_cfg(*SMALL, *overrides)
-
 
 def setup(conf):
     torch.manual_seed(0)

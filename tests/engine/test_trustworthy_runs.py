@@ -15,8 +15,7 @@ from omegaconf import OmegaConf
 
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError, DivergedError, NonFiniteLossError
-
-SMALL = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64", "model.widths=[32,32]"]
+from tests.helpers.cli import SMALL
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

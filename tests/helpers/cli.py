@@ -9,6 +9,8 @@ from pathlib import Path
 
 # A few steps on a small toy set: enough to run an experiment through, fast.
 SMOKE = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64"]
+# The same with a narrower MLP: the engine tests' small run.
+SMALL = [*SMOKE, "model.widths=[32,32]"]
 # Presets whose task sets read data from disk (tests/integration/test_benchmark_presets.py runs them on tiny trees;
 # the QM9 presets need a cache of the whole dataset: tests/integration/test_qm9_cli.py).
 ON_DISK = ("nyuv2_", "cityscapes_", "celeba_", "office", "qm9")
