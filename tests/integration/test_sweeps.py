@@ -33,7 +33,7 @@ def test_a_failed_job_leaves_the_other_jobs_and_is_reported(tmp_path):
     assert (
         result.stderr.strip()
         .splitlines()[-1]
-        .startswith("mtl-bench: error: a job of the sweep failed (optim: Invalid learning rate: -1)")
+        .startswith("mtl-bench: error: a job of the sweep failed (optim.lr: Invalid learning rate: -1)")
     )
     assert sorted(statuses(tmp_path / "sweep").values()) == ["completed", "failed"]
     report = cli("report", str(tmp_path / "sweep"), cwd=tmp_path)
