@@ -61,7 +61,8 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_every_benchmark_preset_is_covered_here():
     from tests.helpers.cli import ON_DISK
 
-    on_disk = {e for e in config_options()["experiment"] if e.startswith(ON_DISK)}
+    # the QM9 presets read a cache built from qm9pack, not a tree: tests/integration/test_qm9_cli.py runs them
+    on_disk = {e for e in config_options()["experiment"] if e.startswith(ON_DISK) and not e.startswith("qm9")}
     assert on_disk == set(PRESETS)
 
 
