@@ -279,13 +279,19 @@ class RunConf:
     )
 
 
+def section_schema(f: dataclasses.Field) -> Optional[type]:
+    """The dataclass a field holds (trainer, trainer.grad_clip), or None for a plain option."""
+    kind = f.type if isinstance(f.type, type) else globals().get(str(f.type))  # annotations are strings here
+    return kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
+
+
 def options(schema: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
     """(dotted key, field) of every option of a schema, nested dataclasses included."""
     for f in dataclasses.fields(schema):
         key = f"{prefix}{f.name}"
         yield key, f
-        kind = f.type if isinstance(f.type, type) else globals().get(str(f.type))
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        kind = section_schema(f)
+        if kind is not None:
             yield from options(kind, prefix=f"{key}.")
 
 

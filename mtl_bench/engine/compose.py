@@ -9,17 +9,17 @@ the order their arguments need each other.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-import mtl_bench.config as config_module
+from mtl_bench.analysis.runs import override_key
 from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.catalog import conf_root
-from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf
+from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf, section_schema
 from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, parameters, target_of
 from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.engine.precision import Precision
@@ -33,7 +33,6 @@ from mtl_bench.tasks import TaskSet
 log = logging.getLogger("mtl_bench")
 
 LENGTH_KEYS = ("trainer.max_steps", "trainer.epochs")
-HPS = "mtl_bench.models.archs.HPS"  # hard parameter sharing: the trunk as it is
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str) -> None:
@@ -46,16 +45,20 @@ def _unknown_keys(node: Any, schema: type, prefix: str) -> None:
                 "; free-form labels go under tag: +tag.<name>=<value>" if not prefix else ""
             )
             raise ConfigError(f"{prefix}{key}: not a key of {where}{hint}; keys: {', '.join(declared)}")
-        kind = getattr(config_module, str(declared[key].type), None)  # annotations are strings (future import)
+        kind = section_schema(declared[key])
         child = node[key]
-        if isinstance(kind, type) and is_dataclass(kind) and isinstance(child, DictConfig):
+        if kind is not None and isinstance(child, DictConfig):
             _unknown_keys(child, kind, f"{prefix}{key}.")
 
 
-def apply_length(cfg: DictConfig, overrides: list[str]) -> None:
+def typed_keys(overrides: list[str]) -> dict[str, str]:
+    """{config key: the value typed} of the command line's overrides (`optim/schedule=x` sets optim.schedule)."""
+    return {override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
+
+
+def apply_length(cfg: DictConfig, typed: dict[str, str]) -> None:
     """One way to say how long: a length typed on the command line replaces the preset's (the other is
     dropped); both typed is an error."""
-    typed = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o}
     given = [key for key in LENGTH_KEYS if key in typed and typed[key].lower() not in ("null", "none")]
     if len(given) == 2:
         raise ConfigError("trainer.max_steps and trainer.epochs: give one of them (a run's length is one or the other)")
@@ -65,14 +68,12 @@ def apply_length(cfg: DictConfig, overrides: list[str]) -> None:
             OmegaConf.update(cfg, other, None)
 
 
-def apply_trainer_choice(cfg: DictConfig, overrides: list[str]) -> None:
+def apply_trainer_choice(cfg: DictConfig, typed: dict[str, str]) -> None:
     """`trainer=<option>` typed on the command line wins over an experiment preset's trainer keys (so
     trainer=smoke shortens any preset); trainer keys typed on the command line win over both."""
-    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] in ("trainer", "+trainer")]
-    if not chosen or "experiment" not in {o.split("=", 1)[0] for o in overrides}:
+    if "trainer" not in typed or "experiment" not in typed:
         return
-    option = OmegaConf.load(conf_root() / "trainer" / f"{chosen[-1]}.yaml")
-    typed = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    option = OmegaConf.load(conf_root() / "trainer" / f"{typed['trainer']}.yaml")
     with open_dict(cfg):
         for key, value in OmegaConf.to_container(option).items():  # type: ignore[union-attr]
             key = str(key)
@@ -85,18 +86,13 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
 
     Run-level keys (trainer, seed, tag) against config.RunConf; each part's keys and values against its
     class's signature. A part whose `_target_` was replaced on the command line (`model._target_=my_lab.Net`)
-    keeps only the keys its new class takes or the command line set: the option's own keys (mlp's `widths`)
-    belong to the class it was written for.
+    keeps only the keys its new class takes or the command line set: the option's own keys (mlp's `widths`, its
+    default `arch`) belong to the class it was written for; a key typed with it (`model/arch=mmoe`) is checked.
     """
-    apply_trainer_choice(cfg, overrides)
-    apply_length(cfg, overrides)
+    given = typed_keys(overrides)
+    apply_trainer_choice(cfg, given)
+    apply_length(cfg, given)
     _unknown_keys(cfg, RunConf, "")
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    if "model._target_" in given and OmegaConf.select(cfg, "model.arch._target_") not in (None, HPS):
-        raise ConfigError(
-            "model/arch: an architecture wraps the backbones mtl-bench ships (their stages are declared); "
-            "with model._target_ set, keep model/arch=hps"
-        )
     for key, supplied in SUPPLIED.items():
         node = OmegaConf.select(cfg, key)
         if node is None and key == "model.arch":  # a model without architectures (the user's own class)

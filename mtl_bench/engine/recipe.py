@@ -151,7 +151,7 @@ class Recipe:
             conf.select,
             conf.select_criterion,
             conf.select_k,
-            {t.name: {"loss": False, **t.higher_is_better} for t in self.taskset.tasks},
+            self.higher_is_better,
             self.taskset.reference,
             self.total_steps,
             conf.eval_every,
@@ -220,7 +220,12 @@ class Recipe:
 
     @property
     def metric_names(self) -> dict[str, list[str]]:
-        return {t.name: ["loss", *t.higher_is_better] for t in self.taskset.tasks}
+        return {task: list(names) for task, names in self.higher_is_better.items()}
+
+    @property
+    def higher_is_better(self) -> dict[str, dict[str, bool]]:
+        """Each task's metrics (its loss first) and whether higher is better."""
+        return {t.name: {"loss": False, **t.higher_is_better} for t in self.taskset.tasks}
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -557,7 +562,7 @@ class Recipe:
             "test": result.test,
             "summary": result.summary,
             "initial_test": result.initial_test,
-            "higher_is_better": {t.name: {"loss": False, **t.higher_is_better} for t in self.taskset.tasks},
+            "higher_is_better": self.higher_is_better,
             "model_selection": self.selection.record(),
             "implementations": self.implementations,
             "reference": self.taskset.reference,

@@ -96,3 +96,11 @@ def test_a_balancer_that_needs_micro_batches_says_so_at_build_time(tmp_path):
         "mtl-bench: error: trainer.grad_accumulation_steps=1: MoDo needs 2 or 3 micro-batches per step "
         "(its independent draws)"
     )
+
+
+def test_a_typed_key_the_replaced_class_does_not_take_is_refused(checked):
+    """model._target_ drops the option's own keys (its default arch), never a key typed with it."""
+    cfg = checked("model._target_=mtl_bench.models.SegNet", "tasks=digits")
+    assert "arch" not in cfg.model
+    with pytest.raises(ConfigError, match=r"^model.arch: not an option of mtl_bench.models.SegNet; options: "):
+        checked("model._target_=mtl_bench.models.SegNet", "tasks=digits", "model/arch=mmoe")
