@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from typing import Any, Callable
 
@@ -27,10 +28,20 @@ def join_torchrun_env(rank: int, world: int, port: int) -> None:
 def spawn_and_wait(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, timeout_s: float, what: str) -> None:
     """Run fn(rank, *args) in nprocs processes; fail the test (killing them) if they are not done in time:
     a collective that one process never reaches would otherwise hang the suite."""
-    context = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    context = mp.spawn(_exit_when_done, args=(fn, *args), nprocs=nprocs, join=False)
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
             pytest.fail(what)
+
+
+def _exit_when_done(rank: int, fn: Callable[..., None], *args: Any) -> None:
+    """fn(rank, *args), then leave at once when it returned: gloo's threads can outlive the process group into
+    interpreter teardown, where an exiting rank was seen to abort ("terminate called without an active
+    exception", SIGABRT) after all its work was done and saved. An exception still reaches mp.spawn as usual."""
+    fn(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
