@@ -44,7 +44,7 @@ class Progress:
                 self._bar.update(self._task, completed=step)
             return
         text = " ".join(f"{name} {value:.4g}" for name, value in losses.items())
-        rate = f" | {steps_per_s:.0f} steps/s" if steps_per_s is not None else ""
+        rate = f" | {speed(steps_per_s)}" if steps_per_s is not None else ""
         if self._bar is not None:
             self._bar.update(self._task, completed=step, status=f"loss {text}{rate}")
         else:
@@ -53,3 +53,10 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def speed(steps_per_s: float) -> str:
+    """`12 steps/s` for fast steps, `3.4 s/step` for slow ones (a rate below one would round to 0 steps/s)."""
+    if steps_per_s >= 1:
+        return f"{steps_per_s:.0f} steps/s"
+    return f"{1 / steps_per_s:.2g} s/step" if steps_per_s > 0 else "no step finished"
