@@ -120,3 +120,82 @@ def test_published_rows_beside_the_users_groups_with_delta_m_against_the_papers_
 def test_bad_published_options_are_one_line_errors(sweep, args, message):
     result = CliRunner().invoke(app, ["report", str(sweep), *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+# Each row's printed Δm and MR recomputed from its printed metrics (the tables' `metrics`). A printed value is off
+# from the paper's own by less than one unit of its last digit: the papers round some values and truncate others
+# (Nash-MTL Table 6 prints the single-task row 60.576, 0.5027, 4.539, 63.852 as 60.57, 0.502, 4.53, 63.8).
+
+
+def ulp(text: str) -> float:
+    return 10.0 ** -len(text.split(".")[1]) if "." in text else 1.0
+
+
+def printed_ulp(values: list[float]) -> float:
+    """A table prints a column with one number of decimals: the finest among its values (8.00 reads as 8.0)."""
+    return 10.0 ** -max(decimals(v) for v in values)
+
+
+def tables_with_metrics():
+    return [
+        pytest.param(name, tasks, t, id=f"{name}-{tasks}")
+        for name in available()
+        for tasks, t in load(name).items()
+        if t.has_metrics
+    ]
+
+
+def test_every_table_with_a_single_task_row_has_its_per_metric_values_except_celeba():
+    found = {(p.values[0], p.values[1]) for p in tables_with_metrics()}
+    assert found == {(n, t) for n in ("nash_mtl", "famo") for t in ("qm9", "nyuv2", "cityscapes")}
+
+
+@pytest.mark.parametrize("name, tasks, table", tables_with_metrics())
+def test_each_printed_delta_m_follows_from_the_printed_metrics_or_is_listed_as_inconsistent(name, tasks, table):
+    from mtl_bench.report.delta_m import delta_m_flat, relative_drops
+
+    half = 0.5 * printed_ulp([r.delta_m for r in table.rows])
+    off = {}
+    for row in table.rows:
+        drops = relative_drops(table.metrics(row), table.stl, table.higher_is_better)
+        k = len(table.columns)
+        rounding = sum(
+            100 / k * ulp(text) * c.factor / table.stl[c.task][c.metric] for c, text in zip(table.columns, row.printed)
+        )
+        recomputed = delta_m_flat(drops)
+        assert len([d for ds in drops.values() for d in ds.values()]) == k
+        if abs(recomputed - row.delta_m) > rounding + half:
+            off[row.method] = round(recomputed, 2)
+    assert set(off) == set(table.delta_m_inconsistent), off
+    for method, value in off.items():  # each one explained, with the value its metrics give
+        assert any(method in note and f"{value:.2f}" in note for note in table.notes), (method, value)
+
+
+@pytest.mark.parametrize("name, tasks, table", tables_with_metrics())
+def test_each_printed_mr_follows_from_the_printed_metrics_or_is_listed_as_inconsistent(name, tasks, table):
+    """Mean rank over the columns among the paper's methods. A tie between printed values may be none between the
+    paper's unrounded ones: each tie of t rows moves a row's rank by up to (t - 1)/2 on that metric."""
+    from mtl_bench.report.stats import mean_ranks
+
+    values = [table.metrics(r) for r in table.rows]
+    ranks = mean_ranks(values, table.higher_is_better)
+    step = printed_ulp([r.mr for r in table.rows])
+    k = len(table.columns)
+    off = set()
+    for i, (row, rank) in enumerate(zip(table.rows, ranks)):
+        ties = sum(sum(float(other.printed[j]) == float(row.printed[j]) for other in table.rows) - 1 for j in range(k))
+        if abs(rank - 1 + table.mr_base - row.mr) > step + ties / 2 / k + 1e-9:
+            off.add(row.method)
+    assert off == set(table.mr_inconsistent)
+    assert all(any(method in note for note in table.notes) for method in off)
+
+
+@pytest.mark.parametrize("name, tasks, table", tables_with_metrics())
+def test_the_papers_arrows_agree_with_our_task_sets(name, tasks, table):
+    from mtl_bench.tasks.dense.tasks import depth_task, normal_task, segmentation_task
+
+    ours = {"segmentation": segmentation_task(7), "depth": depth_task(None), "normal": normal_task(None)}
+    for c in table.columns:
+        expected = False if tasks == "qm9" else ours[c.task].higher_is_better[c.metric]  # QM9: MAE, lower is better
+        assert c.higher_is_better == expected, (name, tasks, c)
+        assert c.metric in table.stl[c.task]
