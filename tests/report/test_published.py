@@ -10,8 +10,9 @@ import yaml
 from typer.testing import CliRunner
 
 from mtl_bench.cli import app
+from mtl_bench.report.compact import WIDTH
 from mtl_bench.report.main import make_report
-from mtl_bench.report.published import available, load
+from mtl_bench.report.published import Column, PublishedRow, PublishedTable, available, joint_ranks, load
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "tasks"
 
@@ -103,11 +104,70 @@ def test_published_rows_beside_the_users_groups_with_delta_m_against_the_papers_
     assert groups["balancer=uw"]["delta_m"]["flat"] == pytest.approx(100 * 0.03 / 4)
     assert report["published"]["cityscapes"]["table"].startswith("Table 3")
     text = " ".join(make_report([sweep], "table", None, None, published="nash_mtl")[0].split())
-    assert "Nash-MTL (nash_mtl) [published] │ 3 │ +6.82 │ 1.75" in text
-    assert "LS (nash_mtl) [published] │ 3 │ +22.60 │ 6.12" in text  # as printed
-    assert "balancer=uw │ 2 │ +0.75 ±" in text and "Navon et al." in text and "as printed" in text
+    recomputed = report["published"]["cityscapes"]["mean_rank_recomputed"]
+    uw, ls = recomputed["published"]["UW"], recomputed["published"]["LS"]
+    assert f"UW (nash_mtl) [published] │ 3 │ +5.89 │ {uw:.2f} │ 5.25 │" in text  # Δm and MR as printed
+    assert f"LS (nash_mtl) [published] │ 3 │ +22.60 │ {ls:.2f} │ 6.12 │" in text
+    assert f"balancer=uw │ 2 │ +0.75 ± 3.18 │ {recomputed['groups']['balancer=uw']:.2f} │ │" in text
+    assert "MR ↓ recomputed ┃ MR printed" in text and "Navon et al." in text and "among your groups and its 11" in text
     famo = " ".join(make_report([sweep], "table", None, None, published="famo")[0].split())
-    assert "LS (famo) [published] │ 3 │ +14.11 │ 6.50" in famo and "misprint kept" in famo
+    assert "LS (famo) [published] │ 3 │ +14.11 │" in famo and "│ 6.50 │" in famo and "misprint kept" in famo
+
+
+def test_recomputed_mean_ranks_rank_the_groups_and_the_papers_rows_together_on_every_paper_metric(sweep):
+    """13 entries (2 groups, 11 rows), each ranked on the same 4 metrics: their mean ranks sum to 1 + ... + 13
+    (ties included). Among themselves the two groups rank 1 and 2 on miou and tie on the other 3 metrics."""
+    report = json.loads(make_report([sweep], "json", None, None, published="nash_mtl")[0])
+    recomputed = report["published"]["cityscapes"]["mean_rank_recomputed"]
+    ranks = [*recomputed["groups"].values(), *recomputed["published"].values()]
+    assert len(ranks) == 13 and sum(ranks) == pytest.approx(13 * 14 / 2)
+    groups = {g["group"]: g["mean_rank"] for g in report["groups"]}
+    assert groups == {
+        "balancer=uw": pytest.approx((1 + 1.5 * 3) / 4),
+        "balancer=fixed": pytest.approx((2 + 1.5 * 3) / 4),
+    }
+
+
+def test_joint_ranks_on_a_hand_checked_table():
+    """Two printed rows, P and Q, on metric a (printed %, higher is better) and b (lower is better), and a group G:
+    on a: P 0.50, G 0.45, Q 0.40 -> 1, 2, 3; on b: Q 1, P 2, G 3 -> 1, 2, 3. G's `loss` is not a paper column."""
+    table = PublishedTable(
+        "x",
+        "paper",
+        "Table 1",
+        {"t": {"a": 0.5, "b": 1.0}},
+        [PublishedRow("P", 1.5, 0.0, printed=["50", "2.0"]), PublishedRow("Q", 1.5, 0.0, printed=["40", "1.0"])],
+        columns=[Column("t", "a", True, 0.01), Column("t", "b", False, 1.0)],
+    )
+    mine, theirs = joint_ranks(table, [{"t": {"a": 0.45, "b": 3.0, "loss": 0.0}}, {"t": {"a": 0.6}}])
+    assert mine == [pytest.approx((3 + 3) / 2), 1.0] and theirs == [pytest.approx((2 + 2) / 2), (4 + 1) / 2]
+
+
+def test_the_default_table_with_recomputed_ranks_fits_100_columns(tmp_path: Path):
+    for seed in (0, 1):
+        write_run(tmp_path, f"long_{seed}", "gradnorm_" + "x" * 60, seed, 0.70)
+        write_run(tmp_path, f"fixed_{seed}", "fixed", seed, 0.72)
+    text = make_report([tmp_path], "table", None, None, published="famo")[0]
+    assert max(len(line) for line in text.splitlines()) <= WIDTH, text
+    assert "MR printed" in text
+
+
+def test_without_per_metric_values_the_published_mr_is_shown_as_printed_and_said_so(tmp_path: Path):
+    for balancer in ("fixed", "uw"):
+        run = tmp_path / balancer
+        run.mkdir()
+        metrics = {
+            "status": "completed",
+            "overrides": [f"balancer={balancer}"],
+            "choices": {"balancer": balancer, "tasks": "celeba"},
+            "seed": 0,
+            "higher_is_better": {"smiling": {"f1": True}},
+            "test": {"smiling": {"f1": 0.9 if balancer == "uw" else 0.8}},
+        }
+        (run / "metrics.json").write_text(json.dumps(metrics))
+    text = " ".join(make_report([tmp_path], "table", None, None, published="famo")[0].split())
+    assert "MGDA (famo) [published] │ 3 │ 10.93 │" in text and "MR printed" not in text
+    assert "not recomputed with yours, the per-metric values are not transcribed" in text
 
 
 @pytest.mark.parametrize(
