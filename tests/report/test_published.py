@@ -259,3 +259,26 @@ def test_the_papers_arrows_agree_with_our_task_sets(name, tasks, table):
         expected = False if tasks == "qm9" else ours[c.task].higher_is_better[c.metric]  # QM9: MAE, lower is better
         assert c.higher_is_better == expected, (name, tasks, c)
         assert c.metric in table.stl[c.task]
+
+
+def test_a_qm9_group_with_nash_mtls_own_maes_ties_its_row_on_every_target(tmp_path: Path):
+    """The 11 targets by our task names (mae in the paper's units): a group whose MAEs are Nash-MTL's printed ones
+    shares that row's rank on every metric, so both get the same recomputed mean rank."""
+    table = load("nash_mtl")["qm9"]
+    nash = table.metrics(next(r for r in table.rows if r.method == "Nash-MTL"))
+    for seed in (0, 1):
+        run = tmp_path / f"copy_{seed}"
+        run.mkdir()
+        metrics = {
+            "status": "completed",
+            "overrides": ["balancer=nash_mtl", f"seed={seed}"],
+            "choices": {"balancer": "nash_mtl", "tasks": "qm9"},
+            "seed": seed,
+            "higher_is_better": {task: {"mae": False} for task in nash},
+            "test": nash,
+        }
+        (run / "metrics.json").write_text(json.dumps(metrics))
+    report = json.loads(make_report([tmp_path], "json", None, None, published="nash_mtl")[0])
+    recomputed = report["published"]["qm9"]["mean_rank_recomputed"]
+    assert recomputed["groups"]["balancer=nash_mtl"] == recomputed["published"]["Nash-MTL"]
+    assert len(recomputed["published"]) == 10
