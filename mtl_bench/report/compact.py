@@ -3,7 +3,10 @@
 Columns: the group (the keys that differ between groups), seeds, Δm % (flat convention, ± 95% CI over seeds),
 mean rank, time per step. Rows are sorted best first: by Δm when a baseline was given, else by mean rank. The
 baseline group is shown and marked; `-b reference` adds the task set's reference row; `--published NAME` adds the
-paper's rows, marked as published (their Δm and MR as printed).
+paper's rows, marked as published (their Δm as printed). Where the paper's per-metric values are transcribed, the
+mean rank is recomputed over the paper's metrics with the user's groups and the paper's rows ranked together
+("MR ↓ recomputed", as FAMO recomputed the baselines' MRs with its own row added) and the printed MR has a column
+of its own; otherwise the published rows show their MR as printed and the groups' rank is among the groups only.
 
 The winner line: the best group is "separated from the runner-up" when their 95% intervals of Δm do not overlap
 (best Δm + its CI < runner-up Δm − its CI). Mean rank has no interval: without a baseline the line says so.
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from mtl_bench.report.numbers import significant
-from mtl_bench.report.published import PublishedTable
+from mtl_bench.report.published import PublishedTable, joint_ranks
 from mtl_bench.report.summary import Group
 
 WIDTH = 100
@@ -34,9 +37,10 @@ class Row:
     ms: Optional[float] = None
     ms_ci: float = math.nan
     mark: str = ""  # "baseline", "reference", "published"
+    printed_mr: Optional[float] = None  # a published row's MR as printed, when the ranks were recomputed
 
 
-def _group_row(group: Group) -> Row:
+def _group_row(group: Group, rank: Optional[float]) -> Row:
     dm = None if group.delta_m is None else group.delta_m["flat"]
     ci = (group.delta_m_ci or {}).get("flat", math.nan)
     t = group.time_per_step
@@ -45,7 +49,7 @@ def _group_row(group: Group) -> Row:
         group.count,
         dm,
         ci,
-        group.mean_rank,
+        rank,
         None if t is None else 1000 * t.mean,
         math.nan if t is None else 1000 * t.ci,
         "baseline" if group.is_baseline else "",
@@ -57,9 +61,10 @@ def _key(row: Row, by_dm: bool) -> float:
     return math.inf if value is None or math.isnan(value) else value
 
 
-def ranked(groups: list[Group], by_dm: bool) -> list[Row]:
-    """The user's groups as rows, best first."""
-    return sorted((_group_row(g) for g in groups), key=lambda r: _key(r, by_dm))
+def ranked(groups: list[Group], by_dm: bool, ranks: Optional[list[Optional[float]]] = None) -> list[Row]:
+    """The user's groups as rows, best first; `ranks` replaces their mean ranks among themselves."""
+    ranks = [g.mean_rank for g in groups] if ranks is None else ranks
+    return sorted((_group_row(g, r) for g, r in zip(groups, ranks)), key=lambda r: _key(r, by_dm))
 
 
 def _pm(value: Optional[float], ci: float, fmt: str) -> str:
@@ -68,7 +73,7 @@ def _pm(value: Optional[float], ci: float, fmt: str) -> str:
     return f"{value:{fmt}} ± {NA if math.isnan(ci) else format(ci, fmt.lstrip('+'))}"
 
 
-def cells(row: Row, with_dm: bool) -> list[str]:
+def cells(row: Row, with_dm: bool, printed_mr: bool = False) -> list[str]:
     label = row.label + (f" [{row.mark}]" if row.mark in ("baseline", "published") else "")
     out = [label, row.seeds]
     if with_dm:
@@ -79,6 +84,8 @@ def cells(row: Row, with_dm: bool) -> list[str]:
         else:
             out.append(_pm(row.dm, row.dm_ci, "+.2f"))
     out.append("" if row.rank is None else f"{row.rank:.2f}")
+    if printed_mr:
+        out.append("" if row.printed_mr is None else f"{row.printed_mr:.2f}")
     out.append(
         ""
         if row.ms is None
@@ -87,8 +94,9 @@ def cells(row: Row, with_dm: bool) -> list[str]:
     return out
 
 
-def headers(with_dm: bool) -> list[str]:
-    return ["group", "seeds", *(["Δm % ↓ (± 95% CI)"] if with_dm else []), "mean rank ↓", "ms/step"]
+def headers(with_dm: bool, recomputed: bool = False) -> list[str]:
+    rank = ["MR ↓ recomputed", "MR printed"] if recomputed else ["mean rank ↓"]
+    return ["group", "seeds", *(["Δm % ↓ (± 95% CI)"] if with_dm else []), *rank, "ms/step"]
 
 
 def winner_line(rows: list[Row], by_dm: bool) -> str:
@@ -117,11 +125,22 @@ def winner_line(rows: list[Row], by_dm: bool) -> str:
     return head + "NOT separated: their 95% CIs overlap (more seeds, or call it a tie)"
 
 
-def published_rows(table: PublishedTable) -> list[Row]:
-    return [
-        Row(f"{r.method} ({table.source})", "3", r.delta_m, math.nan, r.mr, mark="published")
-        for r in sorted(table.rows, key=lambda r: math.inf if r.delta_m is None else r.delta_m)
-    ]
+def published_rows(table: PublishedTable, ranks: Optional[list[float]] = None) -> list[Row]:
+    """The paper's rows, best Δm first: with `ranks` (recomputed, in the table's order) the printed MR moves to
+    its own column."""
+    rows = [Row(f"{r.method} ({table.source})", "3", r.delta_m, math.nan, r.mr, mark="published") for r in table.rows]
+    for row, rank in zip(rows, ranks or []):
+        row.printed_mr, row.rank = row.rank, rank
+    return sorted(rows, key=lambda r: math.inf if r.dm is None else r.dm)
+
+
+def recomputed_ranks(
+    part: list[Group], table: Optional[PublishedTable]
+) -> Optional[tuple[list[Optional[float]], list[float]]]:
+    """The groups' and the paper's rows' mean ranks among each other, when the paper's per-metric values exist."""
+    if table is None or not table.has_metrics:
+        return None
+    return joint_ranks(table, [g.means for g in part])
 
 
 def table_text(header: list[str], body: list[list[str]], title: str, markdown: bool) -> str:
@@ -165,17 +184,18 @@ def compact_report(
         return "no group to rank: no completed run learned (each is listed below)\n", winners
     for tasks, part in parts.items():
         by_dm = any(g.delta_m is not None for g in part)
-        rows = ranked(part, by_dm)
-        verdict = winner_line(rows, by_dm)
+        table = (published or {}).get(tasks)
+        joint = recomputed_ranks(part, table)
+        verdict = winner_line(ranked(part, by_dm), by_dm)  # among the user's groups only
+        rows = ranked(part, by_dm, None if joint is None else joint[0])
         extra: list[Row] = []
         if baseline == "reference" and by_dm:
             extra.append(Row("reference (tasks.reference, single-task)", "", mark="reference"))
-        table = (published or {}).get(tasks)
         if table is not None:
-            extra += published_rows(table)
-        body = [cells(r, by_dm) for r in rows + extra]
+            extra += published_rows(table, None if joint is None else joint[1])
+        body = [cells(r, by_dm, joint is not None) for r in rows + extra]
         title = f"tasks={tasks}" if len(parts) > 1 else ""
-        blocks.append(table_text(headers(by_dm), body, title, markdown) + wrap(verdict) + "\n")
+        blocks.append(table_text(headers(by_dm, joint is not None), body, title, markdown) + wrap(verdict) + "\n")
         winners.append(f"{title + ': ' if title else ''}{verdict}")
     return "\n".join(blocks), winners
 
@@ -190,12 +210,22 @@ def compact_notes(
             f"Δm %: flat (mean relative drop over every final test metric) against {against}; lower is better; "
             "± 95% CI of each seed's Δm (Student t; n/a with one seed)"
         )
-    lines.append("mean rank: among the groups above on every metric, 1 = best; ms/step: wall_time_s / step")
-    for table in (published or {}).values():
-        lines.append(
-            f"[published]: {table.paper}, {table.table}: Δm and MR as printed (MR ranks the paper's methods only: "
-            "not recomputed with yours, the per-metric values are not transcribed)"
-        )
+    tables = list((published or {}).values())
+    if not all(t.has_metrics for t in tables) or not tables:
+        lines.append("mean rank: among your groups on every metric, 1 = best; ms/step: wall_time_s / step")
+    for table in tables:
+        if table.has_metrics:
+            lines.append(
+                f"[published]: {table.paper}, {table.table}: Δm as printed; MR ↓ recomputed: mean rank over the "
+                f"paper's {len(table.columns)} metrics among your groups and its {len(table.rows)} rows together "
+                "(from the values it prints; 1 = best, ties share the mean rank); MR printed: the paper's, among "
+                f"its methods only{' (counted from 0)' if table.mr_base == 0 else ''}; ms/step: wall_time_s / step"
+            )
+        else:
+            lines.append(
+                f"[published]: {table.paper}, {table.table}: Δm and MR as printed (MR ranks the paper's methods "
+                "only: not recomputed with yours, the per-metric values are not transcribed)"
+            )
         lines += [f"  note: {note}" for note in table.notes]
         lines += [f"  note {r.method}: {r.note}" for r in table.rows if r.note]
     lines.append("per-metric table: --wide, or --format markdown/csv/json")

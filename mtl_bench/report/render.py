@@ -242,6 +242,7 @@ def render(
                         "table": t.table,
                         "notes": t.notes,
                         "rows": [vars(r) for r in t.rows],
+                        "mean_rank_recomputed": _joint_json(parts.get(tasks, []), t),
                     }
                     for tasks, t in published.items()
                 },
@@ -276,6 +277,19 @@ def render(
     if fmt == "markdown":
         return compact + "\n" + "\n\n".join(blocks) + "\n\n" + "\n".join(notes) + "\n"
     return "".join(blocks) + "\n".join(notes) + "\n"
+
+
+def _joint_json(part: list[Group], table: Any) -> dict[str, Any] | None:
+    """The groups' and the paper's rows' mean ranks among each other (compact.recomputed_ranks), by name."""
+    from mtl_bench.report.compact import recomputed_ranks
+
+    joint = recomputed_ranks(part, table)
+    if joint is None:
+        return None
+    return {
+        "groups": {g.label: r for g, r in zip(part, joint[0])},
+        "published": {row.method: r for row, r in zip(table.rows, joint[1])},
+    }
 
 
 def _rich_table(header: list[str], body: list[list[str]], title: str) -> str:

@@ -10,8 +10,9 @@ import yaml
 from typer.testing import CliRunner
 
 from mtl_bench.cli import app
+from mtl_bench.report.compact import WIDTH
 from mtl_bench.report.main import make_report
-from mtl_bench.report.published import available, load
+from mtl_bench.report.published import Column, PublishedRow, PublishedTable, available, joint_ranks, load
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "tasks"
 
@@ -103,11 +104,70 @@ def test_published_rows_beside_the_users_groups_with_delta_m_against_the_papers_
     assert groups["balancer=uw"]["delta_m"]["flat"] == pytest.approx(100 * 0.03 / 4)
     assert report["published"]["cityscapes"]["table"].startswith("Table 3")
     text = " ".join(make_report([sweep], "table", None, None, published="nash_mtl")[0].split())
-    assert "Nash-MTL (nash_mtl) [published] │ 3 │ +6.82 │ 1.75" in text
-    assert "LS (nash_mtl) [published] │ 3 │ +22.60 │ 6.12" in text  # as printed
-    assert "balancer=uw │ 2 │ +0.75 ±" in text and "Navon et al." in text and "as printed" in text
+    recomputed = report["published"]["cityscapes"]["mean_rank_recomputed"]
+    uw, ls = recomputed["published"]["UW"], recomputed["published"]["LS"]
+    assert f"UW (nash_mtl) [published] │ 3 │ +5.89 │ {uw:.2f} │ 5.25 │" in text  # Δm and MR as printed
+    assert f"LS (nash_mtl) [published] │ 3 │ +22.60 │ {ls:.2f} │ 6.12 │" in text
+    assert f"balancer=uw │ 2 │ +0.75 ± 3.18 │ {recomputed['groups']['balancer=uw']:.2f} │ │" in text
+    assert "MR ↓ recomputed ┃ MR printed" in text and "Navon et al." in text and "among your groups and its 11" in text
     famo = " ".join(make_report([sweep], "table", None, None, published="famo")[0].split())
-    assert "LS (famo) [published] │ 3 │ +14.11 │ 6.50" in famo and "misprint kept" in famo
+    assert "LS (famo) [published] │ 3 │ +14.11 │" in famo and "│ 6.50 │" in famo and "misprint kept" in famo
+
+
+def test_recomputed_mean_ranks_rank_the_groups_and_the_papers_rows_together_on_every_paper_metric(sweep):
+    """13 entries (2 groups, 11 rows), each ranked on the same 4 metrics: their mean ranks sum to 1 + ... + 13
+    (ties included). Among themselves the two groups rank 1 and 2 on miou and tie on the other 3 metrics."""
+    report = json.loads(make_report([sweep], "json", None, None, published="nash_mtl")[0])
+    recomputed = report["published"]["cityscapes"]["mean_rank_recomputed"]
+    ranks = [*recomputed["groups"].values(), *recomputed["published"].values()]
+    assert len(ranks) == 13 and sum(ranks) == pytest.approx(13 * 14 / 2)
+    groups = {g["group"]: g["mean_rank"] for g in report["groups"]}
+    assert groups == {
+        "balancer=uw": pytest.approx((1 + 1.5 * 3) / 4),
+        "balancer=fixed": pytest.approx((2 + 1.5 * 3) / 4),
+    }
+
+
+def test_joint_ranks_on_a_hand_checked_table():
+    """Two printed rows, P and Q, on metric a (printed %, higher is better) and b (lower is better), and a group G:
+    on a: P 0.50, G 0.45, Q 0.40 -> 1, 2, 3; on b: Q 1, P 2, G 3 -> 1, 2, 3. G's `loss` is not a paper column."""
+    table = PublishedTable(
+        "x",
+        "paper",
+        "Table 1",
+        {"t": {"a": 0.5, "b": 1.0}},
+        [PublishedRow("P", 1.5, 0.0, printed=["50", "2.0"]), PublishedRow("Q", 1.5, 0.0, printed=["40", "1.0"])],
+        columns=[Column("t", "a", True, 0.01), Column("t", "b", False, 1.0)],
+    )
+    mine, theirs = joint_ranks(table, [{"t": {"a": 0.45, "b": 3.0, "loss": 0.0}}, {"t": {"a": 0.6}}])
+    assert mine == [pytest.approx((3 + 3) / 2), 1.0] and theirs == [pytest.approx((2 + 2) / 2), (4 + 1) / 2]
+
+
+def test_the_default_table_with_recomputed_ranks_fits_100_columns(tmp_path: Path):
+    for seed in (0, 1):
+        write_run(tmp_path, f"long_{seed}", "gradnorm_" + "x" * 60, seed, 0.70)
+        write_run(tmp_path, f"fixed_{seed}", "fixed", seed, 0.72)
+    text = make_report([tmp_path], "table", None, None, published="famo")[0]
+    assert max(len(line) for line in text.splitlines()) <= WIDTH, text
+    assert "MR printed" in text
+
+
+def test_without_per_metric_values_the_published_mr_is_shown_as_printed_and_said_so(tmp_path: Path):
+    for balancer in ("fixed", "uw"):
+        run = tmp_path / balancer
+        run.mkdir()
+        metrics = {
+            "status": "completed",
+            "overrides": [f"balancer={balancer}"],
+            "choices": {"balancer": balancer, "tasks": "celeba"},
+            "seed": 0,
+            "higher_is_better": {"smiling": {"f1": True}},
+            "test": {"smiling": {"f1": 0.9 if balancer == "uw" else 0.8}},
+        }
+        (run / "metrics.json").write_text(json.dumps(metrics))
+    text = " ".join(make_report([tmp_path], "table", None, None, published="famo")[0].split())
+    assert "MGDA (famo) [published] │ 3 │ 10.93 │" in text and "MR printed" not in text
+    assert "not recomputed with yours, the per-metric values are not transcribed" in text
 
 
 @pytest.mark.parametrize(
@@ -120,3 +180,105 @@ def test_published_rows_beside_the_users_groups_with_delta_m_against_the_papers_
 def test_bad_published_options_are_one_line_errors(sweep, args, message):
     result = CliRunner().invoke(app, ["report", str(sweep), *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+# Each row's printed Δm and MR recomputed from its printed metrics (the tables' `metrics`). A printed value is off
+# from the paper's own by less than one unit of its last digit: the papers round some values and truncate others
+# (Nash-MTL Table 6 prints the single-task row 60.576, 0.5027, 4.539, 63.852 as 60.57, 0.502, 4.53, 63.8).
+
+
+def ulp(text: str) -> float:
+    return 10.0 ** -len(text.split(".")[1]) if "." in text else 1.0
+
+
+def printed_ulp(values: list[float]) -> float:
+    """A table prints a column with one number of decimals: the finest among its values (8.00 reads as 8.0)."""
+    return 10.0 ** -max(decimals(v) for v in values)
+
+
+def tables_with_metrics():
+    return [
+        pytest.param(name, tasks, t, id=f"{name}-{tasks}")
+        for name in available()
+        for tasks, t in load(name).items()
+        if t.has_metrics
+    ]
+
+
+def test_every_table_with_a_single_task_row_has_its_per_metric_values_except_celeba():
+    found = {(p.values[0], p.values[1]) for p in tables_with_metrics()}
+    assert found == {(n, t) for n in ("nash_mtl", "famo") for t in ("qm9", "nyuv2", "cityscapes")}
+
+
+@pytest.mark.parametrize("name, tasks, table", tables_with_metrics())
+def test_each_printed_delta_m_follows_from_the_printed_metrics_or_is_listed_as_inconsistent(name, tasks, table):
+    from mtl_bench.report.delta_m import delta_m_flat, relative_drops
+
+    half = 0.5 * printed_ulp([r.delta_m for r in table.rows])
+    off = {}
+    for row in table.rows:
+        drops = relative_drops(table.metrics(row), table.stl, table.higher_is_better)
+        k = len(table.columns)
+        rounding = sum(
+            100 / k * ulp(text) * c.factor / table.stl[c.task][c.metric] for c, text in zip(table.columns, row.printed)
+        )
+        recomputed = delta_m_flat(drops)
+        assert len([d for ds in drops.values() for d in ds.values()]) == k
+        if abs(recomputed - row.delta_m) > rounding + half:
+            off[row.method] = round(recomputed, 2)
+    assert set(off) == set(table.delta_m_inconsistent), off
+    for method, value in off.items():  # each one explained, with the value its metrics give
+        assert any(method in note and f"{value:.2f}" in note for note in table.notes), (method, value)
+
+
+@pytest.mark.parametrize("name, tasks, table", tables_with_metrics())
+def test_each_printed_mr_follows_from_the_printed_metrics_or_is_listed_as_inconsistent(name, tasks, table):
+    """Mean rank over the columns among the paper's methods. A tie between printed values may be none between the
+    paper's unrounded ones: each tie of t rows moves a row's rank by up to (t - 1)/2 on that metric."""
+    from mtl_bench.report.stats import mean_ranks
+
+    values = [table.metrics(r) for r in table.rows]
+    ranks = mean_ranks(values, table.higher_is_better)
+    step = printed_ulp([r.mr for r in table.rows])
+    k = len(table.columns)
+    off = set()
+    for i, (row, rank) in enumerate(zip(table.rows, ranks)):
+        ties = sum(sum(float(other.printed[j]) == float(row.printed[j]) for other in table.rows) - 1 for j in range(k))
+        if abs(rank - 1 + table.mr_base - row.mr) > step + ties / 2 / k + 1e-9:
+            off.add(row.method)
+    assert off == set(table.mr_inconsistent)
+    assert all(any(method in note for note in table.notes) for method in off)
+
+
+@pytest.mark.parametrize("name, tasks, table", tables_with_metrics())
+def test_the_papers_arrows_agree_with_our_task_sets(name, tasks, table):
+    from mtl_bench.tasks.dense.tasks import depth_task, normal_task, segmentation_task
+
+    ours = {"segmentation": segmentation_task(7), "depth": depth_task(None), "normal": normal_task(None)}
+    for c in table.columns:
+        expected = False if tasks == "qm9" else ours[c.task].higher_is_better[c.metric]  # QM9: MAE, lower is better
+        assert c.higher_is_better == expected, (name, tasks, c)
+        assert c.metric in table.stl[c.task]
+
+
+def test_a_qm9_group_with_nash_mtls_own_maes_ties_its_row_on_every_target(tmp_path: Path):
+    """The 11 targets by our task names (mae in the paper's units): a group whose MAEs are Nash-MTL's printed ones
+    shares that row's rank on every metric, so both get the same recomputed mean rank."""
+    table = load("nash_mtl")["qm9"]
+    nash = table.metrics(next(r for r in table.rows if r.method == "Nash-MTL"))
+    for seed in (0, 1):
+        run = tmp_path / f"copy_{seed}"
+        run.mkdir()
+        metrics = {
+            "status": "completed",
+            "overrides": ["balancer=nash_mtl", f"seed={seed}"],
+            "choices": {"balancer": "nash_mtl", "tasks": "qm9"},
+            "seed": seed,
+            "higher_is_better": {task: {"mae": False} for task in nash},
+            "test": nash,
+        }
+        (run / "metrics.json").write_text(json.dumps(metrics))
+    report = json.loads(make_report([tmp_path], "json", None, None, published="nash_mtl")[0])
+    recomputed = report["published"]["qm9"]["mean_rank_recomputed"]
+    assert recomputed["groups"]["balancer=nash_mtl"] == recomputed["published"]["Nash-MTL"]
+    assert len(recomputed["published"]) == 10
