@@ -137,13 +137,15 @@ def test_ddp_ranks_draw_the_same_preference_as_one_process(tmp_path: Path):
     assert_ddp_is_one_process_on_the_whole_batch(tmp_path, DDP_BALANCER, 3)
 
 
+SHORT = ["trainer=smoke", "trainer.max_steps=6", "trainer.log_every=3", "trainer.eval_every=6"]
+TOY = ["tasks=toy10", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32", "model.widths=[32,32]"]
+
+
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_the_engine_logs_the_drawn_preference(compose_cfg, tmp_path, name):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    short = ["trainer=smoke", "trainer.max_steps=6", "trainer.log_every=3", "trainer.eval_every=6"]
-    toy = ["tasks=toy10", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32", "model.widths=[32,32]"]
-    cfg = compose_cfg(f"balancer={name}", "balancer.preference=dirichlet", "balancer.alpha=0.5", *toy, *short)
+    cfg = compose_cfg(f"balancer={name}", "balancer.preference=dirichlet", "balancer.alpha=0.5", *TOY, *SHORT)
     train(cfg, tmp_path)
     tasks = json.loads((tmp_path / "metrics.json").read_text())["test"]
     events = EventAccumulator(str(tmp_path))
@@ -152,6 +154,15 @@ def test_the_engine_logs_the_drawn_preference(compose_cfg, tmp_path, name):
     assert logged.shape == (len(tasks), 2)  # steps 3 and 6
     torch.testing.assert_close(logged.sum(dim=0), torch.ones(2))
     assert not torch.equal(logged[:, 0], logged[:, 1])
+
+
+def test_a_resumed_run_ends_with_the_numbers_of_an_uninterrupted_one(compose_cfg, tmp_path):
+    """The checkpoint carries the generator: the resumed run draws the uninterrupted run's r at steps 4-6."""
+    args = ["balancer=cosmos", "balancer.preference=dirichlet", "balancer.lambda_=2.0", *TOY, *SHORT]
+    straight = train(compose_cfg(*args), tmp_path / "straight")
+    train(compose_cfg(*args, "trainer.max_steps=3"), tmp_path / "cut")
+    resumed = train(compose_cfg(*args, "trainer.resume=auto"), tmp_path / "cut")
+    assert resumed.step == 6 and resumed.test == straight.test and resumed.val == straight.val
 
 
 @pytest.mark.parametrize(
