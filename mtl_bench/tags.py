@@ -12,6 +12,10 @@ def weight(task: str) -> str:
     return f"weight/{task}"
 
 
+def preference(task: str) -> str:
+    return f"preference/{task}"
+
+
 def ratio(task: str) -> str:
     return f"ratio/{task}"
 

@@ -7,46 +7,55 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.scalarization import ScalarizedBalancer, preference_vector, reference_point
+from mtl_bench.balancers.preference import Concentration, Preference, PreferenceScalarization
+from mtl_bench.balancers.scalarization import reference_point
 
 EPSILON = 1e-12  # under d2's square root, so its gradient stays finite on the preference line (torchjd's)
 
 
-class PenaltyBoundaryIntersection(ScalarizedBalancer):
+class PenaltyBoundaryIntersection(PreferenceScalarization):
     """Penalty-based boundary intersection: with f = L − z and the unit preference direction ŵ, trains on
     d1 + θ·d2, d1 = f·ŵ (progress along ŵ) and d2 = ‖f − d1 ŵ‖ (distance from the preference line).
+
+    The direction is fixed by config (one trade-off per run) or, with `preference: dirichlet`, drawn from
+    Dir(alpha) each optimizer step to learn the whole front (uniform on the simplex, alpha = 1, when `alpha`
+    is null, as torchjd's docstring draws it; see PreferenceScalarization). Pareto-front learners also feed
+    the direction to the network (a hypernetwork or an input); this is the objective with a per-step draw,
+    without conditioning the network on it, because the zoo's models take only their task set's inputs.
 
     Reference: torchjd 0.18 `scalarization.PBI` (ε = 1e-12 under the root). No per-task mode: d2 needs every
     loss.
 
-    Metrics: `weight/<task>` (∂f/∂L_i).
+    Metrics: `weight/<task>` (∂f/∂L_i); with `dirichlet`, `preference/<task>` (the step's w_i).
     """
 
-    pref: Tensor
     reference_point: Tensor
 
     def __init__(
         self,
         task_names: Sequence[str],
         theta: float = 5.0,
-        preference: Optional[Mapping[str, float]] = None,
+        preference: Preference = None,
         reference: Optional[Mapping[str, float]] = None,
+        alpha: Concentration = None,
+        seed: int = 0,
     ) -> None:
         """
         task_names: the tasks (given by the engine).
         theta: the penalty θ on d2 (>= 0; the MOEA/D paper uses 5).
-        preference: the direction w, one weight >= 0 per task; None gives 1/T each.
+        preference: the direction w, one weight >= 0 per task; None gives 1/T each; `dirichlet` draws w each step.
         reference: the ideal point z, one number per task; None gives 0 each.
+        alpha: with `dirichlet`, the concentration: a number > 0 or one per task; None gives 1 (uniform).
+        seed: with `dirichlet`, the seed of the balancer's own generator (the run's seed in the config).
         """
-        super().__init__(list(task_names))
+        super().__init__(task_names, preference, alpha, seed)
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta >= 0:
             raise ValueError(f"theta: must be a number >= 0, got {theta!r}")
         self.theta = float(theta)
-        self.register_buffer("pref", preference_vector(preference, self.task_names))
         self.register_buffer("reference_point", reference_point(reference, self.task_names))
 
     def extra_repr(self) -> str:
-        return f"tasks={self.task_names}, theta={self.theta}"
+        return f"{super().extra_repr()}, theta={self.theta}"
 
     def _objective(self, losses: Tensor) -> Tensor:
         f = losses - self.reference_point

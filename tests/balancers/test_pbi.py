@@ -26,3 +26,37 @@ def test_matches_torchjd_pbi():
     jd = scalarization.PBI(2.0, torch.tensor(list(pref.values())), torch.tensor(list(ref.values())))
     train_scalarizer(reference, jd, 6)
     assert_same_parameters(ours, reference)
+
+
+def test_weights_by_hand_with_the_drawn_direction():
+    # ŵ = r/‖r‖, f = L − z, p = f − (f·ŵ)ŵ: w = ∂(d1 + θ‖p‖)/∂L = ŵ + θ p/‖p‖ (p ⊥ ŵ).
+    z = torch.tensor([0.5, 0.0, 0.2])
+    bal = PenaltyBoundaryIntersection(
+        list(TASKS3), theta=3.0, preference="dirichlet", reference=dict(zip(TASKS3, z.tolist())), seed=4
+    )
+    losses = torch.tensor([3.0, 4.0, 1.0])
+    for _ in range(3):  # a new direction each step
+        shared = torch.zeros(1, requires_grad=True)
+        metrics = bal.backward({t: (v + shared).sum() for t, v in zip(TASKS3, losses.tolist())}, shared)
+        unit = torch.stack([metrics[f"preference/{t}"] for t in TASKS3])
+        unit = unit / unit.norm()
+        f = losses - z
+        p = f - (f @ unit) * unit
+        torch.testing.assert_close(torch.stack([metrics[f"weight/{t}"] for t in TASKS3]), unit + 3.0 * p / p.norm())
+
+
+def test_matches_torchjd_pbi_reassigned_a_drawn_direction_each_step():
+    """Pareto-front training: a new direction before every step; torchjd's PBI given it trains the same net."""
+    scalarization = pytest.importorskip("torchjd.scalarization")
+    ours = make_model()
+    history = train_ours(ours, PenaltyBoundaryIntersection(list(TASKS3), theta=2.0, preference="dirichlet"), 6)
+    drawn = iter([torch.stack([m[f"preference/{t}"] for t in TASKS3]) for m in history])
+    pbi = scalarization.PBI(2.0, torch.ones(3))
+
+    def front_step(losses: torch.Tensor) -> torch.Tensor:
+        pbi.weights = next(drawn)
+        return pbi(losses)
+
+    reference = make_model()
+    train_scalarizer(reference, front_step, 6)
+    assert_same_parameters(ours, reference)
