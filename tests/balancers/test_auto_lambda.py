@@ -166,6 +166,34 @@ def test_parameters_and_weights_equal_libmtl_after_six_steps(outer_lr):
 # ---------------------------------------------------------------------------------------------- the contract
 
 
+def test_grad_scaler_gives_the_fp32_update():
+    """Under a GradScaler the look-ahead gradients are taken through the scale and divided by it."""
+    results = []
+    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**12)):
+        model = pair_model()
+        bal = AutoLambda(list(TASKS), outer_lr=0.3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(4):
+            inputs, targets = X[pair_rows(step)], {t: Y[t][pair_rows(step)] for t in TASKS}
+            val = X[val_rows(step)], {t: Y[t][val_rows(step)] for t in TASKS}
+            ctx = context_for(model, opt, inputs, targets, val)
+            ctx.scaler = scaler
+            opt.zero_grad()
+            out = model(inputs)
+            bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
+            bal.step()
+        results.append((bal.logits.clone(), [p.detach().clone() for p in model.parameters()]))
+    (logits, params), (scaled_logits, scaled_params) = results
+    torch.testing.assert_close(scaled_logits, logits, rtol=1e-5, atol=1e-6)
+    for p, q in zip(params, scaled_params):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+
+
 def test_resumed_run_ends_like_the_uninterrupted_one(compose_cfg, tmp_path):
     args = [*SMALL, "balancer=auto_lambda", "balancer.outer_lr=0.05"]
     train(compose_cfg(*args, "trainer.max_steps=12"), tmp_path / "straight")
@@ -203,7 +231,7 @@ def test_meaningless_settings_stop_in_one_line_before_training(compose_cfg, tmp_
     assert not list(tmp_path.glob("events.out.tfevents.*"))
 
 
-def test_ddp_and_a_missing_validation_stream_are_refused():
+def test_several_processes_and_a_missing_validation_stream_are_refused():
     with pytest.raises(ValueError, match="^world_size: AutoLambda runs in one process"):
         AutoLambda(list(TASKS), world_size=2)
     model = pair_model()
