@@ -17,7 +17,7 @@ from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.balancer_kit import TASKS, X, Y, pair_model, pair_rows
-from tests.helpers.cli import SMALL
+from tests.helpers.cli import SMALL, cli
 
 # ---------------------------------------------------------------------------------------------- the formula
 
@@ -210,6 +210,14 @@ def test_resumed_run_ends_like_the_uninterrupted_one(compose_cfg, tmp_path):
     for key, value in states[0].items():
         assert torch.equal(states[1][key], value), key
     assert states[0]["opt_step"].item() == 12 and not torch.equal(states[0]["logits"], torch.full((2,), 0.5))
+
+
+def test_the_smoke_command_trains_and_reports_the_weights(tmp_path):
+    """`mtl-bench train balancer=auto_lambda trainer=smoke` as typed, on the default task set (10,000 rows)."""
+    result = cli("train", "balancer=auto_lambda", "trainer=smoke", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "completed"
+    assert "final loss weights: t0 " in result.stdout
 
 
 @pytest.mark.parametrize(
