@@ -115,6 +115,26 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
             if dropped:
                 log.debug("%s._target_ set: the option's keys %s do not apply to it and were dropped", key, dropped)
         check_part(key, node_dict(node), supplied, ENGINE_KEYS.get(key, ()))
+    check_validation_keys(cfg, given)
+
+
+def check_validation_keys(cfg: DictConfig, typed: dict[str, str]) -> None:
+    """The validation stream's keys, typed, are used or refused: only a balancer that NEEDS_VALIDATION reads
+    them, and validation_holdout only with validation_source=holdout."""
+    keys = [k for k in ("trainer.validation_source", "trainer.validation_holdout") if k in typed]
+    if not keys:
+        return
+    balancer = target_of("balancer", node_dict(cfg.balancer))
+    if not getattr(balancer, "NEEDS_VALIDATION", False):
+        raise ConfigError(
+            f"{keys[0]}: read only by a balancer that draws validation batches (a bilevel method such as "
+            f"balancer=auto_lambda); {getattr(balancer, '__name__', balancer)} draws none"
+        )
+    if "trainer.validation_holdout" in typed and cfg.trainer.validation_source != "holdout":
+        raise ConfigError(
+            f"trainer.validation_holdout: read only with trainer.validation_source=holdout, not "
+            f"{cfg.trainer.validation_source}"
+        )
 
 
 @dataclass
