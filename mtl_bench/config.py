@@ -198,7 +198,7 @@ class TrainerConf:
     select_k: int = option(10, "last_k: how many evaluations to average")
     validation_source: str = option(
         "holdout",
-        "where a bilevel balancer (one that needs validation batches, e.g. balancer=auto_lambda) draws them: "
+        "where a bilevel balancer (one that draws validation batches: kind bilevel in docs/methods.md) draws them: "
         "holdout (trainer.validation_holdout of the training split, set aside by the seed and not trained on) | "
         "val (the task set's val split, which also selects and reports the model); unused by other balancers",
     )

@@ -127,8 +127,8 @@ def check_validation_keys(cfg: DictConfig, typed: dict[str, str]) -> None:
     balancer = target_of("balancer", node_dict(cfg.balancer))
     if not getattr(balancer, "NEEDS_VALIDATION", False):
         raise ConfigError(
-            f"{keys[0]}: read only by a balancer that draws validation batches (a bilevel method such as "
-            f"balancer=auto_lambda); {getattr(balancer, '__name__', balancer)} draws none"
+            f"{keys[0]}: read only by a balancer that draws validation batches (a bilevel method, kind bilevel in "
+            f"docs/methods.md); {getattr(balancer, '__name__', balancer)} draws none"
         )
     if "trainer.validation_holdout" in typed and cfg.trainer.validation_source != "holdout":
         raise ConfigError(

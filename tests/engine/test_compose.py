@@ -111,8 +111,8 @@ def test_a_typed_key_the_replaced_class_does_not_take_is_refused(checked):
     [
         (
             ["trainer.validation_holdout=0.2"],
-            "trainer.validation_holdout: read only by a balancer that draws validation batches (a bilevel method such "
-            "as balancer=auto_lambda); FixedWeights draws none",
+            "trainer.validation_holdout: read only by a balancer that draws validation batches (a bilevel method, "
+            "kind bilevel in docs/methods.md); FixedWeights draws none",
         ),
         (
             ["balancer=auto_lambda", "trainer.validation_source=val", "trainer.validation_holdout=0.2"],
