@@ -136,6 +136,16 @@ class LibMTLAutoLambda:
         self.tw_optimizer.zero_grad()
 
 
+# LibMTL main's own `Trainer.bacth_forward_AutoLambda` (its source extracted from LibMTL/trainer.py at commit
+# 4336804847eaa5e0b924b743d76beec7ac3fdc97 and called with a stand-in `self`: this model in float64, SGD lr 0.1, the
+# batches below, no scheduler): its task logits `tw.weights` after 6 steps, per outer_lr. The restatement above
+# gave the same bits, and the same parameters.
+LIBMTL_LOGITS_AFTER_6 = {
+    1e-3: [0.49437186062768684, 0.5056281393723131],
+    0.3: [-1.166173337254841, 2.166173337254812],
+}
+
+
 @pytest.mark.parametrize("outer_lr", [1e-3, 0.3])
 def test_parameters_and_weights_equal_libmtl_after_six_steps(outer_lr):
     """Same model, initial parameters and batches (their inner and training batch: our step's batch; their
@@ -157,6 +167,7 @@ def test_parameters_and_weights_equal_libmtl_after_six_steps(outer_lr):
         bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
         opt.step()
         bal.step()
+    torch.testing.assert_close(ref.tw.detach(), torch.tensor(LIBMTL_LOGITS_AFTER_6[outer_lr], dtype=torch.float64))
     torch.testing.assert_close(bal.logits, ref.tw.detach(), rtol=1e-9, atol=1e-12)
     assert not torch.allclose(bal.logits, torch.full((2,), 0.5, dtype=torch.float64))  # the weights moved
     for (name, ours), theirs in zip(model.named_parameters(), ref.model.parameters()):
