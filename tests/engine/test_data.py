@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import Dataset
 
+from mtl_bench.engine.compose import check_config
 from mtl_bench.engine.data import SampleIndex, Subset, hold_out
+from mtl_bench.engine.recipe import train
 from mtl_bench.tasks.base import Split
+from tests.helpers.dense_tree import write_nyuv2
 
 
 def numbered_split(n: int) -> Split:
@@ -53,3 +57,28 @@ def test_a_dataset_from_disk_keeps_each_draws_key_and_its_collate():
     assert data.asked[-1] == row and isinstance(data.asked[-1], SampleIndex) and data.asked[-1].key == 12345
     held[1]
     assert data.asked[-1] == held.rows[1] and not isinstance(data.asked[-1], SampleIndex)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bilevel_run_holds_out_rows_of_a_task_set_read_from_disk(compose_cfg, tmp_path, workers):
+    """NYUv2's tree served by a DataLoader (workers receive the Subset and its keyed indices) trains Auto-λ."""
+    root = write_nyuv2(tmp_path / "nyuv2", n_train=6, n_val=3)
+    overrides = [
+        "tasks=nyuv2",
+        f"tasks.root={root}",
+        "model._target_=tests.helpers.dense_tree.TinyDense",
+        "balancer=auto_lambda",
+        "trainer=smoke",
+        "trainer.max_steps=2",
+        "trainer.batch_size=2",
+        "trainer.eval_every=2",
+        "trainer.device=cpu",
+        "trainer.validation_holdout=0.34",  # 2 of the 6 training images
+        f"trainer.num_workers={workers}",
+    ]
+    cfg = compose_cfg(*overrides)
+    check_config(cfg, overrides)  # as the CLI: drops the mlp option's keys that TinyDense does not take
+    result = train(cfg, tmp_path / "run")
+    assert result.step == 2
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["balancer"]
+    assert state["opt_step"].item() == 2 and torch.isfinite(state["logits"]).all()
