@@ -16,7 +16,7 @@ from mtl_bench.balancers import AutoLambda, BackwardContext
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 from mtl_bench.models.base import MultiTaskModel
-from tests.helpers.balancer_kit import TASKS, X, Y, pair_model, pair_rows
+from tests.helpers.balancer_kit import TASKS, X, Y, no_host_sync, pair_model, pair_rows
 from tests.helpers.cli import SMALL, cli
 
 # ---------------------------------------------------------------------------------------------- the formula
@@ -221,6 +221,23 @@ def test_resumed_run_ends_like_the_uninterrupted_one(compose_cfg, tmp_path):
     for key, value in states[0].items():
         assert torch.equal(states[1][key], value), key
     assert states[0]["opt_step"].item() == 12 and not torch.equal(states[0]["logits"], torch.full((2,), 0.5))
+
+
+def test_metrics_are_0_d_and_a_step_reads_nothing_from_the_device(monkeypatch: pytest.MonkeyPatch):
+    model, bal = pair_model(), AutoLambda(list(TASKS))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with no_host_sync(monkeypatch):
+        for step in range(2):
+            inputs, targets = X[pair_rows(step)], {t: Y[t][pair_rows(step)] for t in TASKS}
+            ctx = context_for(
+                model, opt, inputs, targets, (X[val_rows(step)], {t: Y[t][val_rows(step)] for t in TASKS})
+            )
+            ctx.scaler = scaler
+            out = model(inputs)
+            metrics = bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
+            bal.step(False)
+    assert set(metrics) == {"weight/a", "weight/b"} and all(v.dim() == 0 for v in metrics.values())
 
 
 def test_the_smoke_command_trains_and_reports_the_weights(tmp_path):
