@@ -196,6 +196,13 @@ class TrainerConf:
         "<task>/<metric>",
     )
     select_k: int = option(10, "last_k: how many evaluations to average")
+    validation_source: str = option(
+        "holdout",
+        "where a bilevel balancer (one that draws validation batches: kind bilevel in docs/methods.md) draws them: "
+        "holdout (trainer.validation_holdout of the training split, set aside by the seed and not trained on) | "
+        "val (the task set's val split, which also selects and reports the model); unused by other balancers",
+    )
+    validation_holdout: float = option(0.1, "holdout: the fraction of the training split set aside, 0 < f < 1")
     profile: bool = option(
         False,
         "write a torch profiler trace of a few steps (TensorBoard's profile tab)",
@@ -238,6 +245,8 @@ class TrainerConf:
         _positive("trainer.diagnostics_every", self.diagnostics_every)
         _one_of("trainer.select", self.select, SELECTIONS)
         _positive("trainer.select_k", self.select_k)
+        _one_of("trainer.validation_source", self.validation_source, ("holdout", "val"))
+        _require(0 < self.validation_holdout < 1, "trainer.validation_holdout", self.validation_holdout, "0 < f < 1")
 
 
 # ----------------------------------------------------------------------------- the optimizer's engine keys

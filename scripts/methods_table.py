@@ -56,6 +56,8 @@ def build(cls: type[Balancer], options: dict) -> Balancer | None:
 
 
 def kind(cls: type[Balancer]) -> str:
+    if cls.NEEDS_VALIDATION:
+        return "bilevel"
     if issubclass(cls, GradientBalancer) or "grad_source" in inspect.signature(cls).parameters:
         return "gradient"
     return "loss weighting"

@@ -1,6 +1,7 @@
 """Loss balancers: each turns {task: loss} into gradients (see `Balancer`)."""
 
 from mtl_bench.balancers.aligned_mtl import AlignedMTL
+from mtl_bench.balancers.auto_lambda import AutoLambda
 from mtl_bench.balancers.base import BackwardContext, Balancer
 from mtl_bench.balancers.cagrad import CAGrad
 from mtl_bench.balancers.con_fig import ConFIG
@@ -39,6 +40,7 @@ __all__ = [
     "BackwardContext",
     "Balancer",
     "AlignedMTL",
+    "AutoLambda",
     "CAGrad",
     "DualBalancing",
     "DynamicWeightAverage",

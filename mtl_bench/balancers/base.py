@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -29,11 +29,24 @@ class BackwardContext:
     gradient accumulation, so the accumulated gradient is the mean; NaN for a micro-batch whose loss is not
     finite, so that every gradient is and the step is skipped on the device); `accumulation_steps`: k, the
     number of `backward` calls (per task in per-task mode) before the step's `step()`.
+
+    For a balancer that NEEDS_VALIDATION (bilevel methods) the loop also hands: `batch`, this micro-batch's
+    training (inputs, targets), whose losses `backward` receives; `validation()`, the next
+    (inputs, targets) batch of the validation stream on the device (one per micro-batch; the stream cycles);
+    `task_losses(inputs, targets, params)`, each task's loss of the model on a batch (float32, under the
+    precision's autocast), with `params` ({name: tensor}, some or all of `params`) in place of the model's own
+    parameters, and then leaving the model's buffers (BatchNorm statistics) as they were; `params`, the
+    trainable parameters by name; `learning_rate()`, the optimizer's current lr (its first param group's).
     """
 
     scaler: Optional[torch.amp.GradScaler] = None
     factor: Union[Tensor, float] = 1.0
     accumulation_steps: int = 1
+    batch: Optional[tuple[Any, dict[str, Tensor]]] = None
+    validation: Optional[Callable[[], tuple[Any, dict[str, Tensor]]]] = None
+    task_losses: Optional[Callable[..., dict[str, Tensor]]] = None
+    params: dict[str, nn.Parameter] = field(default_factory=dict)
+    learning_rate: Optional[Callable[[], float]] = None
 
     def scale(self, outputs: Tensor) -> Tensor:
         """What a backward runs on: `outputs` times the factor, times the loss scale."""
@@ -80,6 +93,9 @@ class Balancer(nn.Module):
     """
 
     task_names: list[str]
+    # True for a bilevel method: the loop then fills BackwardContext's validation(), task_losses, params and
+    # learning_rate (see trainer.validation_source for where the validation batches come from).
+    NEEDS_VALIDATION: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Every balancer's first argument is its task names; a dict there is the constructor form before the

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.utils.data import Dataset
 
 from mtl_bench.analysis.runs import override_key
 from mtl_bench.balancers import Balancer
@@ -22,6 +23,7 @@ from mtl_bench.catalog import conf_root
 from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf, section_schema
 from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, parameters, target_of
 from mtl_bench.engine.compat import check_model_balancer
+from mtl_bench.engine.data import hold_out
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import optimizer_steps_per_epoch, samples_per_epoch
 from mtl_bench.errors import ConfigError
@@ -113,6 +115,26 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
             if dropped:
                 log.debug("%s._target_ set: the option's keys %s do not apply to it and were dropped", key, dropped)
         check_part(key, node_dict(node), supplied, ENGINE_KEYS.get(key, ()))
+    check_validation_keys(cfg, given)
+
+
+def check_validation_keys(cfg: DictConfig, typed: dict[str, str]) -> None:
+    """The validation stream's keys, typed, are used or refused: only a balancer that NEEDS_VALIDATION reads
+    them, and validation_holdout only with validation_source=holdout."""
+    keys = [k for k in ("trainer.validation_source", "trainer.validation_holdout") if k in typed]
+    if not keys:
+        return
+    balancer = target_of("balancer", node_dict(cfg.balancer))
+    if not getattr(balancer, "NEEDS_VALIDATION", False):
+        raise ConfigError(
+            f"{keys[0]}: read only by a balancer that draws validation batches (a bilevel method, kind bilevel in "
+            f"docs/methods.md); {getattr(balancer, '__name__', balancer)} draws none"
+        )
+    if "trainer.validation_holdout" in typed and cfg.trainer.validation_source != "holdout":
+        raise ConfigError(
+            f"trainer.validation_holdout: read only with trainer.validation_source=holdout, not "
+            f"{cfg.trainer.validation_source}"
+        )
 
 
 @dataclass
@@ -126,6 +148,7 @@ class Parts:
     scheduler: Any
     precision: Precision
     total_steps: int
+    validation: Optional[Dataset] = None  # the validation stream's data, for a balancer that NEEDS_VALIDATION
 
 
 def build_tasks(cfg: DictConfig, conf: TrainerConf, device: torch.device) -> TaskSet:
@@ -166,6 +189,26 @@ def build_balancer(
     return balancer
 
 
+def validation_data(conf: TrainerConf, taskset: TaskSet, seed: int) -> Dataset:
+    """A bilevel balancer's validation batches come from the task set's val split, or from rows of the training
+    split held out by the seed (taken out of `taskset.train`, so they are never trained on)."""
+    if taskset.multi_input:  # unreachable while no bilevel balancer has a per-task mode; kept for the next
+        raise ConfigError(f"tasks={type(taskset).__name__}: validation batches need a single-input task set")
+    if conf.validation_source == "val":
+        data: Dataset = taskset.val  # type: ignore[assignment]
+        where = "the val split"
+    else:
+        taskset.train, data = hold_out(taskset.train, conf.validation_holdout, seed)  # type: ignore[arg-type]
+        where = f"trainer.validation_holdout={conf.validation_holdout}"
+    n = len(data)  # type: ignore[arg-type]
+    if n < conf.batch_size:
+        raise ConfigError(
+            f"trainer.validation_source={conf.validation_source}: {where} has {n} samples, fewer than "
+            f"trainer.batch_size={conf.batch_size} (a validation batch is as large as a training batch)"
+        )
+    return data
+
+
 def build_optimizer(cfg: DictConfig, model: MultiTaskModel) -> torch.optim.Optimizer:
     optim = node_dict(cfg.optim)
     groups = build_param_groups(model, optim.get("lr", 1e-3), optim.get("weight_decay"), optim.get("paramwise"))
@@ -176,6 +219,7 @@ def build_parts(cfg: DictConfig, conf: TrainerConf, device: torch.device, world_
     taskset = build_tasks(cfg, conf, device)
     model = build_model(cfg, taskset, device)
     balancer = build_balancer(cfg, conf, taskset, model, world_size, device)
+    validation = validation_data(conf, taskset, int(cfg.seed)) if balancer.NEEDS_VALIDATION else None
     optimizer = build_optimizer(cfg, model)
     steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)
     total_steps = conf.epochs * steps_per_epoch if conf.epochs else conf.max_steps
@@ -185,7 +229,7 @@ def build_parts(cfg: DictConfig, conf: TrainerConf, device: torch.device, world_
         "optim.schedule", schedule, None, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch
     )
     precision: Precision = build("precision", cfg.precision, Precision, device=device)
-    return Parts(taskset, model, balancer, optimizer, scheduler, precision, total_steps)
+    return Parts(taskset, model, balancer, optimizer, scheduler, precision, total_steps, validation)
 
 
 def describe_parts(parts: Parts, extra: Optional[dict[str, Any]] = None) -> dict[str, str]:

@@ -133,6 +133,42 @@ class _Replay:
             step += 1
 
 
+class Subset(Dataset):
+    """Some rows of a dataset read from disk, keeping what BatchSource relies on: the key each drawn index
+    carries (SampleIndex) and the dataset's own `collate`."""
+
+    def __init__(self, dataset: Dataset, rows: Tensor) -> None:
+        self.dataset, self.rows = dataset, rows.tolist()
+        self.collate = getattr(dataset, "collate", None)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Any:
+        row = self.rows[i]
+        return self.dataset[SampleIndex(row, i.key) if isinstance(i, SampleIndex) else row]
+
+
+def subset(split: Dataset, rows: Tensor) -> Dataset:
+    """`rows` of `split`: a tensor-resident Split stays one (indexed on its device), anything else is a Subset."""
+    if isinstance(split, Split):
+        index = rows.to(split.inputs.device)
+        return Split(split.inputs[index], {name: t[index] for name, t in split.targets.items()})
+    return Subset(split, rows)
+
+
+HOLDOUT_STREAM = -1  # the validation batches' order, apart from the training streams (0, and 1..T per task)
+
+
+def hold_out(split: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
+    """(the rows left to train on, the held-out rows): round(fraction × n) rows drawn by `seed`, in index order."""
+    n = len(split)  # type: ignore[arg-type]
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + 0x5F3759DF)  # apart from every sampler's seeds
+    order = torch.randperm(n, generator=generator)
+    held = round(fraction * n)
+    return subset(split, order[held:].sort().values), subset(split, order[:held].sort().values)
+
+
 def to_device(inputs: Any, targets: dict[str, Tensor], device: torch.device) -> tuple[Any, dict[str, Tensor]]:
     """Inputs are a tensor, a dict of tensors or any object with `.to(device)` (a PyG `Batch` of graphs)."""
     if isinstance(inputs, Mapping):

@@ -170,6 +170,8 @@ class Recipe:
             device,
             self.dist.rank,
             self.dist.world_size,
+            optimizer=self.optimizer,
+            validation=parts.validation,
         )
         self.nonfinite = NonFinitePolicy(
             self.taskset.task_names,

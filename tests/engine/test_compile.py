@@ -17,6 +17,7 @@ from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.engine.builders import build
 from mtl_bench.engine.compile import CompiledForward, CompileError, compile_mode, implementation_of, maybe_compile
+from mtl_bench.engine.compose import validation_data
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import StepRunner
 from mtl_bench.models import MLP, LeNet, MultiTaskModel
@@ -64,8 +65,19 @@ def train_steps(cfg, compile_setting) -> tuple[MultiTaskModel, Balancer, list[di
     taskset, model, balancer = parts(cfg)
     conf = OmegaConf.to_object(cfg.trainer)
     forward = maybe_compile(model, compile_setting)
-    runner = StepRunner(forward, taskset, balancer, Precision(torch.device("cpu")), conf, cfg.seed, torch.device("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    validation = validation_data(conf, taskset, cfg.seed) if balancer.NEEDS_VALIDATION else None  # auto_lambda
+    runner = StepRunner(
+        forward,
+        taskset,
+        balancer,
+        Precision(torch.device("cpu")),
+        conf,
+        cfg.seed,
+        torch.device("cpu"),
+        optimizer=optimizer,
+        validation=validation,
+    )
     measured = []
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=True)

@@ -104,3 +104,35 @@ def test_a_typed_key_the_replaced_class_does_not_take_is_refused(checked):
     assert "arch" not in cfg.model
     with pytest.raises(ConfigError, match=r"^model.arch: not an option of mtl_bench.models.SegNet; options: "):
         checked("model._target_=mtl_bench.models.SegNet", "tasks=digits", "model/arch=mmoe")
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["trainer.validation_holdout=0.2"],
+            "trainer.validation_holdout: read only by a balancer that draws validation batches (a bilevel method, "
+            "kind bilevel in docs/methods.md); FixedWeights draws none",
+        ),
+        (
+            ["balancer=auto_lambda", "trainer.validation_source=val", "trainer.validation_holdout=0.2"],
+            "trainer.validation_holdout: read only with trainer.validation_source=holdout, not val",
+        ),
+    ],
+)
+def test_validation_stream_keys_are_used_or_refused(checked, overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        checked(*overrides)
+    assert str(err.value) == expected
+    checked("balancer=auto_lambda", "trainer.validation_source=holdout", "trainer.validation_holdout=0.2")  # read
+
+
+def test_a_bilevel_balancer_on_a_too_small_holdout_stops_in_one_line(tmp_path):
+    result = cli(
+        "train", "balancer=auto_lambda", "trainer.validation_holdout=0.05", f"hydra.run.dir={tmp_path}", *SMOKE
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "mtl-bench: error: trainer.validation_source=holdout: trainer.validation_holdout=0.05 has 26 samples, fewer "
+        "than trainer.batch_size=32 (a validation batch is as large as a training batch)"
+    )

@@ -132,3 +132,125 @@ def test_per_task_mode_on_digits_with_lenet(compose_cfg, tmp_path):
     )
     result = train(conf, tmp_path)
     assert set(result.test) == {"left", "right", "sum"} and result.step == 20
+
+
+class RecordsItsContext(FixedWeights):
+    """A bilevel balancer's view of the loop: what the context hands it each step."""
+
+    NEEDS_VALIDATION = True
+
+    def __init__(self, task_names):
+        super().__init__(task_names)
+        self.seen: list[dict] = []
+
+    def backward(self, losses, shared, ctx=None):
+        inputs, targets = ctx.batch
+        val_inputs, val_targets = ctx.validation()
+        ahead = {name: p.detach() + 0.5 for name, p in ctx.params.items()}
+        self.seen.append(
+            {
+                "inputs": inputs,
+                "val_inputs": val_inputs,
+                "val_targets": val_targets,
+                "lr": ctx.learning_rate(),
+                "same": ctx.task_losses(inputs, targets),
+                "ahead": ctx.task_losses(val_inputs, val_targets, ahead),
+                "ahead_params": ahead,
+                "losses": {k: v.detach() for k, v in losses.items()},
+            }
+        )
+        return super().backward(losses, shared, ctx)
+
+
+def bilevel_runner(conf, source: str = "holdout"):
+    from mtl_bench.engine.compose import build_parts
+
+    conf = OmegaConf.merge(conf, {"trainer": {"validation_source": source}})
+    trainer = OmegaConf.to_object(conf.trainer)
+    torch.manual_seed(0)
+    parts = build_parts(conf, trainer, torch.device("cpu"))
+    balancer = RecordsItsContext(parts.taskset.task_names)
+    runner = StepRunner(
+        parts.model,
+        parts.taskset,
+        balancer,
+        parts.precision,
+        trainer,
+        conf.seed,
+        torch.device("cpu"),
+        optimizer=parts.optimizer,
+        validation=parts.validation if source == "holdout" else parts.taskset.val,
+    )
+    return parts, balancer, runner
+
+
+def rows_of(inputs, split) -> set[int]:
+    """Which rows of `split` the batch `inputs` holds (toy inputs are continuous draws: rows are unique)."""
+    matches = (inputs[:, None, :] == split.inputs[None, :, :]).all(-1)
+    assert (matches.sum(1) == 1).all()
+    return set(matches.int().argmax(1).tolist())
+
+
+def test_a_bilevel_balancer_gets_held_out_batches_the_training_stream_never_sees(small_conf):
+    conf = small_conf("balancer=auto_lambda", "optim.lr=0.003")
+    parts, balancer, runner = bilevel_runner(conf)
+    assert len(parts.taskset.train) == 512 - 51 and len(parts.validation) == 51  # trainer.validation_holdout=0.1
+    for step in range(4):
+        runner.run(step)
+    _, again, runner2 = bilevel_runner(conf)
+    runner2.run(2)  # a resumed run draws the same validation batch at the same step
+    torch.testing.assert_close(again.seen[0]["val_inputs"], balancer.seen[2]["val_inputs"])
+    full = build("tasks", conf.tasks).train
+    held, trained = set(), set()
+    for seen in balancer.seen:
+        assert seen["lr"] == 0.003 and seen["val_inputs"].shape[0] == conf.trainer.batch_size
+        held |= rows_of(seen["val_inputs"], full)
+        trained |= rows_of(seen["inputs"], full)
+        torch.testing.assert_close(seen["same"], seen["losses"])  # task_losses is the step's own loss
+    assert held <= rows_of(parts.validation.inputs, full) and not held & trained
+    # with params: the model at those parameters (here every parameter + 0.5), its own left as they were
+    seen = balancer.seen[-1]
+    out = torch.func.functional_call(parts.model, seen["ahead_params"], (seen["val_inputs"],))
+    for task in parts.taskset.tasks:
+        expected = task.loss(out.preds[task.name], seen["val_targets"][task.name])
+        torch.testing.assert_close(seen["ahead"][task.name], expected)
+
+
+def test_validation_source_val_draws_from_the_val_split_and_holds_nothing_out(small_conf):
+    conf = small_conf("balancer=auto_lambda")
+    parts, balancer, runner = bilevel_runner(conf, source="val")
+    assert parts.validation is not None and len(parts.taskset.train) == 512
+    runner.run(0)
+    assert rows_of(balancer.seen[0]["val_inputs"], parts.taskset.val)
+
+
+def test_look_ahead_forwards_leave_batchnorm_statistics_alone(small_conf):
+    from torch import nn
+
+    from mtl_bench.models.base import MultiTaskModel
+
+    conf = small_conf("balancer=auto_lambda")
+    parts, _, _ = bilevel_runner(conf)
+    trunk = nn.Sequential(nn.Linear(parts.taskset.input_shape[0], 8), nn.BatchNorm1d(8), nn.ReLU())
+    model = MultiTaskModel(trunk, {t.name: nn.Linear(8, t.out_dim) for t in parts.taskset.tasks}, trunk[0])
+    trainer = OmegaConf.to_object(conf.trainer)
+    balancer = RecordsItsContext(parts.taskset.task_names)
+    runner = StepRunner(
+        model,
+        parts.taskset,
+        balancer,
+        parts.precision,
+        trainer,
+        conf.seed,
+        torch.device("cpu"),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        validation=parts.validation,
+    )
+    runner.run(0)  # the balancer's look-ahead forward at θ + 0.5 runs inside the step
+    inputs, targets = runner.sources[0].batch(1)
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    runner.ctx.task_losses(inputs, targets, {n: p + 0.1 for n, p in runner.ctx.params.items()})
+    for name, value in model.named_buffers():
+        assert torch.equal(value, before[name]), name
+    runner.ctx.task_losses(inputs, targets)  # without params: the model itself, whose forward updates them
+    assert not torch.equal(model.trunk[1].running_mean, before["trunk.1.running_mean"])

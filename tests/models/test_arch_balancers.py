@@ -75,8 +75,12 @@ def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...], must
         for _ in range(k):
             x = torch.randn(6, *shape, generator=gen)
             out = model(x)
-            losses = {t: F.mse_loss(out.preds[t], torch.randn(6, n, generator=gen)) for t, n in TASKS.items()}
-            metrics = bal.backward(losses, out.shared, BackwardContext(None, 1.0, k))
+            targets = {t: torch.randn(6, n, generator=gen) for t, n in TASKS.items()}
+            losses = {t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}
+            ctx = BackwardContext(None, 1.0, k)
+            if bal.NEEDS_VALIDATION:  # a bilevel method: the engine's validation stream, here one more random batch
+                fill_validation(ctx, model, opt, (x, targets), shape)
+            metrics = bal.backward(losses, out.shared, ctx)
         opt.step()
         metrics |= bal.step(False)
         assert all(torch.isfinite(v).all() for v in metrics.values())
@@ -84,6 +88,20 @@ def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...], must
     moved = [not torch.equal(b, p) for b, p in zip(before, model.parameters()) if id(p) in shared]
     assert any(moved) or not must_move, "no shared parameter moved"
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def fill_validation(ctx: BackwardContext, model: MultiTaskModel, opt, batch, shape: tuple[int, ...]) -> None:
+    """What the engine's StepRunner hands a balancer that NEEDS_VALIDATION (engine/step.py)."""
+    gen = torch.Generator().manual_seed(2)
+    val = torch.randn(6, *shape, generator=gen), {t: torch.randn(6, n, generator=gen) for t, n in TASKS.items()}
+
+    def task_losses(x, y, params=None):
+        out = model(x) if params is None else torch.func.functional_call(model, dict(params), (x,))
+        return {t: F.mse_loss(out.preds[t], y[t]) for t in TASKS}
+
+    ctx.batch, ctx.validation, ctx.task_losses = batch, lambda: val, task_losses
+    ctx.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    ctx.learning_rate = lambda: opt.param_groups[0]["lr"]
 
 
 class SmallResNet(MultiTaskModel):

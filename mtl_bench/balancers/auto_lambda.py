@@ -1,0 +1,152 @@
+"""Liu, Johns & Davison, TMLR 2022, "Auto-Lambda: Disentangling Dynamic Task Relationships"."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from mtl_bench import tags
+from mtl_bench.balancers.adam_update import adam_update
+from mtl_bench.balancers.base import BackwardContext, Context
+from mtl_bench.balancers.staged import JOINT, StagedBalancer, current_scale
+
+
+class AutoLambda(StagedBalancer):
+    """Task logits α (start at 1/T), weights λ = softmax(α); the network descends Σ_i λ_i L_i on its batch,
+    and α learns, before each step, what a look-ahead step would do to the validation loss Σ_i L_i^val:
+
+        θ' = θ − η ∇_θ Σ_i λ_i L_i(θ)                   (η: the optimizer's current lr, plain SGD)
+        d = ∇_θ' Σ_i L_i^val(θ'),  ε = 0.01 / ‖d‖
+        h = (∇_α Σ_i λ_i L_i(θ + ε d) − ∇_α Σ_i λ_i L_i(θ − ε d)) / (2ε)   (finite differences, DARTS)
+        α ← Adam(α, −η h; lr=outer_lr)
+
+    then Σ_i λ_i(α_new) L_i is backpropagated (LibMTL updates α first, then trains with it).
+
+    Reference: LibMTL main, `Trainer.bacth_forward_AutoLambda` and `Trainer._prepare_tw` in
+    LibMTL/trainer.py (commit 4336804847eaa5e0b924b743d76beec7ac3fdc97), itself adapted from the authors'
+    lorenmt/auto-lambda. As there: softmax weights (the paper's λ are unconstrained), outer loss the sum of
+    every task's loss (the paper's "all tasks" setting), a look-ahead step of plain SGD at the first param
+    group's lr (the authors' code also applies the optimizer's momentum and weight decay), Adam with torch's
+    default betas and eps. Where ours differs (data only, never the update): LibMTL draws the look-ahead
+    ("inner") batch, the validation ("outer") batch and the training batch as three independent batches of
+    the training data, the first two of half the batch size; here the look-ahead batch is the step's training
+    batch itself (as in the authors' code, which saves a forward and a backward: ∇_θ Σ λ_i L_i comes from the
+    step's own graph) and the validation batch comes from the engine's validation stream
+    (`trainer.validation_source`, a full batch). The look-ahead forwards leave BatchNorm's running statistics
+    alone (LibMTL's ±ε forwards run on the live model and update them; they do not change the update).
+
+    Needs the engine's validation stream (NEEDS_VALIDATION); one process (the look-ahead is not synchronized
+    across DDP ranks), joint mode, no gradient accumulation. Under fp16 the look-ahead gradients are taken
+    through the grad scaler's scale and divided by it. A step whose α update is not finite keeps the old α.
+
+    Metrics: `weight/<task>` (λ_i used this step). α and Adam's moments are buffers.
+    """
+
+    NEEDS_VALIDATION = True
+    logits: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    opt_step: Tensor
+
+    def __init__(self, task_names: Sequence[str], outer_lr: float = 1e-3, world_size: int = 1) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
+        world_size: the number of DDP processes (given by the engine); must be 1.
+        """
+        super().__init__(task_names)
+        if not outer_lr > 0:
+            raise ValueError(f"outer_lr: must be > 0, got {outer_lr}")
+        if world_size != 1:
+            raise ValueError(
+                f"world_size: AutoLambda runs in one process (its look-ahead step and the update of its "
+                f"weights are not synchronized across ranks), got {world_size}"
+            )
+        self.outer_lr = float(outer_lr)
+        n = len(self.task_names)
+        self.register_buffer("logits", torch.full((n,), 1.0 / n))
+        self.register_buffer("exp_avg", torch.zeros(n))
+        self.register_buffer("exp_avg_sq", torch.zeros(n))
+        self.register_buffer("opt_step", torch.zeros(()))
+
+    def extra_repr(self) -> str:
+        return f"tasks={self.task_names}, outer_lr={self.outer_lr}"
+
+    def _stacked(self, losses: dict[str, Tensor]) -> Tensor:
+        return torch.stack([losses[name] for name in self.task_names])
+
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        context = BackwardContext.of(ctx)
+        if context is None or context.batch is None or context.validation is None:
+            raise ValueError(
+                "AutoLambda needs a BackwardContext with batch, validation, task_losses, params and learning_rate "
+                "(the engine fills them for a balancer that NEEDS_VALIDATION)"
+            )
+        assert context.task_losses is not None and context.learning_rate is not None and context.params
+        self._begin(JOINT, context, shared)
+        # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
+        scale = current_scale(context.scaler, shared) if context.scaler is not None else None
+        names, params = list(context.params), list(context.params.values())
+        ordered = self._stacked(losses)
+        alpha = self.logits
+        lr = context.learning_rate()
+
+        # The look-ahead step θ' = θ − η ∇_θ Σ λ_i L_i, from this step's graph (kept for the real backward).
+        inner = (torch.softmax(alpha, dim=-1) * ordered).sum()
+        grads = self._grad(inner, params, scale, allow_unused=True)
+        with torch.no_grad():
+            ahead = {
+                n: (p - lr * self._unscale(g, scale) if g is not None else p.clone()).requires_grad_()
+                for n, p, g in zip(names, params, grads)
+            }
+
+        # d = ∇_θ' of the validation loss at θ'.
+        val_inputs, val_targets = context.validation()
+        outer = self._stacked(context.task_losses(val_inputs, val_targets, ahead)).sum()
+        outer = outer * scale if scale is not None else outer
+        found = torch.autograd.grad(outer, list(ahead.values()), allow_unused=True)
+        d = [self._unscale(g, scale) if g is not None else torch.zeros_like(p) for g, p in zip(found, params)]
+
+        # ∇²_{α,θ} Σ λ_i L_i · d by central differences at θ ± ε d on the training batch.
+        eps = 0.01 / torch.linalg.vector_norm(torch.stack(torch._foreach_norm(d)))
+        inputs, targets = context.batch
+        with torch.no_grad():
+            plus = {n: p + eps * g for n, p, g in zip(names, params, d)}
+            minus = {n: p - eps * g for n, p, g in zip(names, params, d)}
+            at_plus = self._stacked(context.task_losses(inputs, targets, plus))
+            at_minus = self._stacked(context.task_losses(inputs, targets, minus))
+            z = torch.softmax(alpha, dim=-1)
+            # ∇_α Σ softmax(α)_i L_i = z ∘ (L − z·L): the softmax's backward, as autograd computes it.
+            hessian = (z * (at_plus - (z * at_plus).sum()) - z * (at_minus - (z * at_minus).sum())) / (2 * eps)
+            new, exp_avg, exp_avg_sq, step = adam_update(
+                alpha, -lr * hessian, self.exp_avg, self.exp_avg_sq, self.opt_step, self.outer_lr, (0.9, 0.999), 1e-8
+            )
+            self._require_finite(new)
+            new = torch.where(torch.isfinite(new).all(), new, alpha)
+        self._stage(logits=new, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
+
+        weights = torch.softmax(new, dim=-1)
+        self.run_backward((weights * ordered).sum(), context)
+        self._end_joint()
+        return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
+
+    @staticmethod
+    def _unscale(grad: Tensor, scale: Optional[Tensor]) -> Tensor:
+        return grad / scale if scale is not None else grad
+
+    def per_task_problem(self) -> str:
+        return (
+            "AutoLambda has no per-task mode: its look-ahead step and the validation loss need every task's "
+            "loss of the same batch; use trainer.step_mode=joint"
+        )
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        raise NotImplementedError(self.per_task_problem())
+
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        if steps == 1:
+            return None
+        return "AutoLambda takes one look-ahead step on one training batch per optimizer step; use 1"
