@@ -91,6 +91,11 @@ class StepRunner:
         self.steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)
         self.on_first_losses: Optional[Callable[[list[Tensor]], None]] = None  # detect_anomalous_params
 
+    def close(self) -> None:
+        """Stop the training loaders' worker processes (a run that stops or ends)."""
+        for source in self.sources:
+            source.close()
+
     def _sync(self, last: bool) -> ContextManager[Any]:
         no_sync = getattr(self.model, "no_sync", None)  # DDP only
         return contextlib.nullcontext() if last or no_sync is None else no_sync()
