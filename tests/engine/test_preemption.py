@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 RUN = [
     "trainer.max_steps=300",
@@ -122,3 +123,156 @@ def test_the_stop_signal_is_passed_on_to_submitits_handler(compose_cfg, tmp_path
         signal.signal(signal.SIGUSR2, previous)
     assert seen == [signal.SIGUSR2]
     assert (tmp_path / "checkpoints" / "last.pt").is_file()
+
+
+REPO = Path(__file__).parents[2]
+# A step of 0.5 s (a forward that sleeps) and an evaluation and a checkpoint after every step: a stop that
+# started the evaluation or waited for it would show in the stamps and in the time.
+SLOW = [
+    "model._target_=tests.helpers.slow_model.SlowMLP",
+    "model.widths=[16]",
+    "trainer.max_steps=6",
+    "trainer.log_every=1",
+    "trainer.eval_every=1",
+    "trainer.checkpoint_every=1",
+    "trainer.progress=log",
+    "trainer.batch_size=32",
+    "tasks.n_train=256",
+    "tasks.n_val=32",
+    "tasks.n_test=32",
+]
+
+
+def start_slow(run_dir: Path, stamps: Path, forward_s: float, *extra: str) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "SLOW_FORWARD_S": str(forward_s),
+        "SLOW_FORWARD_STAMPS": str(stamps),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "mtl_bench", "train", f"hydra.run.dir={run_dir}", *SLOW, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def read_stamps(path: Path) -> list[tuple[str, str, float]]:
+    if not path.is_file():
+        return []
+    return [(mode, what, float(t)) for mode, what, t in (line.split() for line in path.read_text().splitlines())]
+
+
+def cpu_slowdown(seconds: float = 0.3) -> float:
+    """How much slower than its own CPU time a busy thread runs here now (1: a core to itself; ~3 on a 2-core
+    machine shared by six busy processes): the factor by which the machine's load stretches the stop."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    while time.thread_time() - cpu < seconds:
+        sum(range(1000))
+    return max(1.0, (time.perf_counter() - wall) / (time.thread_time() - cpu))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_right_after_the_step_with_one_checkpoint_and_resumes_from_it(tmp_path):
+    from mtl_bench.engine.checkpoint import save_checkpoint
+
+    run_dir, stamps = tmp_path / "run", tmp_path / "stamps"
+    proc = start_slow(run_dir, stamps, 0.5)
+    deadline = time.monotonic() + 120
+    while sum(1 for mode, what, _ in read_stamps(stamps) if (mode, what) == ("train", "start")) < 3:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "step 3 not reached"
+        time.sleep(0.01)
+    sent = time.time()  # inside step 3's forward
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    gone = time.time()
+
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    last = stderr.strip().splitlines()[-1]
+    step = int(last.split("after step ")[1].split(";")[0])
+    assert last == (
+        f"mtl-bench: stopped by SIGINT after step {step}; checkpoint {run_dir}/checkpoints/last.pt written. "
+        f"Resume with the same command plus hydra.run.dir={run_dir} trainer.resume=auto"
+    )
+    seen = read_stamps(stamps)
+    assert [s for s in seen if s[1] == "start" and s[2] > sent] == []  # no step and no evaluation after the signal
+    train_starts = [t for mode, what, t in seen if (mode, what) == ("train", "start")]
+    assert step == len(train_starts)  # the step the signal came in is the last one
+    checkpoint = run_dir / "checkpoints" / "last.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["step"] == step
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "interrupted"
+
+    # The bound: 1 s, plus this checkpoint's own write time (fsync included), stretched by the machine's load.
+    written = time.perf_counter()
+    save_checkpoint(tmp_path / "again.pt", state)
+    write_s = time.perf_counter() - written
+    slowdown = cpu_slowdown()
+    step_end = max(t for mode, what, t in seen if (mode, what) == ("train", "end"))
+    assert gone - step_end < (1.0 + write_s) * slowdown, (gone - step_end, write_s, slowdown)
+
+    assert "SIGINT: stopping after the current step" in stderr  # said at once, before the step ended
+
+    resumed_stamps = tmp_path / "resumed_stamps"
+    resumed = start_slow(run_dir, resumed_stamps, 0.0, "trainer.resume=auto")
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    assert f"resumed from {checkpoint} at step {step}" in stderr
+    trained = [s for s in read_stamps(resumed_stamps) if s[:2] == ("train", "start")]
+    assert len(trained) == 6 - step
+    assert json.loads((run_dir / "metrics.json").read_text())["step"] == 6
+
+
+def test_a_second_ctrl_c_aborts_the_checkpoint_write_and_keeps_the_last_good_one(small_conf, tmp_path, monkeypatch):
+    """The first SIGINT stops after step 3; a second one, in the middle of writing step 3's checkpoint, leaves at
+    once: the temp file is removed and last.pt is still step 2's, byte for byte."""
+    import io
+
+    from mtl_bench.engine import recipe as recipe_module
+    from mtl_bench.engine.recipe import Recipe
+    from mtl_bench.errors import Interrupted
+    from mtl_bench.files import atomic_write
+
+    recipe = Recipe(small_conf("trainer.max_steps=10", "trainer.checkpoint_every=2"), tmp_path)
+    recipe.setup()
+    checkpoint = tmp_path / "checkpoints" / "last.pt"
+    good: list[bytes] = []
+    original_step = recipe.optimizer_step
+
+    def step_then_ctrl_c(logging_now):
+        result = original_step(logging_now)
+        if recipe.step == 2:  # the loop counts the step after this returns: the signal comes in step 3
+            good.append(checkpoint.read_bytes())
+            monkeypatch.setattr(recipe_module, "save_checkpoint", save_with_a_second_ctrl_c)
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    def save_with_a_second_ctrl_c(path, payload):
+        data = io.BytesIO()
+        torch.save(payload, data)
+
+        def write(f):
+            f.write(data.getvalue()[:100])
+            os.kill(os.getpid(), signal.SIGINT)  # the handler raises here, between two writes
+            f.write(data.getvalue()[100:])
+
+        atomic_write(path, write)
+
+    recipe.optimizer_step = step_then_ctrl_c
+    try:
+        with pytest.raises(Interrupted) as stopped:
+            recipe.train()
+    finally:
+        recipe.cleanup()
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert str(stopped.value) == (
+        f"aborted by a second SIGINT at step 3; checkpoint {checkpoint} (step 2) is unchanged. Resume with the same "
+        f"command plus hydra.run.dir={tmp_path} trainer.resume=auto"
+    )
+    assert checkpoint.read_bytes() == good[0]
+    assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["last.pt"]  # no temp file left
+    assert torch.load(checkpoint, weights_only=True)["step"] == 2
