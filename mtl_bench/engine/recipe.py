@@ -352,11 +352,17 @@ class Recipe:
                     # last step too: the resumed run then only evaluates.
                     if self._stopping(logging_now):
                         self._stop(self.elapsed_before + time.perf_counter() - started)
-                    if self.step % conf.eval_every == 0 and self.step < total:
+                    evaluating = self.step % conf.eval_every == 0 and self.step < total
+                    saving = (
+                        bool(conf.checkpoint_every) and self.step % conf.checkpoint_every == 0 and self.step < total
+                    )
+                    if evaluating:
                         self._evaluate_and_select()
-                    if conf.checkpoint_every and self.step % conf.checkpoint_every == 0 and self.step < total:
+                    if saving:
                         self.nonfinite.check(self.step)
                         self.save(self.elapsed_before + time.perf_counter() - started)
+                    if (evaluating or saving) and self._stopping(logging_now):  # a signal during them
+                        self._stop(self.elapsed_before + time.perf_counter() - started)
         finally:
             progress.close()
             for signum, handler in previous_handlers.items():
@@ -465,7 +471,8 @@ class Recipe:
     def _stop(self, elapsed: float) -> None:
         assert self.stop_signal is not None
         self.nonfinite.check(self.step)  # a checkpoint holds a good state only
-        self.save(elapsed)
+        if self.saved_step != self.step:  # not just written by the periodic checkpoint
+            self.save(elapsed)
         name = signal.Signals(self.stop_signal).name
         message = (
             f"stopped by {name} after step {self.step}; checkpoint {self.checkpoint_path} written. Resume "

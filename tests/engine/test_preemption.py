@@ -276,3 +276,43 @@ def test_a_second_ctrl_c_aborts_the_checkpoint_write_and_keeps_the_last_good_one
     assert checkpoint.read_bytes() == good[0]
     assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["last.pt"]  # no temp file left
     assert torch.load(checkpoint, weights_only=True)["step"] == 2
+
+
+@pytest.mark.parametrize("during", ["step", "evaluation"])
+def test_a_stop_at_an_evaluation_and_checkpoint_step_writes_one_checkpoint(small_conf, tmp_path, during):
+    """A signal in step 4, where an evaluation and a checkpoint are due: no evaluation, one checkpoint. A signal
+    in that evaluation: it finishes, the periodic checkpoint is the stop's, and step 5 never starts."""
+    from mtl_bench.engine.recipe import Recipe
+    from mtl_bench.errors import Interrupted
+
+    recipe = Recipe(small_conf("trainer.max_steps=10", "trainer.eval_every=4", "trainer.checkpoint_every=4"), tmp_path)
+    recipe.setup()
+    calls: list[tuple[str, int]] = []
+    original_step, original_eval, original_save = recipe.optimizer_step, recipe._evaluate_and_select, recipe.save
+
+    def step(logging_now):
+        calls.append(("step", recipe.step + 1))
+        result = original_step(logging_now)
+        if during == "step" and recipe.step + 1 == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    def evaluate():
+        calls.append(("evaluate", recipe.step))
+        if during == "evaluation" and recipe.step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original_eval()
+
+    def save(elapsed):
+        calls.append(("save", recipe.step))
+        original_save(elapsed)
+
+    recipe.optimizer_step, recipe._evaluate_and_select, recipe.save = step, evaluate, save
+    try:
+        with pytest.raises(Interrupted):
+            recipe.train()
+    finally:
+        recipe.cleanup()
+    steps = [("step", i) for i in (1, 2, 3, 4)]
+    assert calls == (steps + [("save", 4)] if during == "step" else steps + [("evaluate", 4), ("save", 4)])
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
