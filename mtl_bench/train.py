@@ -150,7 +150,7 @@ def run_hydra_app() -> None:
 
 def exit_now(code: int) -> None:
     """Exit as a stopped run should, at once: the exit handlers run (log files, worker processes), the
-    interpreter's teardown of torch's modules does not (1-5 s on a loaded 2-core machine, docs/benchmarks.md)."""
+    interpreter's teardown of torch's modules does not (1.5-3 s on a shared 2-core machine: docs/training.md)."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
