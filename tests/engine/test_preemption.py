@@ -316,3 +316,33 @@ def test_a_stop_at_an_evaluation_and_checkpoint_step_writes_one_checkpoint(small
     steps = [("step", i) for i in (1, 2, 3, 4)]
     assert calls == (steps + [("save", 4)] if during == "step" else steps + [("evaluate", 4), ("save", 4)])
     assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
+
+
+def test_a_stop_in_the_last_step_resumes_to_the_uninterrupted_numbers(small_conf, tmp_path):
+    """The signal is honoured in the last step too: the checkpoint holds the trained model and the resumed run
+    only evaluates, ending where the uninterrupted run ends."""
+    from mtl_bench.engine.recipe import Recipe, train
+    from mtl_bench.errors import Interrupted
+
+    conf = ("trainer.max_steps=6", "trainer.eval_every=3")
+    whole = train(small_conf(*conf), tmp_path / "whole")
+
+    recipe = Recipe(small_conf(*conf), tmp_path / "cut")
+    recipe.setup()
+    original_step = recipe.optimizer_step
+
+    def step(logging_now):
+        result = original_step(logging_now)
+        if recipe.step + 1 == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    recipe.optimizer_step = step
+    try:
+        with pytest.raises(Interrupted):
+            recipe.train()
+    finally:
+        recipe.cleanup()
+    assert torch.load(tmp_path / "cut" / "checkpoints" / "last.pt", weights_only=True)["step"] == 6
+    resumed = train(small_conf(*conf, "trainer.resume=auto"), tmp_path / "cut")
+    assert resumed.step == 6 and resumed.test == whole.test and resumed.val == whole.val
