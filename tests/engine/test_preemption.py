@@ -346,3 +346,49 @@ def test_a_stop_in_the_last_step_resumes_to_the_uninterrupted_numbers(small_conf
     assert torch.load(tmp_path / "cut" / "checkpoints" / "last.pt", weights_only=True)["step"] == 6
     resumed = train(small_conf(*conf, "trainer.resume=auto"), tmp_path / "cut")
     assert resumed.step == 6 and resumed.test == whole.test and resumed.val == whole.val
+
+
+def child_pids(pid: int) -> set[int]:
+    """The processes `pid` started (Linux: one children file per thread)."""
+    return {int(c) for f in Path(f"/proc/{pid}/task").glob("*/children") for c in f.read_text().split()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_on_segnet_with_loader_workers_leaves_no_process_and_resumes(tmp_path):
+    """Ctrl-C as a terminal sends it (to the whole process group) to SegNet-MTAN on the NYUv2 test tree with two
+    loader workers, an evaluation and a checkpoint due after every step, in step 2: it stops after that step,
+    evaluates nothing more, the workers are gone when it exits, and the run resumes from step 2."""
+    from tests.helpers.dense_tree import write_nyuv2
+
+    root = write_nyuv2(tmp_path / "data", n_train=8, n_val=2)
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "mtl_bench", "train", "experiment=nyuv2_segnet_mtan", f"tasks.root={root}",
+        "model.filters=[4,8,8,8,8]", "trainer.epochs=null", "trainer.max_steps=4", "trainer.eval_every=1",
+        "trainer.eval_batch_size=2", "trainer.checkpoint_every=1", "trainer.log_every=1", "trainer.num_workers=2",
+        "trainer.device=cpu", "trainer.progress=log", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    wait_for_step(run_dir, 1, proc)
+    while not (run_dir / "checkpoints" / "last.pt").is_file():  # step 1's, after its evaluation: now in step 2
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    workers = child_pids(proc.pid)
+    assert len(workers) >= 2  # the training loader's
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    last = stderr.strip().splitlines()[-1]
+    step = int(last.split("after step ")[1].split(";")[0])
+    assert last.startswith(f"mtl-bench: stopped by SIGINT after step {step}; checkpoint {run_dir}/checkpoints/")
+    assert step == 2 and "step 2 val" not in stderr  # its evaluation was due, and not started
+    assert [pid for pid in workers if Path(f"/proc/{pid}").exists()] == []
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == step
+
+    resumed = subprocess.run([*command, "trainer.resume=auto"], capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {run_dir}/checkpoints/last.pt at step {step}" in resumed.stderr
+    assert json.loads((run_dir / "metrics.json").read_text())["step"] == 4
