@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -119,6 +120,13 @@ def run_hydra_app() -> None:
         hydra_main()
     except Interrupted as err:  # a signal stopped the run: its checkpoint, records and loaders are closed
         exit_now(int(err.code or 1))
+    except KeyboardInterrupt:  # Ctrl-C outside the training steps (building, the first or last evaluation)
+        print(
+            "mtl-bench: interrupted by SIGINT outside the training steps; the run's checkpoints/last.pt, if it has "
+            "one, is its last complete checkpoint",
+            file=sys.stderr,
+        )
+        exit_now(128 + signal.SIGINT)
     except CompactHydraException as err:  # composition and override-parsing errors
         print(f"mtl-bench: error: {describe(err)}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -392,3 +392,23 @@ def test_ctrl_c_on_segnet_with_loader_workers_leaves_no_process_and_resumes(tmp_
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {run_dir}/checkpoints/last.pt at step {step}" in resumed.stderr
     assert json.loads((run_dir / "metrics.json").read_text())["step"] == 4
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_first_step_is_one_line_and_a_record(tmp_path):
+    """In the evaluation of the untrained model (before the loop): no traceback, one line, exit 130, and
+    metrics.json says interrupted."""
+    run_dir, stamps = tmp_path / "run", tmp_path / "stamps"
+    proc = start_slow(run_dir, stamps, 1.0)
+    deadline = time.monotonic() + 120
+    while not any(s[:2] == ("eval", "start") for s in read_stamps(stamps)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the first evaluation did not start"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("mtl-bench: interrupted by SIGINT outside the training steps;")
+    assert not any(s[0] == "train" for s in read_stamps(stamps))
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "interrupted"
