@@ -27,9 +27,8 @@ def record_failure(run_dir: Path, err: BaseException, step: int, overrides: list
     its reason; a finished run's results stay."""
     if not run_dir.is_dir() or previous_status(run_dir) == "completed":
         return
-    status = (
-        "diverged" if isinstance(err, DivergedError) else "interrupted" if isinstance(err, Interrupted) else "failed"
-    )
+    interrupted = isinstance(err, (Interrupted, KeyboardInterrupt))
+    status = "diverged" if isinstance(err, DivergedError) else "interrupted" if interrupted else "failed"
     write_json(
         run_dir / METRICS_FILE,
         {

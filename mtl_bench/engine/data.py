@@ -119,6 +119,15 @@ class BatchSource:
         inputs, targets = next(self._batches)
         return to_device(inputs, targets, self.device)
 
+    def close(self) -> None:
+        """Shut the loader's workers down now rather than at interpreter exit: each finishes at most the batch
+        it is loading and drops the ones queued for it (prefetch). A later `batch()` starts a new loader."""
+        batches, self._batches, self._next_step = self._batches, None, -1
+        # The multi-process iterator's own shutdown, which its __del__ would run at some later point.
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
 
 class _Replay:
     """An endless batch sampler: the source's index lists from step `start` on."""

@@ -114,6 +114,7 @@ class Recipe:
         self.layout_written = False
         self.stop_signal: int | None = None  # set by SIGINT, SIGTERM, SIGUSR1 or SIGUSR2 (preemption)
         self.previous_handlers: dict[int, Any] = {}
+        self.saved_step: int | None = None  # the step of checkpoints/last.pt, once this run wrote or read one
 
     # ------------------------------------------------------------------ setup
 
@@ -256,6 +257,7 @@ class Recipe:
                 "overrides": self.overrides,
             },
         )
+        self.saved_step = self.step
 
     def check_same_config(self, state: dict[str, Any], source: Path) -> None:
         """Resume is the same run or nothing: any difference outside RESUMABLE_KEYS stops with one line, and
@@ -302,6 +304,7 @@ class Recipe:
         if "selection" in state:
             self.selection.load_state_dict(state["selection"])
         self.elapsed_before = state["elapsed_s"]
+        self.saved_step = self.step
         log.info("resumed from %s at step %d", source, self.step)
 
     # ------------------------------------------------------------------ the loop
@@ -347,12 +350,20 @@ class Recipe:
                         window_start, window_steps = time.perf_counter(), 0
                     else:
                         progress.update(self.step)
-                    if self.step % conf.eval_every == 0 and self.step < total:
+                    # Right after the step: a stop starts no evaluation and writes its checkpoint once. After the
+                    # last step too: the resumed run then only evaluates.
+                    if self._stopping(logging_now):
+                        self._stop(self.elapsed_before + time.perf_counter() - started)
+                    evaluating = self.step % conf.eval_every == 0 and self.step < total
+                    saving = (
+                        bool(conf.checkpoint_every) and self.step % conf.checkpoint_every == 0 and self.step < total
+                    )
+                    if evaluating:
                         self._evaluate_and_select()
-                    if conf.checkpoint_every and self.step % conf.checkpoint_every == 0 and self.step < total:
+                    if saving:
                         self.nonfinite.check(self.step)
                         self.save(self.elapsed_before + time.perf_counter() - started)
-                    if self._stopping(logging_now) and self.step < total:
+                    if (evaluating or saving) and self._stopping(logging_now):  # a signal during them
                         self._stop(self.elapsed_before + time.perf_counter() - started)
         finally:
             progress.close()
@@ -406,15 +417,26 @@ class Recipe:
 
     def _catch_stop_signals(self) -> dict[int, Any]:
         """SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (SLURM's and submitit's preemption notice) end the current
-        step, write a checkpoint and exit; returns the handlers to put back."""
+        step, write a checkpoint and exit; a second SIGINT aborts at once. Returns the handlers to put back."""
         if threading.current_thread() is not threading.main_thread():
             return {}
         signals = [signal.SIGINT, signal.SIGTERM] + [
             getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name)
         ]
 
+        pid = os.getpid()
+
         def stop(signum: int, frame: Any) -> None:
-            self.stop_signal = signum
+            if os.getpid() != pid:  # a forked loader worker (Ctrl-C reaches the whole process group): the run stops it
+                return
+            if self.stop_signal is None:
+                self.stop_signal = signum
+                name = signal.Signals(signum).name
+                self._say(
+                    f"{name}: stopping after the current step (Ctrl-C again aborts at once, without a checkpoint)"
+                )
+            elif signum == signal.SIGINT:  # a user who will not wait; another preemption notice just waits
+                self._abort(signum)
 
         self.previous_handlers = {signum: signal.signal(signum, stop) for signum in signals}
         return self.previous_handlers
@@ -430,17 +452,35 @@ class Recipe:
         self.stop_signal = int(flag.item()) or None
         return self.stop_signal is not None
 
+    def _say(self, message: str) -> None:
+        if self.logger is not None:  # rank 0
+            print(f"mtl-bench: {message}", file=sys.stderr, flush=True)
+
+    def _abort(self, signum: int) -> None:
+        """Leave now, from wherever the main thread is: a checkpoint being written is dropped (its temp file is
+        removed; checkpoints/last.pt is only ever replaced by a complete file), the last one stays as it was."""
+        if self.saved_step is None:
+            kept = "no checkpoint was written"
+        else:
+            kept = (
+                f"checkpoint {self.checkpoint_path} (step {self.saved_step}) is unchanged. Resume with the same "
+                f"command plus hydra.run.dir={self.run_dir} trainer.resume=auto"
+            )
+        message = f"aborted by a second {signal.Signals(signum).name} at step {self.step}; {kept}"
+        self._say(message)
+        raise Interrupted(signum, message)
+
     def _stop(self, elapsed: float) -> None:
         assert self.stop_signal is not None
         self.nonfinite.check(self.step)  # a checkpoint holds a good state only
-        self.save(elapsed)
+        if self.saved_step != self.step:  # not just written by the periodic checkpoint
+            self.save(elapsed)
         name = signal.Signals(self.stop_signal).name
         message = (
             f"stopped by {name} after step {self.step}; checkpoint {self.checkpoint_path} written. Resume "
             f"with the same command plus hydra.run.dir={self.run_dir} trainer.resume=auto"
         )
-        if self.logger is not None:
-            print(f"mtl-bench: {message}", file=sys.stderr)
+        self._say(message)
         previous = self.previous_handlers.get(self.stop_signal)
         if callable(previous) and previous is not signal.default_int_handler:
             # submitit's preemption handler: it requeues the job, which resumes from this checkpoint
@@ -545,6 +585,8 @@ class Recipe:
     # ------------------------------------------------------------------ cleanup
 
     def cleanup(self) -> None:
+        if hasattr(self, "runner"):  # set up: its loader workers stop now, not at interpreter exit
+            self.runner.close()
         if self.logger is not None:
             self.logger.close()
             self.logger = None

@@ -126,6 +126,11 @@ class StepRunner:
                 out = torch.func.functional_call(self.model, {**buffers, **params}, (inputs,))
         return {t.name: t.loss(out.preds[t.name].float(), targets[t.name]) for t in self.taskset.tasks}
 
+    def close(self) -> None:
+        """Stop the training loaders' worker processes (a run that stops or ends)."""
+        for source in self.sources:
+            source.close()
+
     def _sync(self, last: bool) -> ContextManager[Any]:
         no_sync = getattr(self.model, "no_sync", None)  # DDP only
         return contextlib.nullcontext() if last or no_sync is None else no_sync()
