@@ -22,7 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from mtl_bench.errors import ConfigError
-from mtl_bench.settings import check_setting, compile_mode
+from mtl_bench.settings import Length, check_setting, compile_mode, to_steps
 
 
 def option(
@@ -53,6 +53,12 @@ def _positive(key: str, value: float | int | None) -> None:
 
 def _non_negative(key: str, value: float | int) -> None:
     _require(value >= 0, key, value, "must be >= 0")
+
+
+def _length(key: str, value: Any, least: int) -> None:
+    """Steps (an int >= least) or a string in epochs or % of the run (its steps are known in the recipe)."""
+    _check_with(lambda v: to_steps(key, v, 1, 100), value)
+    _require(not isinstance(value, int) or value >= least, key, value, f"must be >= {least}")
 
 
 def _check_with(parse: Callable[[Any], Any], value: Any) -> None:
@@ -112,8 +118,11 @@ class TrainerConf:
         resumable=True,
     )
     batch_size: int = option(128, "samples per optimizer step (per task with step_mode=per_task)")
-    eval_every: int = option(
-        250, "evaluate on val every N steps (and always at the end)", resumable=True, training=False
+    eval_every: Length = option(
+        250,
+        "evaluate on val every N steps, or '<n> epochs', or '<p>%' of the run (and always at the end)",
+        resumable=True,
+        training=False,
     )
     eval_batch_size: int = option(
         1024,
@@ -122,12 +131,15 @@ class TrainerConf:
         resumable=True,
         training=False,
     )
-    log_every: int = option(
-        50, "read losses and weights from the device and log them every N steps", resumable=True, training=False
+    log_every: Length = option(
+        50,
+        "read losses and weights from the device and log them every N steps (or '<n> epochs', '<p>%')",
+        resumable=True,
+        training=False,
     )
-    checkpoint_every: int = option(
+    checkpoint_every: Length = option(
         500,
-        "write checkpoints/last.pt every N steps (and at the end); 0: only at the end",
+        "write checkpoints/last.pt every N steps, or '<n> epochs', or '<p>%' (and at the end); 0: only at the end",
         resumable=True,
         training=False,
     )
@@ -219,9 +231,10 @@ class TrainerConf:
             self.max_steps,
             "set trainer.max_steps or trainer.epochs",
         )
-        for key in ("batch_size", "eval_every", "eval_batch_size", "log_every"):
+        for key in ("batch_size", "eval_batch_size"):
             _positive(f"trainer.{key}", getattr(self, key))
-        _non_negative("trainer.checkpoint_every", self.checkpoint_every)
+        for key, least in (("eval_every", 1), ("log_every", 1), ("checkpoint_every", 0)):
+            _length(f"trainer.{key}", getattr(self, key), least)
         _require(
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
             "trainer.device",

@@ -1,5 +1,5 @@
-"""Parsers of the trainer settings that take several forms (`num_threads`, `compile`): torch-free, so the config's
-value checks (config.py) and the engine that applies them read one definition."""
+"""Parsers of the settings that take several forms (`num_threads`, `compile`, lengths in steps, epochs or % of the
+run): torch-free, so the config's value checks (config.py) and the engine that applies them read one definition."""
 
 from __future__ import annotations
 
@@ -48,3 +48,28 @@ def compile_mode(setting: CompileSetting) -> Optional[str]:
         if value in MODES:
             return value
     raise ValueError(f"trainer.compile: must be false, true or one of {', '.join(MODES)}; got {setting!r}")
+
+
+Length = Union[int, str]
+
+
+def to_steps(name: str, value: Length, steps_per_epoch: int = 1, total_steps: Optional[int] = None) -> int:
+    """An optimizer-step count from `value`: an int (steps), "<x> epochs" or "<x>%" (of the run's steps)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: must be steps, '<n> epochs' or '<p>%', got {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value)
+    text = str(value).strip().lower()
+    try:
+        if text.endswith("%"):
+            if total_steps is None:
+                raise ValueError(f"{name}: {value!r} needs the run's length, which this schedule is not given")
+            return round(float(text[:-1]) / 100 * total_steps)
+        for unit in ("epochs", "epoch", "ep"):
+            if text.endswith(unit):
+                return round(float(text[: -len(unit)]) * steps_per_epoch)
+        return int(text)
+    except ValueError as err:
+        if str(err).startswith(name):
+            raise
+        raise ValueError(f"{name}: must be steps, '<n> epochs' or '<p>%', got {value!r}") from None

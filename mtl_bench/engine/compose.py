@@ -30,6 +30,7 @@ from mtl_bench.errors import ConfigError
 from mtl_bench.hydra_errors import closest
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.optim import build_param_groups
+from mtl_bench.settings import to_steps
 from mtl_bench.tasks import TaskSet
 
 log = logging.getLogger("mtl_bench")
@@ -148,6 +149,7 @@ class Parts:
     scheduler: Any
     precision: Precision
     total_steps: int
+    every: Intervals
     validation: Optional[Dataset] = None  # the validation stream's data, for a balancer that NEEDS_VALIDATION
 
 
@@ -215,6 +217,30 @@ def build_optimizer(cfg: DictConfig, model: MultiTaskModel) -> torch.optim.Optim
     return build("optim", optim, torch.optim.Optimizer, ignore=ENGINE_KEYS["optim"], params=groups)
 
 
+@dataclass(frozen=True)
+class Intervals:
+    """trainer.eval_every, log_every and checkpoint_every in optimizer steps (0: checkpoints only at the end)."""
+
+    eval: int
+    log: int
+    checkpoint: int
+
+
+def intervals(conf: TrainerConf, steps_per_epoch: int, total_steps: int) -> Intervals:
+    """The intervals given in steps, epochs or % of the run, as steps, now that the run's steps per epoch and
+    length are known."""
+    steps = {}
+    for key, least in (("eval_every", 1), ("log_every", 1), ("checkpoint_every", 0)):
+        value = getattr(conf, key)
+        steps[key] = to_steps(f"trainer.{key}", value, steps_per_epoch, total_steps)
+        if steps[key] < least:
+            raise ConfigError(
+                f"trainer.{key}={value!r} is {steps[key]} steps here ({steps_per_epoch} per epoch, {total_steps} in "
+                f"all): must be >= {least}"
+            )
+    return Intervals(steps["eval_every"], steps["log_every"], steps["checkpoint_every"])
+
+
 def build_parts(cfg: DictConfig, conf: TrainerConf, device: torch.device, world_size: int = 1) -> Parts:
     taskset = build_tasks(cfg, conf, device)
     model = build_model(cfg, taskset, device)
@@ -229,7 +255,8 @@ def build_parts(cfg: DictConfig, conf: TrainerConf, device: torch.device, world_
         "optim.schedule", schedule, None, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch
     )
     precision: Precision = build("precision", cfg.precision, Precision, device=device)
-    return Parts(taskset, model, balancer, optimizer, scheduler, precision, total_steps, validation)
+    every = intervals(conf, steps_per_epoch, total_steps)
+    return Parts(taskset, model, balancer, optimizer, scheduler, precision, total_steps, every, validation)
 
 
 def describe_parts(parts: Parts, extra: Optional[dict[str, Any]] = None) -> dict[str, str]:

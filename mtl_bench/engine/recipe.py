@@ -134,6 +134,7 @@ class Recipe:
         seed_everything(self.seed)
         parts = build_parts(cfg, conf, device, self.dist.world_size)
         self.taskset, self.model, self.balancer = parts.taskset, parts.model, parts.balancer
+        self.every = parts.every
         self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
         self.total_steps = parts.total_steps
         threads, why = choose_threads(
@@ -155,7 +156,7 @@ class Recipe:
             self.higher_is_better,
             self.taskset.reference,
             self.total_steps,
-            conf.eval_every,
+            self.every.eval,
         )
         # Compiled after the balancer is built (it may hook the last shared layer); checkpoints and evaluation
         # use the eager model, whose parameters the compiled forward shares.
@@ -336,7 +337,7 @@ class Recipe:
                 while self.step < total:
                     if self.step % self.runner.steps_per_epoch == 0 or self.step == start:
                         self._set_progress()
-                    logging_now = (self.step + 1) % conf.log_every == 0 or self.step + 1 == total
+                    logging_now = (self.step + 1) % self.every.log == 0 or self.step + 1 == total
                     result = self.optimizer_step(logging_now)
                     self.step += 1
                     # a skipped step adds nothing to the window
@@ -354,9 +355,9 @@ class Recipe:
                     # last step too: the resumed run then only evaluates.
                     if self._stopping(logging_now):
                         self._stop(self.elapsed_before + time.perf_counter() - started)
-                    evaluating = self.step % conf.eval_every == 0 and self.step < total
+                    evaluating = self.step % self.every.eval == 0 and self.step < total
                     saving = (
-                        bool(conf.checkpoint_every) and self.step % conf.checkpoint_every == 0 and self.step < total
+                        bool(self.every.checkpoint) and self.step % self.every.checkpoint == 0 and self.step < total
                     )
                     if evaluating:
                         self._evaluate_and_select()

@@ -136,3 +136,23 @@ def test_a_bilevel_balancer_on_a_too_small_holdout_stops_in_one_line(tmp_path):
         "mtl-bench: error: trainer.validation_source=holdout: trainer.validation_holdout=0.05 has 26 samples, fewer "
         "than trainer.batch_size=32 (a validation batch is as large as a training batch)"
     )
+
+
+def test_intervals_in_epochs_and_percent_become_steps(checked):
+    from mtl_bench.engine.compose import build_parts
+    from mtl_bench.engine.step import optimizer_steps_per_epoch, samples_per_epoch
+
+    cfg = checked(
+        "trainer.max_steps=40", "trainer.eval_every=1 epoch", "trainer.log_every=25%", "trainer.checkpoint_every=2ep"
+    )
+    conf = OmegaConf.to_object(cfg.trainer)
+    parts = build_parts(cfg, conf, torch.device("cpu"))
+    per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(parts.taskset), 1)
+    assert per_epoch > 1
+    assert (parts.every.eval, parts.every.log, parts.every.checkpoint) == (per_epoch, 10, 2 * per_epoch)
+
+
+def test_an_interval_of_no_steps_stops_in_one_line(tmp_path):
+    result = cli("train", "trainer.eval_every=0.001 epochs", f"hydra.run.dir={tmp_path}", *SMOKE)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("mtl-bench: error: trainer.eval_every='0.001 epochs' is 0 steps here (")

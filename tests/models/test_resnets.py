@@ -397,7 +397,7 @@ def test_preset_is_libmtls_recipe_with_the_stl_reference(compose_cfg):
     steps_per_epoch = 795 // cfg.trainer.batch_size  # LibMTL's loader drops the last partial batch, as ours
     assert cfg.optim.schedule.step_size == "100 epochs" and cfg.optim.schedule.gamma == 0.5
     assert to_steps("step_size", cfg.optim.schedule.step_size, steps_per_epoch) == 100 * steps_per_epoch
-    assert cfg.trainer.eval_every == steps_per_epoch
+    assert to_steps("trainer.eval_every", cfg.trainer.eval_every, steps_per_epoch) == steps_per_epoch
     ref = OmegaConf.to_container(cfg.tasks.reference)
     ours = [
         ref["segmentation"]["miou"] * 100,

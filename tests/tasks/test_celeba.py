@@ -24,6 +24,7 @@ from mtl_bench.engine.evaluate import evaluate
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 from mtl_bench.models.celeba_cnn import CelebACNN
+from mtl_bench.settings import to_steps
 from mtl_bench.tasks.celeba import ATTRIBUTES, CelebA, attribute_loss, attribute_task
 from tests.helpers.celeba_tree import write_celeba
 
@@ -483,7 +484,7 @@ def test_the_preset_trains_two_steps_with_every_metric(compose_cfg, tmp_path, or
 def test_the_preset_keeps_famos_recipe(compose_cfg):
     cfg = OmegaConf.to_container(compose_cfg("experiment=celeba_cnn"), resolve=False)
     assert cfg["trainer"]["batch_size"] == 256 and cfg["trainer"]["epochs"] == 15
-    assert cfg["trainer"]["eval_every"] == 162_770 // 256
+    assert to_steps("trainer.eval_every", cfg["trainer"]["eval_every"], 162_770 // 256) == 162_770 // 256
     assert cfg["optim"]["_target_"] == "torch.optim.Adam" and cfg["optim"]["lr"] == 3e-4
     assert cfg["optim"]["weight_decay"] == 0.0 and cfg["optim"]["schedule"]["_target_"] == "mtl_bench.optim.Constant"
     assert cfg["tasks"]["image_size"] == [64, 64] and cfg["model"]["channels"] == [64, 128, 256, 512]

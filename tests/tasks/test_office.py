@@ -18,6 +18,7 @@ from mtl_bench.engine.builders import build
 from mtl_bench.engine.compose import check_config
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
+from mtl_bench.settings import to_steps
 from mtl_bench.tasks.office31 import CLASSES as OFFICE31_CLASSES
 from mtl_bench.tasks.office31 import Office31
 from mtl_bench.tasks.office_home import CLASSES as OFFICE_HOME_CLASSES
@@ -377,8 +378,8 @@ def test_presets_follow_libmtl(compose_cfg, preset, largest_train):
     assert cfg.trainer.step_mode == "per_task" and cfg.trainer.batch_size == 64 and cfg.trainer.epochs == 100
     assert cfg.optim.lr == 1e-4 and cfg.optim.weight_decay == 1e-5 and cfg.optim._target_ == "torch.optim.Adam"
     assert cfg.optim.schedule._target_ == "mtl_bench.optim.Constant"
-    # one evaluation per LibMTL epoch: the largest domain's training images (LibMTL's split files) // 64
-    assert cfg.trainer.eval_every == largest_train // 64
+    # one evaluation per LibMTL epoch: the largest domain's training images (LibMTL's split files) // 64 steps
+    assert to_steps("trainer.eval_every", cfg.trainer.eval_every, largest_train // 64) == largest_train // 64
     assert cfg.model._target_ == "mtl_bench.models.ResNet18"
 
 
