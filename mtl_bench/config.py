@@ -322,6 +322,15 @@ def keys_where(fact: str, value: bool = True) -> tuple[str, ...]:
     return tuple(key for key, f in options(RunConf) if f.metadata.get(fact, True) == value)
 
 
+def option_defaults() -> dict[str, Any]:
+    """Each run-level key with a default value (not a section, not a config group): its default."""
+    return {
+        key: f.default
+        for key, f in options(RunConf)
+        if f.default_factory is dataclasses.MISSING and f.default is not MISSING
+    }
+
+
 def options_markdown() -> str:
     """docs/configuration.md's list of the run-level options, from their declarations (lines within 120 columns)."""
     lines = []

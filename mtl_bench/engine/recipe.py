@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench import tags
-from mtl_bench.config import TrainerConf, keys_where
+from mtl_bench.config import TrainerConf, keys_where, option_defaults
 from mtl_bench.engine.anomalous import parameters_outside_graph
 from mtl_bench.engine.builders import pick_device
 from mtl_bench.engine.checkpoint import (
@@ -267,10 +267,16 @@ class Recipe:
             return
         saved = flatten_hparams(OmegaConf.to_container(OmegaConf.create(state["config"])))  # type: ignore[arg-type]
         now = flatten_hparams(OmegaConf.to_container(self.cfg, resolve=True))  # type: ignore[arg-type]
+        defaults = option_defaults()
         differ = [
             key
             for key in sorted(set(saved) | set(now))
-            if saved.get(key, "(unset)") != now.get(key, "(unset)") and key not in RESUMABLE_KEYS
+            if saved.get(key, "(unset)") != now.get(key, "(unset)")
+            and key not in RESUMABLE_KEYS
+            # an option added since the checkpoint was written, at its default: what the earlier version did
+            and not (
+                key not in saved and key in defaults and now.get(key) == flatten_hparams({key: defaults[key]})[key]
+            )
         ]
         if not differ:
             return

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtl_bench.engine.recipe import train
@@ -80,6 +82,24 @@ def test_resume_from_a_checkpoint_of_another_model_is_a_config_error(small_conf,
     train(small_conf(), tmp_path / "a")
     with pytest.raises(ConfigError, match=r"was trained with another config \(model.widths \[32, 32\] -> \[16\]\)"):
         train(small_conf("model.widths=[16]", f"trainer.resume={tmp_path / 'a'}"), tmp_path / "b")
+
+
+def test_a_checkpoint_from_before_an_option_existed_resumes_at_its_default(small_conf, tmp_path):
+    """An option added by a later version is absent from an older checkpoint's config: at its default it trains
+    what the older version trained, so the run resumes; set to anything else, it is another config."""
+    train(small_conf("trainer.max_steps=10"), tmp_path / "a")
+    path = tmp_path / "a" / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=False)
+    older = OmegaConf.create(state["config"])
+    del older.trainer["validation_source"]
+    state["config"] = OmegaConf.to_yaml(older)
+    torch.save(state, path)
+    assert train(small_conf("trainer.max_steps=20", f"trainer.resume={path}"), tmp_path / "b").step == 20
+    with pytest.raises(ConfigError, match=r"another config \(trainer.validation_source \(unset\) -> val\)"):
+        train(
+            small_conf("trainer.max_steps=20", "trainer.validation_source=val", f"trainer.resume={path}"),
+            tmp_path / "c",
+        )
 
 
 def test_missing_resume_path_is_a_config_error(small_conf, tmp_path):
