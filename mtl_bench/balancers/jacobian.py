@@ -1,22 +1,21 @@
-"""Per-task gradients in one batched pass, their Gramian, and the base class of the gradient-combining methods.
+"""Per-task gradients, their Gramian, and the base class of the gradient-combining methods.
 
 The methods of this family (PCGrad, MGDA, IMTL, UPGrad, CAGrad, Aligned-MTL, Nash-MTL, GradVac) all end in
 a shared direction d = Σ_i w_i g_i, a combination of the tasks' gradients g_i at the shared parameters (or
 at the shared representation), with weights w computed from the T×T Gramian G = J Jᵀ of the Jacobian J whose
 rows are the g_i. So one step here is:
 
-1. T gradients at `shared` (the trunk's output) through the heads: one small backward per task that stops
-   at `shared` and also gives each head's own parameter gradient.
-2. `grad_source="shared_params"`: ONE batched vector-Jacobian product through the trunk,
-   `autograd.grad(shared, params, grad_outputs=Z, is_grads_batched=True)`, turns the T gradients at
-   `shared` into J, one (T, *p.shape) block per shared parameter (never T separate trunk backwards).
-   `grad_source="shared_rep"`: J is the T gradients at `shared` themselves, flattened (MGDA-UB).
-
-   Steps 1-2 assume `shared` is a cut: every loss reaches the shared parameters only through `shared`. A walk
-   over each loss's autograd graph (`task_params`) checks it at every step. Where it fails (SegNet-MTAN: each
-   task's attention modules read the shared features of every stage), `shared_params` takes J instead from
-   ONE batched vector-Jacobian product from the stacked losses straight to the shared and task parameters
-   (`loss_jacobian`), exact through every path; `shared_rep` (and GradDrop) cannot be exact and raise.
+1. `grad_source="shared_params"`: one backward per task through its head and the trunk (`task_jacobian`),
+   each written into row i of J, one (T, *p.shape) block per shared parameter, as it arrives; also each
+   head's own parameter gradient. Exact through every path, also where `shared` is not a cut (SegNet-MTAN:
+   each task's attention modules read the shared features of every stage). This is the floor's work (T
+   backwards); one batched vector-Jacobian product through the trunk (`param_jacobian`, under vmap) did the
+   same arithmetic 1.1-1.3x slower on one CPU thread.
+2. `grad_source="shared_rep"`: T gradients at `shared` (the trunk's output) through the heads, one small
+   backward per task that stops at `shared` (`grads_at_shared`); J is those gradients, flattened (MGDA-UB).
+   It assumes `shared` is a cut: every loss reaches the shared parameters only through `shared`. A walk over
+   each loss's autograd graph (`task_params`) checks it at every step; where it fails, `shared_rep` (and
+   GradDrop) cannot be exact and raise.
 3. G = Σ_blocks J_b J_bᵀ (no concatenated copy of J), unscaled (divided by the loss scale squared);
    under DDP averaged over the ranks, so every rank solves the same problem and gets the same weights.
 4. The method turns G into weights (most on the CPU: T×T problems, see `host_gramian`).
@@ -121,39 +120,28 @@ def grads_at_shared(
     return torch.stack(rows), heads
 
 
-def loss_jacobian(
-    losses: Sequence[Tensor], params: Sequence[Tensor], task_leaves: Sequence[Sequence[Tensor]], scale: Optional[Tensor]
-) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
-    """J at `params` (one (T, *p.shape) block each) and each task's gradients at its own parameters
-    (`task_leaves[i]`), through every path: ONE batched vector-Jacobian product from the stacked (scaled)
-    losses, `autograd.grad(losses, [*params, *leaves], grad_outputs=I_T, is_grads_batched=True)`.
-
-    For models where `shared` is not a cut (`task_params`). Frees the graph. Row i of a task parameter's block
-    is task i's gradient; the other rows are 0 unless tasks share that parameter.
-    """
-    t = len(losses)
-    leaves = list({id(p): p for task in task_leaves for p in task}.values())
-    stacked = torch.stack([(loss * scale if scale is not None else loss).float() for loss in losses])
-    eye = torch.eye(t, dtype=stacked.dtype, device=stacked.device)
-    grads = torch.autograd.grad(stacked, [*params, *leaves], grad_outputs=eye, is_grads_batched=True, allow_unused=True)
-    blocks = [g if g is not None else stacked.new_zeros((t, *p.shape), dtype=p.dtype) for g, p in zip(grads, params)]
-    by_leaf = {id(p): g for p, g in zip(leaves, grads[len(params) :])}
-    heads = [[(p, by_leaf[id(p)][i]) for p in task if by_leaf[id(p)] is not None] for i, task in enumerate(task_leaves)]
-    return blocks, heads
-
-
 def task_jacobian(
     losses: Sequence[Tensor], shared: Tensor, params: Sequence[Tensor], scale: Optional[Tensor], shared_ids: set[int]
 ) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
-    """J at the shared parameters `params` and each task's gradients at its own parameters, exact: through
-    `shared` (`grads_at_shared` + `param_jacobian`) when it is a cut, else straight from the losses
-    (`loss_jacobian`). Frees the graph."""
-    found = [task_params(loss, shared, shared_ids) for loss in losses]
-    task_leaves = [leaves for leaves, _ in found]
-    if all(cut for _, cut in found):
-        rows, heads = grads_at_shared(losses, shared, scale, shared_ids, task_leaves)
-        return param_jacobian(shared, params, rows), heads
-    return loss_jacobian(losses, params, task_leaves, scale)
+    """J at the shared parameters `params` (one (T, *p.shape) block each) and each task's gradients at its own
+    parameters, exact through every path (whether or not `shared` is a cut). Frees the graph.
+
+    One backward per task through its head and the trunk (`autograd.grad(loss_i, [*params, *own_i])`), each
+    written into row i of the blocks as it arrives: the floor's work (T backwards), with one copy of each
+    gradient. On one CPU thread this is faster than one batched product through the trunk (vmap's batched
+    ReLU backward and layout copies cost 1.1-1.3x the T plain backwards at T=2-10; docs/benchmarks.md).
+    """
+    t = len(losses)
+    found = [task_params(loss, shared, shared_ids)[0] for loss in losses]
+    blocks = [p.new_empty((t, *p.shape)) for p in params]
+    heads = []
+    for i, (loss, own) in enumerate(zip(losses, found)):
+        scaled = loss * scale if scale is not None else loss
+        grads = torch.autograd.grad(scaled, [*params, *own], retain_graph=i < t - 1, allow_unused=True)
+        for block, g in zip(blocks, grads):
+            block[i].copy_(g) if g is not None else block[i].zero_()
+        heads.append([(p, g) for p, g in zip(own, grads[len(params) :]) if g is not None])
+    return blocks, heads
 
 
 def param_jacobian(shared: Tensor, params: Sequence[Tensor], rows: Tensor) -> list[Tensor]:

@@ -8,7 +8,7 @@ Three things the balancers do constrain what is compiled and how:
   `autograd.grad(loss, out.shared)` then fails ("appears to not have been used in the graph"). So the
   compiled region is the trunk up to its last shared layer; that layer, the rest of the trunk and the heads
   run eagerly.
-- The Jacobian methods (MGDA, PCGrad, UPGrad, ...) take all T task gradients through the trunk in one
+- DB-MTL takes all T task gradients through the trunk in one
   batched vector-Jacobian product (`autograd.grad(..., is_grads_batched=True)`, i.e. under vmap). Inductor's
   compiled kernels cannot read vmap's batched tensors ("Cannot access storage of BatchedTensorImpl"). So the
   region is compiled through AOTAutograd with inductor for the forward and for the backward, and a backward
