@@ -17,6 +17,8 @@ T=10, batch 100) and a wider MLP (four shared layers of 512, batch 256) with T =
 each size in --head-dims (100: the toy task's targets; 1: scalar heads, where the balancer's own work is
 the largest share of the step). Variants of one configuration run interleaved, round after round, and
 each time is the median over rounds, so a background load that drifts hits all variants alike.
+"encodec Balancer (peer)" is EnCodec's own Balancer (mtl_bench/bench/encodec_balancer.py, its public code
+step for step; its heads get no gradient), the reference rescaled_norm is held to.
 Peak memory is the high-water mark, during one step, of the memory allocated in that step (CPU: replayed
 from the profiler's allocation events; CUDA: max_memory_allocated above the level before the step).
 Prints a markdown table.
@@ -36,14 +38,16 @@ import torch.nn.functional as F
 
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
+from mtl_bench.bench.encodec_balancer import encodec_step
 from mtl_bench.bench.peers import libmtl_weighting
 from mtl_bench.bench.runs import hps_mlp
 from mtl_bench.bench.timing import interleaved, markdown_table, medians, seconds_per_call, sync
 from mtl_bench.models.base import MultiTaskModel
 
-VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer]] = {
+VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer | Callable]] = {
     "fixed": lambda model, names: FixedWeights(names),
     "rescaled_norm": lambda model, names: RescaledNormBalancer(names),
+    "encodec Balancer (peer)": lambda model, names: encodec_step(names),
     "gradnorm shared_rep": lambda model, names: GradNorm(names, grad_source="shared_rep"),
     "gradnorm last_shared": lambda model, names: GradNorm(names, shared_layer=model.last_shared_layer),
 }

@@ -88,6 +88,24 @@ def task_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> tuple[lis
     return found, cut
 
 
+def upstream_leaves(tensor: Tensor) -> set[int]:
+    """The ids of the leaves `tensor` depends on (the trunk's parameters when `tensor` is its output)."""
+    found: set[int] = set()
+    seen: set = set()
+    stack = [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf
+        if variable is not None:
+            found.add(id(variable))
+            continue
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
 def head_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> list[Tensor]:
     """The task's own parameters (`task_params`) for a method that needs `shared` to be a cut: a ValueError
     when the loss reads a shared parameter other than through `shared` (its gradients there would be incomplete)."""
