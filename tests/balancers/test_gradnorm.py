@@ -90,7 +90,11 @@ def test_first_adam_step_moves_each_weight_by_lr():
     assert bal.weights.tolist() == pytest.approx([1.025, 0.975], abs=1e-6)
 
 
-@pytest.mark.parametrize("rows, width_in, bias", [(4, 6, True), (4, 6, False), (9, 3, True), (9, 3, False)])
+# 130 and 200 rows: the Gram path in 4 row blocks (130 = 32 + 33 + 32 + 33), only those on and above the diagonal
+@pytest.mark.parametrize(
+    "rows, width_in, bias",
+    [(4, 6, True), (4, 6, False), (9, 3, True), (9, 3, False), (130, 150, False), (200, 300, True)],
+)
 def test_linear_norms_equal_the_weight_gradient_norm(rows: int, width_in: int, bias: bool):
     g = torch.Generator().manual_seed(rows)
     layer = nn.Linear(width_in, 5, bias=bias)
