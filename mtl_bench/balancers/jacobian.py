@@ -151,11 +151,13 @@ def task_jacobian(
     """
     t = len(losses)
     found = [task_params(loss, shared, shared_ids)[0] for loss in losses]
-    blocks = [p.new_empty((t, *p.shape)) for p in params]
+    blocks: list[Tensor] = []
     heads = []
     for i, (loss, own) in enumerate(zip(losses, found)):
         scaled = loss * scale if scale is not None else loss
         grads = torch.autograd.grad(scaled, [*params, *own], retain_graph=i < t - 1, allow_unused=True)
+        if not blocks:  # rows laid out as autograd returns them (a Linear's weight gradient is transposed)
+            blocks = [rows_like(g if g is not None else p, t) for p, g in zip(params, grads)]
         for block, g in zip(blocks, grads):
             block[i].copy_(g) if g is not None else block[i].zero_()
         heads.append([(p, g) for p, g in zip(own, grads[len(params) :]) if g is not None])
@@ -173,11 +175,37 @@ def param_jacobian(shared: Tensor, params: Sequence[Tensor], rows: Tensor) -> li
     ]
 
 
+def _memory_order(t: Tensor, first: int = 0) -> list[int]:
+    """The dimensions of `t` from `first` on, outermost in memory first."""
+    strides = t.stride()
+    return sorted(range(first, t.dim()), key=lambda d: -strides[d])
+
+
+def rows_like(grad: Tensor, t: int) -> Tensor:
+    """An empty (t, *grad.shape) block whose every row has `grad`'s memory layout, so that copying a gradient
+    into a row is a straight copy (not a transposing one) and `flat_rows` is a view."""
+    order = _memory_order(grad)
+    buf = grad.new_empty((t, *(grad.shape[d] for d in order)))
+    return buf.permute(0, *(order.index(d) + 1 for d in range(grad.dim())))
+
+
+def flat_rows(block: Tensor) -> Tensor:
+    """A (T, *shape) block as (T, P), each row flattened in memory order: a view when the rows are dense
+    (`rows_like`); the same order for every row, which is all a Gramian or a combination needs."""
+    return block.permute(0, *_memory_order(block, 1)).reshape(block.shape[0], -1)
+
+
+def unflatten_row(flat: Tensor, block: Tensor) -> Tensor:
+    """The inverse of `flat_rows` for one row: `flat` (P,) back to block.shape[1:], in the rows' layout."""
+    order = [d - 1 for d in _memory_order(block, 1)]
+    return flat.view([block.shape[d + 1] for d in order]).permute(*(order.index(d) for d in range(len(order))))
+
+
 def gramian(blocks: Sequence[Tensor]) -> Tensor:
     """G = J Jᵀ (float32) summed over the blocks of J, without concatenating them."""
     total: Optional[Tensor] = None
     for block in blocks:
-        m = block.reshape(block.shape[0], -1)
+        m = flat_rows(block)
         if m.dtype != torch.float32:
             m = m.float()
         g = m @ m.T
@@ -191,8 +219,8 @@ def combine(blocks: Sequence[Tensor], weights: Tensor) -> list[Tensor]:
     out = []
     for k, block in enumerate(blocks):
         w = weights if weights.dim() == 1 else weights[k]
-        m = block.reshape(block.shape[0], -1)
-        out.append((w.to(m.dtype) @ m).view(block.shape[1:]))
+        m = flat_rows(block)
+        out.append(unflatten_row(w.to(m.dtype) @ m, block))
     return out
 
 
