@@ -282,6 +282,7 @@ PEERS: list[tuple[str, str, Callable]] = [
     ("trimmed_mean", "ours", _ours("TrimmedMean", trim=1)),
     ("trimmed_mean", "torchjd", _torchjd("TrimmedMean", trim_number=1)),
     ("moco", "ours", _ours("MoCo")),  # LibMTL main only (not the installed 1.1.5): no peer here
+    ("db_mtl", "ours", _ours("DualBalancing")),  # likewise
 ]
 # Methods with fewer valid task counts: Krum (f=0) and a trimmed mean with trim=1 need T >= 3.
 MIN_TASKS = {"krum": 3, "trimmed_mean": 3}

@@ -139,7 +139,12 @@ def grads_at_shared(
 
 
 def task_jacobian(
-    losses: Sequence[Tensor], shared: Tensor, params: Sequence[Tensor], scale: Optional[Tensor], shared_ids: set[int]
+    losses: Sequence[Tensor],
+    shared: Tensor,
+    params: Sequence[Tensor],
+    scale: Optional[Tensor],
+    shared_ids: set[int],
+    reuse: Optional[Sequence[Tensor]] = None,
 ) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
     """J at the shared parameters `params` (one (T, *p.shape) block each) and each task's gradients at its own
     parameters, exact through every path (whether or not `shared` is a cut). Frees the graph.
@@ -148,6 +153,8 @@ def task_jacobian(
     written into row i of the blocks as it arrives: the floor's work (T backwards), with one copy of each
     gradient. On one CPU thread this is faster than one batched product through the trunk (vmap's batched
     ReLU backward and layout copies cost 1.1-1.3x the T plain backwards at T=2-10; docs/benchmarks.md).
+    `reuse`: last step's blocks, written over when their shapes and layouts fit (a fresh T×P buffer costs its
+    page faults on every step: 30 ms against 4 ms for 37 MB on one CPU thread).
     """
     t = len(losses)
     found = [task_params(loss, shared, shared_ids)[0] for loss in losses]
@@ -157,7 +164,9 @@ def task_jacobian(
         scaled = loss * scale if scale is not None else loss
         grads = torch.autograd.grad(scaled, [*params, *own], retain_graph=i < t - 1, allow_unused=True)
         if not blocks:  # rows laid out as autograd returns them (a Linear's weight gradient is transposed)
-            blocks = [rows_like(g if g is not None else p, t) for p, g in zip(params, grads)]
+            refs = [g if g is not None else p for p, g in zip(params, grads)]
+            fits = reuse is not None and len(reuse) == len(refs) and all(_fits(b, r, t) for b, r in zip(reuse, refs))
+            blocks = list(reuse) if fits and reuse is not None else [rows_like(r, t) for r in refs]
         for block, g in zip(blocks, grads):
             block[i].copy_(g) if g is not None else block[i].zero_()
         heads.append([(p, g) for p, g in zip(own, grads[len(params) :]) if g is not None])
@@ -187,6 +196,13 @@ def rows_like(grad: Tensor, t: int) -> Tensor:
     order = _memory_order(grad)
     buf = grad.new_empty((t, *(grad.shape[d] for d in order)))
     return buf.permute(0, *(order.index(d) + 1 for d in range(grad.dim())))
+
+
+def _fits(block: Tensor, grad: Tensor, t: int) -> bool:
+    """Whether `block` has `t` rows of `grad`'s shape, dtype, device and layout."""
+    row = block[0]
+    same = row.shape == grad.shape and row.dtype == grad.dtype and row.device == grad.device
+    return same and block.shape[0] == t and row.stride() == grad.stride()
 
 
 def flat_rows(block: Tensor) -> Tensor:
@@ -331,6 +347,7 @@ class GradientBalancer(StagedBalancer):
             raise ValueError("shared_params: grad_source=shared_params needs the model's shared parameters")
         self.__dict__["_params"] = params  # the model's: kept out of this module's registry and state_dict
         self._param_ids = {id(p) for p in params}
+        self._spare: Optional[list[Tensor]] = None  # last step's Jacobian blocks, rewritten by the next step
         self._clear_step()
 
     def _clear_step(self) -> None:
@@ -427,7 +444,9 @@ class GradientBalancer(StagedBalancer):
             metrics = self._finish_solve([rows], scale, self._mean("losses", loss_values), shared)
             self._end_joint()
             return metrics
-        blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids)
+        spare = self._spare if self._blocks is None else None  # never the accumulator of this step's micro-batches
+        self._spare = None  # while the blocks are in use
+        blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids, spare)
         write_leaf_grads(self._heads(heads, range(len(ordered)), head_w))
         self._add_blocks(blocks)
         self._losses_sum = loss_values if self._losses_sum is None else self._losses_sum + loss_values
@@ -436,7 +455,7 @@ class GradientBalancer(StagedBalancer):
             return {}
         assert self._blocks is not None  # set by _add_blocks above
         metrics = self._finish_solve(self._blocks, scale, self._losses_sum / self._seen["joint"], None)
-        self._blocks = None
+        self._spare, self._blocks = self._blocks, None  # no method keeps them past its solve
         self._end_joint()
         return metrics
 
