@@ -1,7 +1,7 @@
 """Full training-step time and peak memory of each loss balancer relative to fixed weights, measured in one run.
 
     python scripts/bench_balancers.py [--rounds 5] [--steps 4] [--device cpu] [--threads 1]
-        [--tasks 2,10,40] [--head-dims 100,1] [--generic]
+        [--tasks 2,10,40] [--head-dims 100,1] [--generic] [--loss-level]
     python scripts/bench_balancers.py --peers [--tasks 2,10] [--rounds 3] [--steps 3] [--methods pcgrad,mgda]
 
 --peers times the gradient methods against their references on identical copies of the HPS model
@@ -51,6 +51,18 @@ VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer | Callable]] 
     "gradnorm shared_rep": lambda model, names: GradNorm(names, grad_source="shared_rep"),
     "gradnorm last_shared": lambda model, names: GradNorm(names, shared_layer=model.last_shared_layer),
 }
+# Loss-level methods (no per-task gradient): their goal is the fixed step's time (<= 1.05x).
+LOSS_LEVEL = [
+    "UncertaintyWeighting",
+    "DynamicWeightAverage",
+    "RandomLossWeighting",
+    "FAMO",
+    "ScaleInvariant",
+    "GeometricLoss",
+    "SmoothTchebycheff",
+    "COSMOS",
+    "PenaltyBoundaryIntersection",
+]
 GENERIC = (
     "gradnorm last_shared (generic autograd)",
     lambda model, names: GradNorm(names, shared_params=model.last_shared_layer.parameters()),
@@ -366,6 +378,7 @@ def main() -> None:
     parser.add_argument("--tasks", default="2,10,40", help="task counts of the wide MLP")
     parser.add_argument("--head-dims", default="100,1", help="output sizes of the wide MLP's heads")
     parser.add_argument("--generic", action="store_true", help="also GradNorm's generic per-parameter path")
+    parser.add_argument("--loss-level", action="store_true", help="also the loss-level methods (LOSS_LEVEL)")
     parser.add_argument(
         "--peers",
         action="store_true",
@@ -394,6 +407,11 @@ def main() -> None:
     variants = dict(VARIANTS)
     if args.generic:
         variants[GENERIC[0]] = GENERIC[1]
+    if args.loss_level:
+        import mtl_bench.balancers as balancers
+
+        for cls_name in LOSS_LEVEL:
+            variants[cls_name] = lambda model, names, c=getattr(balancers, cls_name): c(names)
 
     torch.manual_seed(0)
     configs = [("toy MLP 4x100, batch 100", hps_mlp(100, 4, 10, 100), 100, 100)]
