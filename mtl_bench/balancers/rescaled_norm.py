@@ -133,15 +133,17 @@ class RescaledNormBalancer(StagedBalancer):
     def _write(shared: Tensor, parts: list[tuple[Tensor, list[tuple[Tensor, Tensor]]]], factors: Tensor) -> None:
         """Σ_k factor_k g_k back through the trunk and factor_k ∇L_k to each head, in ONE autograd call (DDP's
         gradient hooks fire as for a plain backward)."""
-        direction: Optional[Tensor] = None
+        dtype = parts[0][0].dtype
+        scales = factors.to(dtype).unbind()
+        direction = parts[0][0] * scales[0]
+        product = torch.empty_like(direction)  # one buffer for every g_k·scale_k (EnCodec's rounding: no FMA)
+        for (grad, _), f in zip(parts[1:], scales[1:]):
+            direction.add_(torch.mul(grad, f, out=product))
         heads: dict[int, tuple[Tensor, Tensor]] = {}  # by id: a parameter two heads share gets the sum
-        for k, (grad, pairs) in enumerate(parts):
-            f = factors[k].to(grad.dtype)
-            direction = grad * f if direction is None else direction.add_(grad * f)  # no FMA: EnCodec's rounding
+        for (_, pairs), f in zip(parts, factors.unbind()):
             for p, g in pairs:
-                g = g * factors[k].to(g.dtype)
+                g = g * f.to(g.dtype)
                 heads[id(p)] = (p, heads[id(p)][1] + g if id(p) in heads else g)
-        assert direction is not None
         torch.autograd.backward([shared, *(p for p, _ in heads.values())], [direction, *(g for _, g in heads.values())])
 
     def _count(self, shared: Tensor) -> int:
