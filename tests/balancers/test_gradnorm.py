@@ -141,16 +141,29 @@ def test_update_equals_autograd_create_graph_gradient():
     assert not torch.allclose(bal.weights, w0 * 3 / w0.sum())  # the step did something
 
 
-def test_network_gets_only_the_weighted_sum_gradient():
+# "skip": task a's loss also reads the trunk's first layer directly, so the gradient at the measured tensor
+# misses a path and the balancer must run the full backward of Σ w_i L_i.
+@pytest.mark.parametrize("case", ["last_shared", "shared_rep", "skip"])
+def test_network_gets_only_the_weighted_sum_gradient(case: str):
     model, (x, y) = make_model(), batch()
-    bal = GradNorm(list(TASKS), shared_layer=model.last_shared_layer)
+    if case == "shared_rep":
+        bal = GradNorm(list(TASKS), grad_source="shared_rep")
+    else:
+        bal = GradNorm(list(TASKS), shared_layer=model.last_shared_layer)
     w0 = torch.tensor([0.2, 2.0, 0.8])
     bal.weights.copy_(w0)
-    out, losses = model_losses(model, x, y)
+
+    def losses_of_case():
+        out, losses = model_losses(model, x, y)
+        if case == "skip":
+            losses["a"] = losses["a"] + model.trunk[0].weight.square().sum()
+        return out, losses
+
+    out, losses = losses_of_case()
     metrics = bal.backward(losses, out.shared)
     got = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    _, losses = model_losses(model, x, y)
+    _, losses = losses_of_case()
     sum(w0[i] * losses[t] for i, t in enumerate(TASKS)).backward()
     for g, ref in zip(got, (p.grad for p in model.parameters())):
         torch.testing.assert_close(g, ref)
