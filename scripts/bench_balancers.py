@@ -1,13 +1,15 @@
 """Full training-step time and peak memory of each loss balancer relative to fixed weights, measured in one run.
 
     python scripts/bench_balancers.py [--rounds 5] [--steps 4] [--device cpu] [--threads 1]
-        [--tasks 2,10,40] [--head-dims 100,1] [--generic]
-    python scripts/bench_balancers.py --peers [--tasks 2,10] [--rounds 3] [--steps 3]
+        [--tasks 2,10,40] [--head-dims 100,1] [--generic] [--loss-level]
+    python scripts/bench_balancers.py --peers [--tasks 2,10] [--rounds 3] [--steps 3] [--methods pcgrad,mgda]
 
 --peers times the gradient methods against their references on identical copies of the HPS model
 (250 -> 4x512 ReLU trunk, scalar heads, batch 256): ours with grad_source=shared_params (exact) and
 shared_rep, torchjd 0.18 (mtl_backward + jac_to_grad) and LibMTL 1.1.5 (its weighting modules loaded from
-the installed files); every ratio is to the fixed-weight step of the same run.
+the installed files); every ratio is to the fixed-weight step and to the floor of the same run. The floor
+is one forward, then one backward per task through heads and trunk, accumulated into `.grad`: the least
+work that yields T per-task gradients (what any exact gradient method must at least do).
 
 A step is what the trainer does: zero_grad, forward, per-task MSE losses, the balancer's backward, an Adam
 step, `balancer.step()`. Models: the GradNorm paper's toy MLP (input 250, four shared ReLU layers of 100,
@@ -15,6 +17,8 @@ T=10, batch 100) and a wider MLP (four shared layers of 512, batch 256) with T =
 each size in --head-dims (100: the toy task's targets; 1: scalar heads, where the balancer's own work is
 the largest share of the step). Variants of one configuration run interleaved, round after round, and
 each time is the median over rounds, so a background load that drifts hits all variants alike.
+"encodec Balancer (peer)" is EnCodec's own Balancer (mtl_bench/bench/encodec_balancer.py, its public code
+step for step; its heads get no gradient), the reference rescaled_norm is held to.
 Peak memory is the high-water mark, during one step, of the memory allocated in that step (CPU: replayed
 from the profiler's allocation events; CUDA: max_memory_allocated above the level before the step).
 Prints a markdown table.
@@ -34,17 +38,31 @@ import torch.nn.functional as F
 
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
+from mtl_bench.bench.encodec_balancer import encodec_step
 from mtl_bench.bench.peers import libmtl_weighting
 from mtl_bench.bench.runs import hps_mlp
 from mtl_bench.bench.timing import interleaved, markdown_table, medians, seconds_per_call, sync
 from mtl_bench.models.base import MultiTaskModel
 
-VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer]] = {
+VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer | Callable]] = {
     "fixed": lambda model, names: FixedWeights(names),
     "rescaled_norm": lambda model, names: RescaledNormBalancer(names),
+    "encodec Balancer (peer)": lambda model, names: encodec_step(names),
     "gradnorm shared_rep": lambda model, names: GradNorm(names, grad_source="shared_rep"),
     "gradnorm last_shared": lambda model, names: GradNorm(names, shared_layer=model.last_shared_layer),
 }
+# Loss-level methods (no per-task gradient): their goal is the fixed step's time (<= 1.05x).
+LOSS_LEVEL = [
+    "UncertaintyWeighting",
+    "DynamicWeightAverage",
+    "RandomLossWeighting",
+    "FAMO",
+    "ScaleInvariant",
+    "GeometricLoss",
+    "SmoothTchebycheff",
+    "COSMOS",
+    "PenaltyBoundaryIntersection",
+]
 GENERIC = (
     "gradnorm last_shared (generic autograd)",
     lambda model, names: GradNorm(names, shared_params=model.last_shared_layer.parameters()),
@@ -176,12 +194,30 @@ def _ours(cls_name: str, **options) -> Callable[[MultiTaskModel, list[str]], Bal
     return make
 
 
+def _floor(model: MultiTaskModel, names: list[str]) -> Callable:
+    """One forward, then one backward per task (heads and trunk), each accumulated into `.grad`."""
+
+    def backward(model: MultiTaskModel, x: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
+        out = model(x)
+        losses = [F.mse_loss(out.preds[n], y) for n, y in targets.items()]
+        for i, loss in enumerate(losses):
+            loss.backward(retain_graph=i < len(losses) - 1)
+
+    return backward
+
+
 def _torchjd(aggregator_name: str, **options) -> Callable:
+    """torchjd's aggregator `aggregator_name`; "CRMOGM:<Weighting>" wraps that weighting in CRMOGMWeighting."""
+
     def make(model: MultiTaskModel, names: list[str]) -> Callable:
         from torchjd import aggregation, autojac
 
-        kwargs = {"n_tasks": len(names)} if aggregator_name == "NashMTL" else {}
-        aggregator = getattr(aggregation, aggregator_name)(**kwargs, **options)
+        if aggregator_name.startswith("CRMOGM:"):
+            base = getattr(aggregation, aggregator_name.split(":")[1])()
+            aggregator = aggregation.GramianWeightedAggregator(aggregation.CRMOGMWeighting(base, **options))
+        else:
+            kwargs = {"n_tasks": len(names)} if aggregator_name == "NashMTL" else {}
+            aggregator = getattr(aggregation, aggregator_name)(**kwargs, **options)
         shared = list(model.shared_parameters())
 
         def backward(model: MultiTaskModel, x: torch.Tensor, targets: dict[str, torch.Tensor]) -> None:
@@ -241,10 +277,32 @@ PEERS: list[tuple[str, str, Callable]] = [
     ("nash_mtl", "torchjd", _torchjd("NashMTL")),
     ("graddrop", "ours rep", _ours("GradDrop", seed=0)),
     ("graddrop", "LibMTL", _libmtl("GradDrop", rep_grad=True, leak=0.0)),
+    ("fairgrad", "ours", _ours("FairGrad", alpha=1.0)),
+    ("fairgrad", "torchjd", _torchjd("FairGrad", alpha=1.0)),
+    ("dualproj", "ours", _ours("DualProj")),
+    ("dualproj", "torchjd", _torchjd("DualProj")),
+    ("con_fig", "ours", _ours("ConFIG")),
+    ("con_fig", "torchjd", _torchjd("ConFIG")),
+    ("pcd", "ours", _ours("PCD")),
+    ("pcd", "torchjd", _torchjd("PCD")),
+    ("excess_mtl", "ours", _ours("ExcessMTL", robust_step_size=0.5, total="one", head_weights="ones")),
+    ("excess_mtl", "torchjd", _torchjd("ExcessMTL", robust_step_size=0.5, n_warmup_steps=1)),
+    ("cr_mogm", "ours", _ours("CRMOGM", base="UPGrad", alpha=0.5)),
+    ("cr_mogm", "torchjd", _torchjd("CRMOGM:UPGradWeighting", alpha=0.5)),
+    ("krum", "ours", _ours("Krum", n_byzantine=0, n_selected=1)),
+    ("krum", "torchjd", _torchjd("Krum", n_byzantine=0, n_selected=1)),
+    ("trimmed_mean", "ours", _ours("TrimmedMean", trim=1)),
+    ("trimmed_mean", "torchjd", _torchjd("TrimmedMean", trim_number=1)),
+    ("moco", "ours", _ours("MoCo")),  # LibMTL main only (not the installed 1.1.5): no peer here
+    ("db_mtl", "ours", _ours("DualBalancing")),  # likewise
 ]
+# Methods with fewer valid task counts: Krum (f=0) and a trimmed mean with trim=1 need T >= 3.
+MIN_TASKS = {"krum": 3, "trimmed_mean": 3}
 
 
-def bench_peers(tasks: list[int], rounds: int, steps: int, device: torch.device, memory: bool) -> list[dict]:
+def bench_peers(
+    tasks: list[int], rounds: int, steps: int, device: torch.device, memory: bool, only: list[str] | None = None
+) -> list[dict]:
     """Each method's variants on identical copies of the model, interleaved with the fixed step, per T."""
     import warnings
 
@@ -257,8 +315,14 @@ def bench_peers(tasks: list[int], rounds: int, steps: int, device: torch.device,
         x = torch.randn(256, 250, generator=g).to(device)
         targets = {n: torch.randn(256, 1, generator=g).to(device) for n in model.heads}
         methods = sorted({m for m, _, _ in PEERS}, key=[m for m, _, _ in PEERS].index)
+        methods = [m for m in methods if only is None or m in only]
         for method in methods:
-            variants = {"fixed": Runner(model, lambda mdl, names: FixedWeights(names), x, targets)}
+            if t < MIN_TASKS.get(method, 1):
+                continue
+            variants = {
+                "fixed": Runner(model, lambda mdl, names: FixedWeights(names), x, targets),
+                "floor": Runner(model, _floor, x, targets),
+            }
             for m, variant, make in PEERS:
                 if m == method:
                     variants[variant] = Runner(model, make, x, targets)
@@ -268,8 +332,8 @@ def bench_peers(tasks: list[int], rounds: int, steps: int, device: torch.device,
             mem = {name: peak_step_memory(r, device) for name, r in variants.items()} if memory else {}
             base = med["fixed"]
             for name in variants:
-                if name == "fixed":
-                    continue
+                if name in ("fixed", "floor") and (name == "fixed" or method != methods[0]):
+                    continue  # the floor's row once per T (it is timed again beside every method)
                 rows.append(
                     {
                         "T": t,
@@ -278,20 +342,22 @@ def bench_peers(tasks: list[int], rounds: int, steps: int, device: torch.device,
                         "ms": 1e3 * med[name],
                         "x_fixed": med[name] / base,
                         "fixed_ms": 1e3 * base,
-                        "x_torchjd": med[name] / med["torchjd"] if "torchjd" in med else None,
-                        "x_libmtl": med[name] / med["LibMTL"] if "LibMTL" in med else None,
+                        "x_floor": med[name] / med["floor"],
+                        "x_torchjd": med[name] / med["torchjd"] if "torchjd" in med and name != "floor" else None,
+                        "x_libmtl": med[name] / med["LibMTL"] if "LibMTL" in med and name != "floor" else None,
                         "mb": mem.get(name, float("nan")) / 2**20,
                     }
                 )
-            print(f"T={t} {method}: " + ", ".join(f"{n} {v / base:.2f}x" for n, v in med.items()), flush=True)
+            ratios = ", ".join(f"{n} {v / base:.2f}x fixed, {v / med['floor']:.2f}x floor" for n, v in med.items())
+            print(f"T={t} {method}: {ratios}", flush=True)
     return rows
 
 
 def print_peers(rows: list[dict]) -> None:
     fmt = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
-    header = ["T", "method", "variant", "ms/step", "x fixed", "x torchjd", "x LibMTL", "peak MB/step"]
+    header = ["T", "method", "variant", "ms/step", "x fixed", "x floor", "x torchjd", "x LibMTL", "peak MB/step"]
     cells = [
-        [r["T"], r["method"], r["variant"], f"{r['ms']:.1f}", f"{r['x_fixed']:.2f}"]
+        [r["T"], r["method"], r["variant"], f"{r['ms']:.1f}", f"{r['x_fixed']:.2f}", f"{r['x_floor']:.2f}"]
         + [fmt(r["x_torchjd"]), fmt(r["x_libmtl"]), f"{r['mb']:.1f}"]
         for r in rows
     ]
@@ -312,12 +378,14 @@ def main() -> None:
     parser.add_argument("--tasks", default="2,10,40", help="task counts of the wide MLP")
     parser.add_argument("--head-dims", default="100,1", help="output sizes of the wide MLP's heads")
     parser.add_argument("--generic", action="store_true", help="also GradNorm's generic per-parameter path")
+    parser.add_argument("--loss-level", action="store_true", help="also the loss-level methods (LOSS_LEVEL)")
     parser.add_argument(
         "--peers",
         action="store_true",
         help="the gradient methods against torchjd and LibMTL (scalar heads; --tasks default 2,10)",
     )
     parser.add_argument("--no-memory", action="store_true", help="--peers: skip the peak-memory measurement")
+    parser.add_argument("--methods", default=None, help="--peers: only these methods (comma-separated; default all)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -325,7 +393,11 @@ def main() -> None:
     if args.peers:
         started = time.perf_counter()
         tasks = [int(t) for t in (args.tasks if args.tasks != "2,10,40" else "2,10").split(",")]
-        rows = bench_peers(tasks, args.rounds, args.steps, device, not args.no_memory)
+        only = None if args.methods is None else args.methods.split(",")
+        unknown = sorted(set(only or []) - {m for m, _, _ in PEERS})
+        if unknown:
+            parser.error(f"--methods: unknown {unknown}; allowed: {sorted({m for m, _, _ in PEERS})}")
+        rows = bench_peers(tasks, args.rounds, args.steps, device, not args.no_memory, only)
         print(
             f"\n{machine_description()}; on {device.type}, {args.rounds} rounds x {args.steps} steps, "
             f"{time.perf_counter() - started:.0f} s in all\n"
@@ -335,6 +407,11 @@ def main() -> None:
     variants = dict(VARIANTS)
     if args.generic:
         variants[GENERIC[0]] = GENERIC[1]
+    if args.loss_level:
+        import mtl_bench.balancers as balancers
+
+        for cls_name in LOSS_LEVEL:
+            variants[cls_name] = lambda model, names, c=getattr(balancers, cls_name): c(names)
 
     torch.manual_seed(0)
     configs = [("toy MLP 4x100, batch 100", hps_mlp(100, 4, 10, 100), 100, 100)]

@@ -10,7 +10,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import world_size
-from mtl_bench.balancers.jacobian import grads_at_shared, head_params, param_jacobian, rank_mean, write_leaf_grads
+from mtl_bench.balancers.jacobian import head_params, rank_mean, task_jacobian, write_leaf_grads
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 GRAD_SOURCES = ("shared_params",)
@@ -27,9 +27,8 @@ class DualBalancing(StagedBalancer):
     Reference: LibMTL main `LibMTL/weighting/DB_MTL.py` (commit 4336804847eaa5e0b924b743d76beec7ac3fdc97;
     not in LibMTL 1.1.5), defaults beta = 0.9, beta_sigma = 0 from its config. Like LibMTL, the
     representation-gradient mode (`rep_grad=True`) is not supported. LibMTL takes the T gradients with T
-    backwards through the whole network and then overwrites the shared gradients; here each task's
-    gradient at the shared representation comes from a backward through its head only, and the T
-    gradients at θ from ONE batched vector-Jacobian product through the trunk (`jacobian.param_jacobian`);
+    backwards through the whole network and then overwrites the shared gradients; here the T backwards
+    (`jacobian.task_jacobian`, one per task through its head and the trunk) write each g_i into its row, and
     the shared gradients receive only Σ_i α_i m_i. A shared parameter the losses do not reach gets a zero
     row in g (LibMTL: zeros too) and still receives its part of Σ_i α_i m_i (LibMTL leaves a parameter
     without a `.grad` alone; the same whenever every shared parameter is used).
@@ -189,8 +188,7 @@ class DualBalancing(StagedBalancer):
         scale = self._begin(JOINT, ctx, shared)
         self._check_open(self._steps_per_update())
         logs = [self._log(losses[name]) for name in self.task_names]
-        rows, heads = grads_at_shared(logs, shared, scale, self._param_ids)
-        blocks = param_jacobian(shared, self._params, rows)
+        blocks, heads = task_jacobian(logs, shared, self._params, scale, self._param_ids)
         write_leaf_grads([pair for task_heads in heads for pair in task_heads])
         self._backwards += 1
         if world_size() == 1 and not self.accumulates:  # the common case: no (T, P) copy, unscaled in the EMA

@@ -1,22 +1,21 @@
-"""Per-task gradients in one batched pass, their Gramian, and the base class of the gradient-combining methods.
+"""Per-task gradients, their Gramian, and the base class of the gradient-combining methods.
 
 The methods of this family (PCGrad, MGDA, IMTL, UPGrad, CAGrad, Aligned-MTL, Nash-MTL, GradVac) all end in
 a shared direction d = Σ_i w_i g_i, a combination of the tasks' gradients g_i at the shared parameters (or
 at the shared representation), with weights w computed from the T×T Gramian G = J Jᵀ of the Jacobian J whose
 rows are the g_i. So one step here is:
 
-1. T gradients at `shared` (the trunk's output) through the heads: one small backward per task that stops
-   at `shared` and also gives each head's own parameter gradient.
-2. `grad_source="shared_params"`: ONE batched vector-Jacobian product through the trunk,
-   `autograd.grad(shared, params, grad_outputs=Z, is_grads_batched=True)`, turns the T gradients at
-   `shared` into J, one (T, *p.shape) block per shared parameter (never T separate trunk backwards).
-   `grad_source="shared_rep"`: J is the T gradients at `shared` themselves, flattened (MGDA-UB).
-
-   Steps 1-2 assume `shared` is a cut: every loss reaches the shared parameters only through `shared`. A walk
-   over each loss's autograd graph (`task_params`) checks it at every step. Where it fails (SegNet-MTAN: each
-   task's attention modules read the shared features of every stage), `shared_params` takes J instead from
-   ONE batched vector-Jacobian product from the stacked losses straight to the shared and task parameters
-   (`loss_jacobian`), exact through every path; `shared_rep` (and GradDrop) cannot be exact and raise.
+1. `grad_source="shared_params"`: one backward per task through its head and the trunk (`task_jacobian`),
+   each written into row i of J, one (T, *p.shape) block per shared parameter, as it arrives; also each
+   head's own parameter gradient. Exact through every path, also where `shared` is not a cut (SegNet-MTAN:
+   each task's attention modules read the shared features of every stage). This is the floor's work (T
+   backwards); one batched vector-Jacobian product through the trunk (`param_jacobian`, under vmap) did the
+   same arithmetic 1.1-1.3x slower on one CPU thread.
+2. `grad_source="shared_rep"`: T gradients at `shared` (the trunk's output) through the heads, one small
+   backward per task that stops at `shared` (`grads_at_shared`); J is those gradients, flattened (MGDA-UB).
+   It assumes `shared` is a cut: every loss reaches the shared parameters only through `shared`. A walk over
+   each loss's autograd graph (`task_params`) checks it at every step; where it fails, `shared_rep` (and
+   GradDrop) cannot be exact and raise.
 3. G = Σ_blocks J_b J_bᵀ (no concatenated copy of J), unscaled (divided by the loss scale squared);
    under DDP averaged over the ranks, so every rank solves the same problem and gets the same weights.
 4. The method turns G into weights (most on the CPU: T×T problems, see `host_gramian`).
@@ -89,6 +88,24 @@ def task_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> tuple[lis
     return found, cut
 
 
+def upstream_leaves(tensor: Tensor) -> set[int]:
+    """The ids of the leaves `tensor` depends on (the trunk's parameters when `tensor` is its output)."""
+    found: set[int] = set()
+    seen: set = set()
+    stack = [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf
+        if variable is not None:
+            found.add(id(variable))
+            continue
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
 def head_params(loss: Tensor, shared: Tensor, shared_ids: set[int]) -> list[Tensor]:
     """The task's own parameters (`task_params`) for a method that needs `shared` to be a cut: a ValueError
     when the loss reads a shared parameter other than through `shared` (its gradients there would be incomplete)."""
@@ -121,39 +138,39 @@ def grads_at_shared(
     return torch.stack(rows), heads
 
 
-def loss_jacobian(
-    losses: Sequence[Tensor], params: Sequence[Tensor], task_leaves: Sequence[Sequence[Tensor]], scale: Optional[Tensor]
+def task_jacobian(
+    losses: Sequence[Tensor],
+    shared: Tensor,
+    params: Sequence[Tensor],
+    scale: Optional[Tensor],
+    shared_ids: set[int],
+    reuse: Optional[Sequence[Tensor]] = None,
 ) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
-    """J at `params` (one (T, *p.shape) block each) and each task's gradients at its own parameters
-    (`task_leaves[i]`), through every path: ONE batched vector-Jacobian product from the stacked (scaled)
-    losses, `autograd.grad(losses, [*params, *leaves], grad_outputs=I_T, is_grads_batched=True)`.
+    """J at the shared parameters `params` (one (T, *p.shape) block each) and each task's gradients at its own
+    parameters, exact through every path (whether or not `shared` is a cut). Frees the graph.
 
-    For models where `shared` is not a cut (`task_params`). Frees the graph. Row i of a task parameter's block
-    is task i's gradient; the other rows are 0 unless tasks share that parameter.
+    One backward per task through its head and the trunk (`autograd.grad(loss_i, [*params, *own_i])`), each
+    written into row i of the blocks as it arrives: the floor's work (T backwards), with one copy of each
+    gradient. On one CPU thread this is faster than one batched product through the trunk (vmap's batched
+    ReLU backward and layout copies cost 1.1-1.3x the T plain backwards at T=2-10; docs/benchmarks.md).
+    `reuse`: last step's blocks, written over when their shapes and layouts fit (a fresh T×P buffer costs its
+    page faults on every step: 30 ms against 4 ms for 37 MB on one CPU thread).
     """
     t = len(losses)
-    leaves = list({id(p): p for task in task_leaves for p in task}.values())
-    stacked = torch.stack([(loss * scale if scale is not None else loss).float() for loss in losses])
-    eye = torch.eye(t, dtype=stacked.dtype, device=stacked.device)
-    grads = torch.autograd.grad(stacked, [*params, *leaves], grad_outputs=eye, is_grads_batched=True, allow_unused=True)
-    blocks = [g if g is not None else stacked.new_zeros((t, *p.shape), dtype=p.dtype) for g, p in zip(grads, params)]
-    by_leaf = {id(p): g for p, g in zip(leaves, grads[len(params) :])}
-    heads = [[(p, by_leaf[id(p)][i]) for p in task if by_leaf[id(p)] is not None] for i, task in enumerate(task_leaves)]
+    found = [task_params(loss, shared, shared_ids)[0] for loss in losses]
+    blocks: list[Tensor] = []
+    heads = []
+    for i, (loss, own) in enumerate(zip(losses, found)):
+        scaled = loss * scale if scale is not None else loss
+        grads = torch.autograd.grad(scaled, [*params, *own], retain_graph=i < t - 1, allow_unused=True)
+        if not blocks:  # rows laid out as autograd returns them (a Linear's weight gradient is transposed)
+            refs = [g if g is not None else p for p, g in zip(params, grads)]
+            fits = reuse is not None and len(reuse) == len(refs) and all(_fits(b, r, t) for b, r in zip(reuse, refs))
+            blocks = list(reuse) if fits and reuse is not None else [rows_like(r, t) for r in refs]
+        for block, g in zip(blocks, grads):
+            block[i].copy_(g) if g is not None else block[i].zero_()
+        heads.append([(p, g) for p, g in zip(own, grads[len(params) :]) if g is not None])
     return blocks, heads
-
-
-def task_jacobian(
-    losses: Sequence[Tensor], shared: Tensor, params: Sequence[Tensor], scale: Optional[Tensor], shared_ids: set[int]
-) -> tuple[list[Tensor], list[list[tuple[Tensor, Tensor]]]]:
-    """J at the shared parameters `params` and each task's gradients at its own parameters, exact: through
-    `shared` (`grads_at_shared` + `param_jacobian`) when it is a cut, else straight from the losses
-    (`loss_jacobian`). Frees the graph."""
-    found = [task_params(loss, shared, shared_ids) for loss in losses]
-    task_leaves = [leaves for leaves, _ in found]
-    if all(cut for _, cut in found):
-        rows, heads = grads_at_shared(losses, shared, scale, shared_ids, task_leaves)
-        return param_jacobian(shared, params, rows), heads
-    return loss_jacobian(losses, params, task_leaves, scale)
 
 
 def param_jacobian(shared: Tensor, params: Sequence[Tensor], rows: Tensor) -> list[Tensor]:
@@ -167,11 +184,44 @@ def param_jacobian(shared: Tensor, params: Sequence[Tensor], rows: Tensor) -> li
     ]
 
 
+def _memory_order(t: Tensor, first: int = 0) -> list[int]:
+    """The dimensions of `t` from `first` on, outermost in memory first."""
+    strides = t.stride()
+    return sorted(range(first, t.dim()), key=lambda d: -strides[d])
+
+
+def rows_like(grad: Tensor, t: int) -> Tensor:
+    """An empty (t, *grad.shape) block whose every row has `grad`'s memory layout, so that copying a gradient
+    into a row is a straight copy (not a transposing one) and `flat_rows` is a view."""
+    order = _memory_order(grad)
+    buf = grad.new_empty((t, *(grad.shape[d] for d in order)))
+    return buf.permute(0, *(order.index(d) + 1 for d in range(grad.dim())))
+
+
+def _fits(block: Tensor, grad: Tensor, t: int) -> bool:
+    """Whether `block` has `t` rows of `grad`'s shape, dtype, device and layout."""
+    row = block[0]
+    same = row.shape == grad.shape and row.dtype == grad.dtype and row.device == grad.device
+    return same and block.shape[0] == t and row.stride() == grad.stride()
+
+
+def flat_rows(block: Tensor) -> Tensor:
+    """A (T, *shape) block as (T, P), each row flattened in memory order: a view when the rows are dense
+    (`rows_like`); the same order for every row, which is all a Gramian or a combination needs."""
+    return block.permute(0, *_memory_order(block, 1)).reshape(block.shape[0], -1)
+
+
+def unflatten_row(flat: Tensor, block: Tensor) -> Tensor:
+    """The inverse of `flat_rows` for one row: `flat` (P,) back to block.shape[1:], in the rows' layout."""
+    order = [d - 1 for d in _memory_order(block, 1)]
+    return flat.view([block.shape[d + 1] for d in order]).permute(*(order.index(d) for d in range(len(order))))
+
+
 def gramian(blocks: Sequence[Tensor]) -> Tensor:
     """G = J Jᵀ (float32) summed over the blocks of J, without concatenating them."""
     total: Optional[Tensor] = None
     for block in blocks:
-        m = block.reshape(block.shape[0], -1)
+        m = flat_rows(block)
         if m.dtype != torch.float32:
             m = m.float()
         g = m @ m.T
@@ -185,8 +235,8 @@ def combine(blocks: Sequence[Tensor], weights: Tensor) -> list[Tensor]:
     out = []
     for k, block in enumerate(blocks):
         w = weights if weights.dim() == 1 else weights[k]
-        m = block.reshape(block.shape[0], -1)
-        out.append((w.to(m.dtype) @ m).view(block.shape[1:]))
+        m = flat_rows(block)
+        out.append(unflatten_row(w.to(m.dtype) @ m, block))
     return out
 
 
@@ -297,6 +347,7 @@ class GradientBalancer(StagedBalancer):
             raise ValueError("shared_params: grad_source=shared_params needs the model's shared parameters")
         self.__dict__["_params"] = params  # the model's: kept out of this module's registry and state_dict
         self._param_ids = {id(p) for p in params}
+        self._spare: Optional[list[Tensor]] = None  # last step's Jacobian blocks, rewritten by the next step
         self._clear_step()
 
     def _clear_step(self) -> None:
@@ -393,7 +444,9 @@ class GradientBalancer(StagedBalancer):
             metrics = self._finish_solve([rows], scale, self._mean("losses", loss_values), shared)
             self._end_joint()
             return metrics
-        blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids)
+        spare = self._spare if self._blocks is None else None  # never the accumulator of this step's micro-batches
+        self._spare = None  # while the blocks are in use
+        blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids, spare)
         write_leaf_grads(self._heads(heads, range(len(ordered)), head_w))
         self._add_blocks(blocks)
         self._losses_sum = loss_values if self._losses_sum is None else self._losses_sum + loss_values
@@ -402,7 +455,7 @@ class GradientBalancer(StagedBalancer):
             return {}
         assert self._blocks is not None  # set by _add_blocks above
         metrics = self._finish_solve(self._blocks, scale, self._losses_sum / self._seen["joint"], None)
-        self._blocks = None
+        self._spare, self._blocks = self._blocks, None  # no method keeps them past its solve
         self._end_joint()
         return metrics
 

@@ -10,6 +10,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context, stack_weights, task_weights
 from mtl_bench.balancers.distributed import average_by_name
+from mtl_bench.balancers.jacobian import task_params, upstream_leaves
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 
@@ -104,8 +105,46 @@ class RescaledNormBalancer(StagedBalancer):
     def _measure(self, loss: Tensor, shared: Tensor, scale: Tensor | None) -> Tensor:
         (grad,) = self._grad(loss, [shared], scale)
         assert grad is not None  # allow_unused=False: autograd raises rather than return None
+        return self._norm(grad, scale)
+
+    def _norm(self, grad: Tensor, scale: Tensor | None) -> Tensor:
         norm = gradient_norm(grad, self.per_batch_item)
         return norm / scale if scale is not None else norm  # norms of the unscaled gradient
+
+    def _task_grads(
+        self, losses: list[Tensor], shared: Tensor, scale: Tensor | None
+    ) -> Optional[list[tuple[Tensor, list[tuple[Tensor, Tensor]]]]]:
+        """Each loss's gradient at `shared` and at its own parameters (its head), from one backward through the
+        head, so the final backward need not repeat the heads (as EnCodec's `input.backward(out_grad)`, which
+        leaves them without gradients). None when a loss reads a parameter of the trunk other than through
+        `shared`: those paths need the full backward of Σ scale_k L_k."""
+        trunk = upstream_leaves(shared)
+        found = [task_params(loss, shared, trunk) for loss in losses]
+        if not all(cut for _, cut in found):
+            return None
+        parts = []
+        for loss, (own, _) in zip(losses, found):
+            grad, *heads = self._grad(loss, [shared, *own], scale)
+            assert grad is not None  # allow_unused=False: autograd raises rather than return None
+            parts.append((grad, [(p, g) for p, g in zip(own, heads) if g is not None]))
+        return parts
+
+    @staticmethod
+    def _write(shared: Tensor, parts: list[tuple[Tensor, list[tuple[Tensor, Tensor]]]], factors: Tensor) -> None:
+        """Σ_k factor_k g_k back through the trunk and factor_k ∇L_k to each head, in ONE autograd call (DDP's
+        gradient hooks fire as for a plain backward)."""
+        dtype = parts[0][0].dtype
+        scales = factors.to(dtype).unbind()
+        direction = parts[0][0] * scales[0]
+        product = torch.empty_like(direction)  # one buffer for every g_k·scale_k (EnCodec's rounding: no FMA)
+        for (grad, _), f in zip(parts[1:], scales[1:]):
+            direction.add_(torch.mul(grad, f, out=product))
+        heads: dict[int, tuple[Tensor, Tensor]] = {}  # by id: a parameter two heads share gets the sum
+        for (_, pairs), f in zip(parts, factors.unbind()):
+            for p, g in pairs:
+                g = g * f.to(g.dtype)
+                heads[id(p)] = (p, heads[id(p)][1] + g if id(p) in heads else g)
+        torch.autograd.backward([shared, *(p for p, _ in heads.values())], [direction, *(g for _, g in heads.values())])
 
     def _count(self, shared: Tensor) -> int:
         return shared.shape[0] if self.per_batch_item and shared.dim() > 0 else 1
@@ -130,27 +169,35 @@ class RescaledNormBalancer(StagedBalancer):
         ctx: Context = None,
     ) -> dict[str, Tensor]:
         self.check_losses(losses)
-        stacked = torch.stack([losses[name] for name in self.task_names])
         metrics: dict[str, Tensor] = {}
         factors = self.weights
+        parts = None
         if self.measures_norms:
             scale = self._begin(JOINT, ctx, shared)
-            local = {name: self._measure(losses[name], shared, scale) for name in self.task_names}
+            parts = self._task_grads([losses[name] for name in self.task_names], shared, scale)
+            if parts is not None:
+                local = {name: self._norm(grad, scale) for name, (grad, _) in zip(self.task_names, parts)}
+            else:
+                local = {name: self._measure(losses[name], shared, scale) for name in self.task_names}
             reduced = average_by_name(local, self._count(shared))
             norms = self._mean("norms", torch.stack([reduced[name] for name in self.task_names]))
             self._require_finite(norms)
             avg = self._ema(slice(None), norms)
             if self.rescale_grads:
                 factors = self._scales(avg, self.weights)
-            metrics.update({tags.grad_norm(name): norms[i] for i, name in enumerate(self.task_names)})
+            # unbind: one view per task from one op (indexing costs an op per task, 3T per step)
+            metrics.update({tags.grad_norm(name): v for name, v in zip(self.task_names, norms.unbind())})
             if self.monitor:
                 ratios = avg / avg.sum()
-                metrics.update({tags.ratio(name): ratios[i] for i, name in enumerate(self.task_names)})
-        total = (factors * stacked).sum()  # float32 even for fp16 losses
-        self.run_backward(total, ctx)
+                metrics.update({tags.ratio(name): v for name, v in zip(self.task_names, ratios.unbind())})
+        if parts is not None:
+            self._write(shared, parts, factors)
+        else:
+            stacked = torch.stack([losses[name] for name in self.task_names])
+            self.run_backward((factors * stacked).sum(), ctx)  # float32 even for fp16 losses
         if self.measures_norms:
             self._end_joint()
-        return {**{tags.weight(name): factors[i] for i, name in enumerate(self.task_names)}, **metrics}
+        return {**{tags.weight(name): v for name, v in zip(self.task_names, factors.unbind())}, **metrics}
 
     # ------------------------------------------------------------------ per-task mode
 

@@ -90,7 +90,11 @@ def test_first_adam_step_moves_each_weight_by_lr():
     assert bal.weights.tolist() == pytest.approx([1.025, 0.975], abs=1e-6)
 
 
-@pytest.mark.parametrize("rows, width_in, bias", [(4, 6, True), (4, 6, False), (9, 3, True), (9, 3, False)])
+# 130 and 200 rows: the Gram path in 4 row blocks (130 = 32 + 33 + 32 + 33), only those on and above the diagonal
+@pytest.mark.parametrize(
+    "rows, width_in, bias",
+    [(4, 6, True), (4, 6, False), (9, 3, True), (9, 3, False), (130, 150, False), (200, 300, True)],
+)
 def test_linear_norms_equal_the_weight_gradient_norm(rows: int, width_in: int, bias: bool):
     g = torch.Generator().manual_seed(rows)
     layer = nn.Linear(width_in, 5, bias=bias)
@@ -137,16 +141,29 @@ def test_update_equals_autograd_create_graph_gradient():
     assert not torch.allclose(bal.weights, w0 * 3 / w0.sum())  # the step did something
 
 
-def test_network_gets_only_the_weighted_sum_gradient():
+# "skip": task a's loss also reads the trunk's first layer directly, so the gradient at the measured tensor
+# misses a path and the balancer must run the full backward of Σ w_i L_i.
+@pytest.mark.parametrize("case", ["last_shared", "shared_rep", "skip"])
+def test_network_gets_only_the_weighted_sum_gradient(case: str):
     model, (x, y) = make_model(), batch()
-    bal = GradNorm(list(TASKS), shared_layer=model.last_shared_layer)
+    if case == "shared_rep":
+        bal = GradNorm(list(TASKS), grad_source="shared_rep")
+    else:
+        bal = GradNorm(list(TASKS), shared_layer=model.last_shared_layer)
     w0 = torch.tensor([0.2, 2.0, 0.8])
     bal.weights.copy_(w0)
-    out, losses = model_losses(model, x, y)
+
+    def losses_of_case():
+        out, losses = model_losses(model, x, y)
+        if case == "skip":
+            losses["a"] = losses["a"] + model.trunk[0].weight.square().sum()
+        return out, losses
+
+    out, losses = losses_of_case()
     metrics = bal.backward(losses, out.shared)
     got = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    _, losses = model_losses(model, x, y)
+    _, losses = losses_of_case()
     sum(w0[i] * losses[t] for i, t in enumerate(TASKS)).backward()
     for g, ref in zip(got, (p.grad for p in model.parameters())):
         torch.testing.assert_close(g, ref)

@@ -12,7 +12,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtl_bench.balancers import IMTL, MGDA, BackwardContext, GradVac, PCGrad, UPGrad
-from mtl_bench.balancers.jacobian import grads_at_shared, gramian, head_params, param_jacobian
+from mtl_bench.balancers.jacobian import (
+    combine,
+    flat_rows,
+    grads_at_shared,
+    gramian,
+    head_params,
+    param_jacobian,
+    rows_like,
+    task_jacobian,
+)
 from tests.helpers.balancer_kit import TASKS3, batch, make_model, no_host_sync, task_losses
 
 # ---------------------------------------------------------------------------------------------- the machinery
@@ -37,6 +46,48 @@ def test_batched_jacobian_equals_per_task_autograd():
             torch.testing.assert_close(g, expected[len(params) + index])
     flat = torch.cat([b.reshape(3, -1) for b in blocks], 1)
     torch.testing.assert_close(gramian(blocks), flat @ flat.T)
+
+
+def test_task_jacobian_equals_per_task_autograd_and_reuses_its_blocks():
+    """The per-task backwards into blocks, the Gramian and the combination, and the next step's rows written into
+    the same storage: all equal to plain per-task autograd and to a contiguous Jacobian."""
+    model, (x, y) = make_model(), batch()
+    params = list(model.trunk.parameters())
+    ids = {id(p) for p in params}
+    previous = None
+    for _ in range(2):
+        out, losses = task_losses(model, x, y)
+        blocks, heads = task_jacobian([losses[t] for t in TASKS3], out.shared, params, None, ids, previous)
+        if previous is not None:
+            assert [b.data_ptr() for b in blocks] == [b.data_ptr() for b in previous]
+        for i, t in enumerate(TASKS3):
+            _, fresh = task_losses(model, x, y)
+            expected = torch.autograd.grad(fresh[t], params + list(model.heads[t].parameters()))
+            for block, e in zip(blocks, expected):
+                torch.testing.assert_close(block[i], e)
+            assert [id(p) for p, _ in heads[i]] == [id(p) for p in model.heads[t].parameters()]
+        flat = torch.cat([b.reshape(3, -1) for b in blocks], 1)
+        torch.testing.assert_close(gramian(blocks), flat @ flat.T)
+        w = torch.tensor([0.5, -1.0, 2.0])
+        for d, block in zip(combine(blocks, w), blocks):
+            torch.testing.assert_close(d, (w.view(-1, *[1] * (block.dim() - 1)) * block).sum(0))
+        previous = blocks
+        x = x + 1  # the next step's batch
+
+
+def test_rows_laid_out_like_a_transposed_gradient():
+    """A large Linear's weight gradient comes transposed from autograd: the rows copy it straight, and the Gramian
+    and the combination (flat in memory order) equal those of the contiguous Jacobian."""
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(7, 5, generator=g).T for _ in range(3)]  # (5, 7) with strides (1, 5)
+    block = rows_like(grads[0], 3)
+    for i, grad in enumerate(grads):
+        block[i].copy_(grad)
+    assert block[0].stride() == grads[0].stride() and flat_rows(block).data_ptr() == block.data_ptr()
+    dense = torch.stack(grads)
+    torch.testing.assert_close(gramian([block]), gramian([dense]))
+    w = torch.tensor([0.5, -1.0, 2.0])
+    torch.testing.assert_close(combine([block], w)[0], 0.5 * grads[0] - grads[1] + 2 * grads[2])
 
 
 def test_head_reading_the_trunk_elsewhere_is_refused():

@@ -268,3 +268,48 @@ def test_hot_path_has_no_host_sync(monkeypatch: pytest.MonkeyPatch):
             out, losses = model_losses(model, x, y)
             bal.backward_task(task, losses[task], out.shared, scaler)
         bal.step()
+
+
+def test_trunk_gradients_match_encodecs_balancer():
+    """Ours against EnCodec's Balancer (mtl_bench.bench.encodec_balancer, its public code step for step) on the
+    same model and batches over three steps of the EMA: the trunk's gradients agree; EnCodec's heads get none."""
+    from mtl_bench.bench.encodec_balancer import EncodecBalancer
+
+    model = make_model()
+    ours = rescaled({"a": 1.0, "b": 3.0}, ema_decay=0.5)
+    theirs = EncodecBalancer({"a": 1.0, "b": 3.0}, ema_decay=0.5)
+    for seed in (1, 2, 3):
+        x, y = batch(seed)
+        model.zero_grad(set_to_none=True)
+        out, losses = model_losses(model, x, y)
+        ours.backward(losses, out.shared)
+        got = [p.grad.clone() for p in model.trunk.parameters()]
+        assert all(p.grad is not None for p in model.heads.parameters())
+        model.zero_grad(set_to_none=True)
+        out, losses = model_losses(model, x, y)
+        theirs.backward(losses, out.shared)
+        for g, ref in zip(got, (p.grad for p in model.trunk.parameters())):
+            torch.testing.assert_close(g, ref)
+        assert all(p.grad is None for p in model.heads.parameters())
+
+
+def test_a_head_reading_the_trunk_directly_gets_the_full_backward():
+    """When a loss reads a trunk parameter other than through `shared`, the head-only shortcut would miss that
+    path: the balancer runs the full backward of Σ scale_k L_k, whose gradients it must equal."""
+    model = make_model()
+    x, y = batch()
+    bal = rescaled({"a": 1.0, "b": 1.0})
+
+    def losses_with_skip():
+        out, losses = model_losses(model, x, y)
+        losses["a"] = losses["a"] + model.trunk[0].weight.square().sum()  # reads the trunk's first layer directly
+        return out, losses
+
+    out, losses = losses_with_skip()
+    metrics = bal.backward(losses, out.shared)
+    got = grads(model)
+    model.zero_grad()
+    out, losses = losses_with_skip()
+    (metrics["weight/a"] * losses["a"] + metrics["weight/b"] * losses["b"]).backward()
+    for g, ref in zip(got, grads(model)):
+        torch.testing.assert_close(g, ref)

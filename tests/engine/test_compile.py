@@ -120,8 +120,9 @@ def test_a_balancer_at_the_shared_representation_trains_the_same_compiled(compos
 
 
 def test_a_batched_jacobian_through_the_compiled_trunk_trains_the_same(compose_cfg):
-    """UPGrad takes the T task gradients at the shared parameters in one batched (vmap) product through the
-    trunk; inductor's kernels cannot read vmap's tensors, so that backward runs the graph eagerly."""
+    """UPGrad takes the T task gradients at the shared parameters with T backwards through the compiled trunk
+    (the zoo's methods no longer use a batched vmap product; the backward's eager path for batched gradients
+    stays for a user's balancer that does)."""
     assert_same_training(compose_cfg(*SMALL, "model.widths=[32,32,32]", "balancer=upgrad"))
 
 
