@@ -8,7 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from mtl_bench.config import PART_LABELS, keys_where
+from mtl_bench.config import PART_LABELS, keys_where, option_defaults
 from mtl_bench.records import METRICS_FILE
 
 CONFIG_FILE = ".hydra/config.yaml"  # the composed config Hydra saved (interpolations such as ${seed} kept as text)
@@ -107,10 +107,12 @@ class Run:
         return float(wall) / step
 
     def training_config(self) -> dict[str, Any] | None:
-        """The flattened config without NOT_TRAINING_KEYS: what was trained. None for a run without its config."""
+        """The flattened config without NOT_TRAINING_KEYS: what was trained. None for a run without its config.
+        A run-level option that a run from an earlier version lacks counts at its default (what that version did)."""
         if self.config is None:
             return None
-        return {key: value for key, value in flatten(self.config).items() if is_training_key(key)}
+        config = {**option_defaults(), **flatten(self.config)}
+        return {key: value for key, value in config.items() if is_training_key(key)}
 
     def scalars(self, prefix: str) -> dict[str, list[tuple[int, float]]]:
         """TensorBoard scalars whose tag starts with `prefix`, as {tag: [(step, value), ...]}."""

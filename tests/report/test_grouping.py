@@ -187,6 +187,17 @@ def test_a_config_group_option_alone_does_not_split_what_trained_the_same(tmp_pa
     assert groups == {"trainer.max_steps=20": ["smoke", "spelled_out"], "trainer.max_steps=40": ["longer"]}
 
 
+def test_a_run_from_before_an_option_existed_groups_with_runs_at_its_default(tmp_path):
+    write_run(tmp_path, "new", ["seed=0"])
+    older = write_run(tmp_path, "older", ["seed=1"])
+    config = yaml.safe_load((older / ".hydra" / "config.yaml").read_text())
+    del config["trainer"]["validation_source"]  # written by a version without the option
+    (older / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    write_run(tmp_path, "other", ["seed=0", "trainer.validation_source=val"])
+    groups = {g["group"]: sorted(Path(r).name for r in g["runs"]) for g in report(tmp_path)["groups"]}
+    assert groups == {"(defaults)": ["new", "older"], "trainer.validation_source=val": ["other"]}
+
+
 def test_runs_without_a_saved_config_fall_back_to_their_overrides(tmp_path):
     for name, overrides in [
         ("a", ["balancer=fixed", "seed=0"]),
