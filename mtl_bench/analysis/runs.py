@@ -120,7 +120,9 @@ class Run:
 
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-        logging.getLogger("tensorboard").setLevel(logging.WARNING)  # its "No path found after <file>" is noise here
+        # noise here: "No path found after <file>", and "Detected out of order event.step" for a resumed run (whose
+        # later session rewrote the steps after its checkpoint: TensorBoard keeps the rewrite, as the report wants)
+        logging.getLogger("tensorboard").setLevel(logging.ERROR)
         events = EventAccumulator(str(self.path), size_guidance={"scalars": 0})
         events.Reload()
         return {
