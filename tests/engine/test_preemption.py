@@ -28,6 +28,13 @@ RUN = [
 ]
 
 
+def sigint_as_from_a_terminal() -> None:
+    """In the child before it starts: SIGINT back to its default, so Python turns it into KeyboardInterrupt. A
+    shell that runs the tests in the background (`nohup ... &`) leaves SIGINT ignored in every child, and Python
+    keeps an ignored SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(run_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "mtl_bench", "train", f"hydra.run.dir={run_dir}", *RUN, *extra],
@@ -35,6 +42,7 @@ def start(run_dir: Path, *extra: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=sigint_as_from_a_terminal,
     )
 
 
@@ -157,6 +165,7 @@ def start_slow(run_dir: Path, stamps: Path, forward_s: float, *extra: str) -> su
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=sigint_as_from_a_terminal,
     )
 
 
@@ -374,7 +383,14 @@ def test_ctrl_c_on_segnet_with_loader_workers_leaves_no_process_and_resumes(tmp_
         "trainer.device=cpu", "trainer.progress=log", f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=sigint_as_from_a_terminal,
+    )
     wait_for_step(run_dir, 1, proc)
     while not (run_dir / "checkpoints" / "last.pt").is_file():  # step 1's, after its evaluation: now in step 2
         assert proc.poll() is None, proc.communicate()
