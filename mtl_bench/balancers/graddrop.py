@@ -12,12 +12,12 @@ from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.jacobian import (
     GradientBalancer,
-    SeededGenerator,
     grads_at_shared,
     gram_metrics,
     rank_mean,
     write_leaf_grads,
 )
+from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.balancers.staged import JOINT
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, SeededGenerator, Solution, nan_weights, to_device
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, nan_weights, to_device
+from mtl_bench.balancers.seeded import SeededGenerator
 
 GROUPS = ("whole_model", "all_matrix")
 

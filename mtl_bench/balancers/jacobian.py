@@ -540,24 +540,3 @@ def host_solution(gram: Tensor, metric: str, solve: Callable[[np.ndarray], tuple
         )
     weights, value = solve(g)
     return Solution(to_device(weights, gram), metrics={metric: torch.tensor(float(value), device=gram.device)})
-
-
-class SeededGenerator:
-    """The balancer's own torch generator (a mixin before the nn.Module base): seeded with `seed`, or from torch's
-    global RNG when built (so ranks and resumed runs agree), its state in `state_dict`."""
-
-    seed: Optional[int]
-    generator: torch.Generator
-
-    def _seed_generator(self, seed: Optional[int]) -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed: must be an integer or null, got {seed!r}")
-        self.seed = seed
-        self.generator = torch.Generator()
-        self.generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
-
-    def get_extra_state(self) -> dict:
-        return {"generator": self.generator.get_state()}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, SeededGenerator, Solution, host_solution
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
+from mtl_bench.balancers.seeded import SeededGenerator
 
 
 def pcgrad_weights(gram: np.ndarray, orders: Sequence[Sequence[int]]) -> tuple[np.ndarray, int]:

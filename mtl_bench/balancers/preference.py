@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from typing import Mapping, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -10,6 +10,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.scalarization import ScalarizedBalancer, preference_vector
+from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.balancers.staged import JOINT, StagedBalancer
 
 DIRICHLET = "dirichlet"
@@ -36,7 +37,7 @@ def concentration(alpha: Concentration, default: float, task_names: Sequence[str
     return [float(v) for v in values]
 
 
-class PreferenceScalarization(StagedBalancer, ScalarizedBalancer):
+class PreferenceScalarization(SeededGenerator, StagedBalancer, ScalarizedBalancer):
     """A scalarization f(L; r) whose preference r is fixed by config or drawn anew each optimizer step.
 
     `preference`: a {task: r_i} mapping or None (1/T each) trains one trade-off, r fixed for the run;
@@ -67,9 +68,7 @@ class PreferenceScalarization(StagedBalancer, ScalarizedBalancer):
             raise ValueError(f"preference: {preference!r} is not {DIRICHLET!r}, a {{task: weight >= 0}} or null")
         if not self.draws and alpha is not None:
             raise ValueError(f"alpha: the Dirichlet concentration needs preference: {DIRICHLET}, got {alpha!r}")
-        self.seed = seed
-        self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(seed)
+        self._seed_generator(seed)
         if self.draws:
             self.alpha = concentration(alpha, self.DEFAULT_ALPHA, self.task_names)
             self._alpha = torch.tensor(self.alpha)  # float32, on the CPU like the generator
@@ -82,12 +81,6 @@ class PreferenceScalarization(StagedBalancer, ScalarizedBalancer):
         if not self.draws:
             return f"tasks={self.task_names}, preference={self.pref.tolist()}"
         return f"tasks={self.task_names}, preference={DIRICHLET}, alpha={self.alpha}, seed={self.seed}"
-
-    def get_extra_state(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"].cpu())
 
     def _draw(self) -> Tensor:
         return torch._sample_dirichlet(self._alpha, generator=self.generator)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 DISTRIBUTIONS = ("normal", "uniform", "dirichlet", "bernoulli")
 
 
-class RandomLossWeighting(StagedBalancer):
+class RandomLossWeighting(SeededGenerator, StagedBalancer):
     """Each optimizer step trains on Σ_i w_i L_i with fresh random weights: w = softmax(λ), λ_i ~ N(0, 1).
 
     `distribution` picks λ as LibMTL 1.1.5's `dist` does: normal (the paper's default, LibMTL main's only
@@ -49,19 +50,12 @@ class RandomLossWeighting(StagedBalancer):
             raise ValueError(f"seed: must be an integer, got {seed!r}")
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"distribution: {distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
-        self.seed, self.distribution = seed, distribution
-        self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(seed)
+        self.distribution = distribution
+        self._seed_generator(seed)
         self.register_buffer("weights", self._draw())
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}, seed={self.seed}, distribution={self.distribution}"
-
-    def get_extra_state(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"].cpu())
 
     def _draw(self) -> Tensor:
         """The next weights, drawn on the CPU (as LibMTL draws them), float32."""
