@@ -179,7 +179,7 @@ def bilevel_runner(conf, source: str = "holdout"):
         conf.seed,
         torch.device("cpu"),
         optimizer=parts.optimizer,
-        validation=parts.validation if source == "holdout" else parts.taskset.val,
+        validation=parts.validation,  # the val split itself with validation_source=val
     )
     return parts, balancer, runner
 
