@@ -591,14 +591,15 @@ class Recipe:
 
     # ------------------------------------------------------------------ cleanup
 
-    def cleanup(self) -> None:
+    def cleanup(self, completed: bool = False) -> None:
+        """Close what setup opened; `completed`: the run finished its steps on every rank."""
         if hasattr(self, "runner"):  # set up: its loader workers stop now, not at interpreter exit
             self.runner.close()
         if self.logger is not None:
             self.logger.close()
             self.logger = None
         if self.dist is not None:
-            shutdown_distributed(self.dist)
+            shutdown_distributed(self.dist, completed)
 
     def metrics_record(self, result: TrainResult) -> dict[str, Any]:
         """What metrics.json holds for a completed run."""
@@ -636,15 +637,17 @@ def train(
     recipe = Recipe(
         cfg, run_dir, overrides=overrides, choices=choices, bar=bar, parallel_runs=parallel_runs, cores=cores
     )
+    completed = False
     try:
         recipe.setup()
         result = recipe.train()
+        completed = True
     except BaseException as err:
         if (recipe.dist is None or recipe.dist.is_main) and not isinstance(err, ResumeError):
             record_failure(recipe.run_dir, err, recipe.step, recipe.overrides, recipe.choices)
         raise
     finally:
-        recipe.cleanup()
+        recipe.cleanup(completed)
     if recipe.dist is not None and recipe.dist.is_main:
         write_json(recipe.run_dir / METRICS_FILE, recipe.metrics_record(result))
         log.info(
