@@ -1,0 +1,34 @@
+"""C++ CPU kernels built with torch.utils.cpp_extension at first use: ScaledAdam's update
+(optim/scaled_adam_cpu.cpp) and the gradient methods' Gramian (balancers/gramian_cpu.cpp).
+
+A build is cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions) and rebuilt when the
+source or the flags change. It needs a C++ compiler and ninja, as torch.compile's CPU backend needs a compiler.
+The sources pick AVX-512 / AVX2 / baseline code at load time (target_clones), so the flags stay portable.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+log = logging.getLogger("mtl_bench")
+
+_built: dict[str, Any] = {}
+_errors: dict[str, str] = {}
+
+
+def build(name: str, source: Path, cflags: Sequence[str], what: str) -> tuple[Any, str]:
+    """(the built module, "") or (None, one line saying why it cannot be built here); tried once per process."""
+    if name not in _built and name not in _errors:
+        try:
+            from torch.utils.cpp_extension import load
+
+            log.info("%s: building the C++ CPU kernel (once; cached by torch.utils.cpp_extension)", what)
+            _built[name] = load(
+                name=name, sources=[str(source)], extra_cflags=list(cflags), extra_ldflags=["-fopenmp"], verbose=False
+            )
+        except Exception as err:  # no compiler, no ninja, a failed build: reported by the caller
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            _errors[name] = f"{type(err).__name__}: {lines[-1] if lines else 'no message'}"[:300]
+    return _built.get(name), _errors.get(name, "")

@@ -1,0 +1,81 @@
+"""The gradient methods' C++ Gramian kernel (balancers/gramian_cpu.cpp) and when `block_gramian` takes it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from mtl_bench.balancers import jacobian
+from mtl_bench.balancers.jacobian import KERNEL_MIN_NUMEL, block_gramian
+
+
+def kernel_or_skip():
+    """The built kernel (about 30 s the first time on a machine, then cached); skip where it cannot be built."""
+    module = jacobian.gramian_kernel()
+    if module is None:
+        pytest.skip("the Gramian kernel cannot be built here (its warning says why)")
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("t", [1, 2, 3, 4, 5, 9, 10, 17])
+@pytest.mark.parametrize("p", [1, 15, 16, 2047, 2049, 70_001])
+def test_kernel_is_the_gramian(t, p):
+    # rows with a stride past their length (a view into wider rows): every tile, tail and chunk edge
+    wide = torch.randn(t, p + 5, generator=torch.Generator().manual_seed(t * 1000 + p))
+    m = wide[:, 2 : p + 2]
+    got = kernel_or_skip().gramian(m)
+    exact = m.double() @ m.double().T
+    assert got.dtype == torch.float32 and torch.equal(got, got.T)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6 * p**0.5)
+
+
+@pytest.mark.slow
+def test_kernel_is_closer_than_mm_and_the_same_on_any_thread_count():
+    m = torch.randn(10, 915_000, generator=torch.Generator().manual_seed(0)) + 0.5  # large sums: rounding shows
+    module = kernel_or_skip()
+    exact = m.double() @ m.double().T
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = module.gramian(m)
+        torch.set_num_threads(2)
+        two = module.gramian(m)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    assert (one.double() - exact).abs().max() <= ((m @ m.T).double() - exact).abs().max()
+
+
+def test_large_float32_cpu_blocks_take_the_kernel(monkeypatch):
+    calls = []
+
+    class Fake:
+        def gramian(self, m):
+            calls.append(m.shape)
+            return m @ m.T
+
+    monkeypatch.setattr(jacobian, "gramian_kernel", lambda: Fake())
+    large = torch.randn(4, KERNEL_MIN_NUMEL // 4)
+    block_gramian(large)
+    block_gramian(torch.randn(4, 100))  # small: torch.mm
+    block_gramian(large.double())  # not float32: torch.mm on the float32 copy
+    block_gramian(large[:, ::2])  # rows not dense: torch.mm
+    assert calls == [large.shape]
+
+
+def test_without_a_kernel_mm_computes_it_and_it_is_said_once(monkeypatch, caplog):
+    monkeypatch.setattr(jacobian.cpp_kernels, "build", lambda *args: (None, "RuntimeError: Ninja is required"))
+    monkeypatch.setattr(jacobian, "_kernel_missing_said", False)
+    large = torch.randn(2, KERNEL_MIN_NUMEL // 2)
+    with caplog.at_level(logging.WARNING, logger="mtl_bench"):
+        first = block_gramian(large)
+        block_gramian(large)
+    torch.testing.assert_close(first, large @ large.T)
+    said = [r.getMessage() for r in caplog.records if "Gramian kernel" in r.getMessage()]
+    assert said == [
+        "gradient methods: the C++ Gramian kernel cannot be built here (RuntimeError: Ninja is required); "
+        "torch.mm computes it"
+    ]
