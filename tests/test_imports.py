@@ -17,7 +17,19 @@ PACKAGE = Path(mtl_bench.__file__).resolve().parent
 LAYERS = (
     (
         "base",
-        ("errors", "settings", "files", "records", "tags", "catalog", "config", "console", "hydra_errors", "optional"),
+        (
+            "errors",
+            "settings",
+            "files",
+            "records",
+            "tags",
+            "catalog",
+            "config",
+            "console",
+            "hydra_errors",
+            "optional",
+            "cpp_kernels",
+        ),
     ),
     ("rooms", ("tasks", "models", "balancers", "optim", "run_logger", "analysis", "report")),
     ("engine", ("engine",)),
