@@ -1,4 +1,4 @@
-"""Ye, Lin, Huang, Gui, Zhou & Zhang, NeurIPS 2021, "Multi-Objective Meta Learning" (MOML)."""
+"""Ye et al., NeurIPS 2021, "Multi-Objective Meta Learning" (MOML)."""
 
 from __future__ import annotations
 
