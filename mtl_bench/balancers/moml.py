@@ -137,16 +137,12 @@ class MOML(StagedBalancer):
     def _per_task_grads(self, losses: list[Tensor], params: Sequence[Tensor], scale: Optional[Tensor]) -> list[Tensor]:
         """Each loss's gradient at every parameter (zero where a loss does not reach it), unscaled: one (T, numel)
         block per parameter, as the columns of LibMTL's flattened T × d matrix."""
-        rows = []
-        for loss in losses:
-            found = self._grad(loss, params, scale, allow_unused=True)
-            rows.append(
-                [
-                    (g / scale if scale is not None else g) if g is not None else torch.zeros_like(p)
-                    for g, p in zip(found, params)
-                ]
-            )
-        return [torch.stack([row[k].reshape(-1) for row in rows]) for k in range(len(params))]
+        blocks = [p.new_zeros(len(losses), p.numel()) for p in params]
+        for t, loss in enumerate(losses):
+            for block, g in zip(blocks, self._grad(loss, params, scale, allow_unused=True)):
+                if g is not None:
+                    block[t] = (g / scale if scale is not None else g).reshape(-1)
+        return blocks
 
     @staticmethod
     def _min_norm_weights(normalized: Tensor) -> Tensor:
