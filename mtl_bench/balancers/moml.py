@@ -33,8 +33,8 @@ class MOML(StagedBalancer):
     4336804847eaa5e0b924b743d76beec7ac3fdc97), with the min-norm solver and `l2` normalisers of its
     LibMTL/weighting/MGDA.py. As there: softmax weights, one inner SGD step at its own lr (`inner_lr`; LibMTL
     asserts inner_step == 1 for this "fast" version; the paper's general form unrolls several steps), the α
-    gradient through the whole look-ahead Jacobian taken to first order (the exact −η_in g_F g_fᵀ J term; no
-    second derivative of L in θ is needed for one step), MGDA's Frank-Wolfe from the best pair (exact at T = 2),
+    gradient of each validation loss exact for that one step (θ' is linear in λ, so ∇_α L_t^val = −η_in g_F,t g_fᵀ J
+    with no second derivative), MGDA's Frank-Wolfe from the best pair (exact at T = 2),
     Adam with torch's default betas and eps. Where ours differs (data and arithmetic only, never the update):
     LibMTL draws the inner ("look-ahead") batch, the outer ("validation") batch and the training batch as three
     independent batches of the training data, the first two of half the batch size; here the inner batch is the
