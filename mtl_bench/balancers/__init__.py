@@ -23,6 +23,7 @@ from mtl_bench.balancers.krum import Krum
 from mtl_bench.balancers.mgda import MGDA
 from mtl_bench.balancers.moco import MoCo
 from mtl_bench.balancers.modo import MoDo
+from mtl_bench.balancers.moml import MOML
 from mtl_bench.balancers.nash_mtl import NashMTL
 from mtl_bench.balancers.pbi import PenaltyBoundaryIntersection
 from mtl_bench.balancers.pcd import PCD
@@ -72,5 +73,6 @@ __all__ = [
     "CRMOGM",
     "MoCo",
     "MoDo",
+    "MOML",
     "SDMGrad",
 ]

@@ -1,0 +1,167 @@
+"""Ye et al., NeurIPS 2021, "Multi-Objective Meta Learning" (MOML)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mtl_bench import tags
+from mtl_bench.balancers.adam_update import adam_update
+from mtl_bench.balancers.base import BackwardContext, Context
+from mtl_bench.balancers.jacobian import host_gramian
+from mtl_bench.balancers.solvers import min_norm_simplex
+from mtl_bench.balancers.staged import JOINT, StagedBalancer, current_scale
+
+
+class MOML(StagedBalancer):
+    """Task logits α (start at 1/T), weights λ = softmax(α); the network descends Σ_i λ_i L_i on its batch,
+    and α learns, before each step, how a look-ahead step moves every task's validation loss, each one an
+    objective of the upper level (multi-objective, solved by MGDA):
+
+        g_f = [∇_θ L_1(θ); …; ∇_θ L_T(θ)]                 (T × d, every trainable parameter, training batch)
+        θ' = θ − η_in λᵀ g_f                              (η_in: `inner_lr`, one plain SGD step)
+        g_F,t = ∇_θ' L_t^val(θ'),  a_t = −η_in g_F,t g_fᵀ J_softmax(α)    (∇_α L_t^val(θ'(α)), t = 1..T)
+        â_t = a_t / ‖a_t‖,  w = argmin_{w ∈ simplex} ‖Σ_t w_t â_t‖          (MGDA, l2 normalisation)
+        α ← Adam(α, Σ_t w_t â_t; lr=outer_lr)
+
+    then Σ_i λ_i(α_new) L_i is backpropagated (LibMTL updates α first, then trains with it).
+
+    Reference: LibMTL main, `Trainer.bacth_forward_MOML` and `Trainer._prepare_tw` in LibMTL/trainer.py (commit
+    4336804847eaa5e0b924b743d76beec7ac3fdc97), with the min-norm solver and `l2` normalisers of its
+    LibMTL/weighting/MGDA.py. As there: softmax weights, one inner SGD step at its own lr (`inner_lr`; LibMTL
+    asserts inner_step == 1 for this "fast" version; the paper's general form unrolls several steps), the α
+    gradient of each validation loss exact for that one step (θ' is linear in λ, so ∇_α L_t^val = −η_in g_F,t g_fᵀ J
+    with no second derivative), MGDA's Frank-Wolfe from the best pair (exact at T = 2),
+    Adam with torch's default betas and eps. Where ours differs (data and arithmetic only, never the update):
+    LibMTL draws the inner ("look-ahead") batch, the outer ("validation") batch and the training batch as three
+    independent batches of the training data, the first two of half the batch size; here the inner batch is the
+    step's training batch itself (g_f comes from the step's own graph: T backwards, no extra forward) and the
+    outer batch comes from the engine's validation stream (`trainer.validation_source`, a full batch). The
+    softmax Jacobian is written out, diag(λ) − λλᵀ (LibMTL asks autograd for it), and the min-norm solve runs
+    in float64 on the host (`solvers.min_norm_simplex`, LibMTL's solver in the tensors' dtype): the same
+    numbers up to rounding. The look-ahead forward leaves BatchNorm's running statistics alone (LibMTL's runs
+    on a deep copy of the model, whose statistics are thrown away: the same).
+
+    Needs the engine's validation stream (NEEDS_VALIDATION); one process (the look-ahead and the α update are not
+    synchronized across DDP ranks), joint mode, no gradient accumulation. Under fp16 the per-task gradients are
+    taken through the grad scaler's scale and divided by it. A step whose α update is not finite (a task's α
+    gradient of zero norm, e.g. with one task) keeps the old α. One host read per step: the T×T Gramian of the
+    normalised α gradients, for the min-norm solver (as MGDA).
+
+    Metrics: `weight/<task>` (λ_i used this step). α and Adam's moments are buffers.
+    """
+
+    NEEDS_VALIDATION = True
+    logits: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    opt_step: Tensor
+
+    def __init__(
+        self, task_names: Sequence[str], inner_lr: float = 0.1, outer_lr: float = 1e-3, world_size: int = 1
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        inner_lr: the lr of the one-step SGD look-ahead (> 0; LibMTL's --inner_lr default 0.1).
+        outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
+        world_size: the number of DDP processes (given by the engine); must be 1.
+        """
+        super().__init__(task_names)
+        for name, value in (("inner_lr", inner_lr), ("outer_lr", outer_lr)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name}: must be a number > 0, got {value!r}")
+        if world_size != 1:
+            raise ValueError(
+                f"world_size: MOML runs in one process (its look-ahead step and the update of its weights are "
+                f"not synchronized across ranks), got {world_size}"
+            )
+        self.inner_lr, self.outer_lr = float(inner_lr), float(outer_lr)
+        n = len(self.task_names)
+        self.register_buffer("logits", torch.full((n,), 1.0 / n))
+        self.register_buffer("exp_avg", torch.zeros(n))
+        self.register_buffer("exp_avg_sq", torch.zeros(n))
+        self.register_buffer("opt_step", torch.zeros(()))
+
+    def extra_repr(self) -> str:
+        return f"tasks={self.task_names}, inner_lr={self.inner_lr}, outer_lr={self.outer_lr}"
+
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        context = BackwardContext.of(ctx)
+        if context is None or context.validation is None or context.task_losses is None or not context.params:
+            raise ValueError(
+                "MOML needs a BackwardContext with validation, task_losses and params "
+                "(the engine fills them for a balancer that NEEDS_VALIDATION)"
+            )
+        self._begin(JOINT, context, shared)
+        # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
+        scale = current_scale(context.scaler, shared) if context.scaler is not None else None
+        names, params = list(context.params), list(context.params.values())
+        alpha = self.logits
+        z = torch.softmax(alpha, dim=-1)
+
+        # g_f, per parameter a (T, numel) block, from this step's graph (kept for the real backward).
+        g_f = self._per_task_grads([losses[name] for name in self.task_names], params, scale)
+        with torch.no_grad():  # the look-ahead θ' = θ − η_in λᵀ g_f
+            ahead = {
+                n: (p - self.inner_lr * (z @ g).view_as(p)).requires_grad_() for n, p, g in zip(names, params, g_f)
+            }
+
+        # g_F: each task's validation gradient at θ'.
+        val_inputs, val_targets = context.validation()
+        outer = context.task_losses(val_inputs, val_targets, ahead)
+        g_F = self._per_task_grads([outer[name] for name in self.task_names], list(ahead.values()), scale)
+
+        with torch.no_grad():
+            cross = torch.stack([big_f @ f.T for big_f, f in zip(g_F, g_f)]).sum(0)  # (T, T): g_F,t · g_f,j
+            jacobian = torch.diag(z) - torch.outer(z, z)  # of softmax at α
+            alpha_grads = -self.inner_lr * cross @ jacobian  # row t: ∇_α L_t^val(θ'(α))
+            normalized = alpha_grads / alpha_grads.pow(2).sum(-1).sqrt().unsqueeze(1)
+            direction = self._min_norm_weights(normalized) @ normalized
+            new, exp_avg, exp_avg_sq, step = adam_update(
+                alpha, direction, self.exp_avg, self.exp_avg_sq, self.opt_step, self.outer_lr, (0.9, 0.999), 1e-8
+            )
+            self._require_finite(new)
+            new = torch.where(torch.isfinite(new).all(), new, alpha)
+        self._stage(logits=new, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
+
+        weights = torch.softmax(new, dim=-1)
+        ordered = torch.stack([losses[name] for name in self.task_names])
+        self.run_backward((weights * ordered).sum(), context)
+        self._end_joint()
+        return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
+
+    def _per_task_grads(self, losses: list[Tensor], params: Sequence[Tensor], scale: Optional[Tensor]) -> list[Tensor]:
+        """Each loss's gradient at every parameter (zero where a loss does not reach it), unscaled: one (T, numel)
+        block per parameter, as the columns of LibMTL's flattened T × d matrix."""
+        blocks = [p.new_zeros(len(losses), p.numel()) for p in params]
+        for t, loss in enumerate(losses):
+            for block, g in zip(blocks, self._grad(loss, params, scale, allow_unused=True)):
+                if g is not None:
+                    block[t] = (g / scale if scale is not None else g).reshape(-1)
+        return blocks
+
+    @staticmethod
+    def _min_norm_weights(normalized: Tensor) -> Tensor:
+        """MGDA's simplex weights for the rows of `normalized` (NaN when they are not finite: α is then kept)."""
+        gram = host_gramian(normalized @ normalized.T)
+        t = normalized.shape[0]
+        solution = np.full(t, np.nan) if gram is None else min_norm_simplex(gram)
+        return torch.as_tensor(solution, dtype=normalized.dtype).to(normalized.device)
+
+    def per_task_problem(self) -> str:
+        return (
+            "MOML has no per-task mode: its look-ahead step and the validation losses need every task's "
+            "loss of the same batch; use trainer.step_mode=joint"
+        )
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        raise NotImplementedError(self.per_task_problem())
+
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        if steps == 1:
+            return None
+        return "MOML takes one look-ahead step on one training batch per optimizer step; use 1"
