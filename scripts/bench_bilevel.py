@@ -1,13 +1,14 @@
-"""Training-step time of the bilevel balancer (balancer=auto_lambda) against fixed weights, measured in one run.
+"""Training-step time of the bilevel balancers (auto_lambda, forum) against fixed weights, measured in one run.
 
     python scripts/bench_bilevel.py [--rounds 7] [--steps 20] [--threads 1]
 
 For each experiment one process builds two runs as `mtl-bench train` does (Recipe.setup), one with
-balancer=fixed and one with balancer=auto_lambda (its validation stream held out of the training split), and
+balancer=fixed and one per bilevel balancer (its validation stream held out of the training split), and
 times the recipe's real optimizer step of each in blocks of --steps steps, interleaved round after round; the
 table gives the median ms/step and its ratio to fixed weights of the same run. Auto-λ's step adds a backward
 (the look-ahead gradient), a forward and backward at the look-ahead parameters on the validation batch and two
-forwards at θ ± εd (docs/bilevel.md).
+forwards at θ ± εd; FORUM's adds a backward (g_f), inner_step forwards and backwards and a forward at the inner
+copies, a forward and T backwards on the validation batch and a small program on the host (docs/bilevel.md).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ EXPERIMENTS = {
     "toy10 (MLP, T=10, batch 128)": ["tasks=toy10"],
     "digits_lenet (LeNet, T=3)": ["experiment=digits_lenet"],
 }
-BALANCERS = ("fixed", "auto_lambda")
+BALANCERS = ("fixed", "auto_lambda", "forum")
 
 
 def main() -> None:
