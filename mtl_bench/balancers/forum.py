@@ -54,6 +54,9 @@ class FORUM(StagedBalancer):
     - No host read for LibMTL's `loss.item() > 1e5` test (a device-side mask). The program itself runs on the
       host: one host sync per step (the (T+1)² Gram matrix and π), as LibMTL's.
 
+    Where SGD at inner_lr diverges on the model, the last inner iterate's loss (only the ones before it are checked
+    against 1e5, as in LibMTL) may be infinite: g_q and the program are then not finite and the step is skipped.
+
     Needs the engine's validation stream (NEEDS_VALIDATION); one process, joint mode, no gradient
     accumulation. Under fp16 every gradient is taken through the grad scaler's scale and divided by it, and
     the direction d_θ is written as the gradient of Σ_p ⟨d_p, p⟩ through `ctx.scale`. Outside the engine
