@@ -40,12 +40,13 @@ class FORUM(StagedBalancer):
     epoch's rate (`ctx.epoch`, from 0, as LibMTL's epoch index), Adam with torch's default betas and eps.
     Where ours differs:
     - The quadratic program: LibMTL hands cvxpy ‖S w‖² with S = AAᵀ's square root by an eigendecomposition
-      (negative eigenvalues clipped to 0) and its default solver (OSQP here); we solve wᵀ G₊ w with
-      G₊ = S² (the same matrix, from `eigh`) by scipy's SLSQP in float64 (scipy is a dependency, cvxpy
-      only a test extra). Where the program is well conditioned both give the same w to ~1e-9; where it is
-      flat along some direction (T ≳ 10) both reach the same objective to ~1e-9 but w may differ by ~1e-5
-      between any two solvers, cvxpy's own included. A program SLSQP cannot solve (a gradient not finite)
-      gives a non-finite w, so the step is skipped and α and λ keep their values.
+      (negative eigenvalues clipped to 0) and its default solver (OSQP in our environment); we solve wᵀ G₊ w
+      with G₊ = S² (the same matrix, from `eigh`) by scipy's SLSQP in float64 (scipy is a dependency, cvxpy
+      only a test extra). Where the program is well conditioned both give the same w (to 1e-6 in the tests,
+      T <= 5); where it is flat along some direction (T = 10) both reach the same minimum (to 1e-8) but w
+      may differ by ~1e-5 between any two solvers, cvxpy's own included. A program that is not finite, or an
+      SLSQP answer that is not feasible (to 1e-6), gives a NaN w: the step is skipped (the engine counts it
+      and stops a run that skips too many) and α and λ keep their values.
     - The data: LibMTL's inner batch and outer batch are two independent half-size batches of the training
       data; here the inner batch is the step's training batch (so g_f comes from the step's own graph: one
       forward fewer) and the outer batch comes from the engine's validation stream
@@ -240,7 +241,7 @@ class FORUM(StagedBalancer):
 def forum_weights(gram: np.ndarray, pi: np.ndarray, w_constant: float) -> np.ndarray:
     """FORUM's program: argmin wᵀ G₊ w − w_T · w_constant over w ≥ 0, Σ_{t<T} w_t = 1, w_T ≥ Σ_t w_t π_t,
     where G₊ is `gram` (AAᵀ, (T+1)²) with its negative eigenvalues clipped to 0, as LibMTL's square root.
-    SLSQP from w = (1/T, ..., 1/T, max(mean π, 0)); NaNs when the program is not finite."""
+    SLSQP from w = (1/T, ..., 1/T, max(mean π, 0)); NaNs when the program is not finite or the answer not feasible."""
     n = len(pi)
     if not (np.isfinite(gram).all() and np.isfinite(pi).all() and np.isfinite(w_constant)):
         return np.full(n + 1, np.nan)
@@ -261,4 +262,7 @@ def forum_weights(gram: np.ndarray, pi: np.ndarray, w_constant: float) -> np.nda
         ],
         options={"ftol": 1e-12, "maxiter": 500},
     )
-    return result.x
+    w = result.x
+    # SLSQP often ends at "positive directional derivative" at the optimum's precision: judge its answer itself.
+    feasible = w.min() >= -1e-6 and abs(sum_row @ w - 1) <= 1e-6 and cone_row @ w >= -1e-6
+    return w if feasible and np.isfinite(w).all() else np.full(n + 1, np.nan)

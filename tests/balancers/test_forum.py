@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtl_bench.balancers import FORUM, BackwardContext
+from mtl_bench.balancers import FORUM, BackwardContext, forum
 from mtl_bench.balancers.forum import forum_weights
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
@@ -100,10 +101,15 @@ def test_the_program_reaches_cvxpys_minimum(t, seed):
         np.testing.assert_allclose(ours, theirs, atol=1e-6)
 
 
-def test_a_program_that_is_not_finite_gives_nans():
+def test_a_program_that_is_not_finite_or_an_infeasible_answer_gives_nans(monkeypatch):
     gram, pi, w_constant = random_program(3, 0)
-    gram[0, 0] = np.nan
-    assert np.isnan(forum_weights(gram, pi, w_constant)).all()
+    bad = gram.copy()
+    bad[0, 0] = np.nan
+    assert np.isnan(forum_weights(bad, pi, w_constant)).all()
+    right = forum_weights(gram, pi, w_constant)
+    for answer in (right + np.array([0.01, 0, 0, 0]), right * np.array([1, 1, 1, -1]) - 1):  # Σ ≠ 1; cone, w < 0
+        monkeypatch.setattr(forum, "minimize", lambda *args, answer=answer, **kwargs: SimpleNamespace(x=answer))
+        assert np.isnan(forum_weights(gram, pi, w_constant)).all()
 
 
 # ---------------------------------------------------------------------------------------------- the reference
