@@ -149,8 +149,8 @@ class TW(nn.Module):  # LibMTL's `_prepare_tw`: logits at 1/T, softmax-weighted 
 
 
 def bacth_forward_FORUM(self, inner_x, inner_y, outer_x, outer_y, lambda_buffer, epoch):
-    # LibMTL/trainer.py, commit 4336804847eaa5e0b924b743d76beec7ac3fdc97, lines 614-700, as written there
-    # (`cp` imported here; ruff's formatting).
+    # LibMTL/trainer.py, commit 4336804847eaa5e0b924b743d76beec7ac3fdc97, lines 614-722, as written there
+    # (`cp` imported here; the meter's multi-input branch and two commented-out prints left out; ruff's format).
     import cvxpy as cp
 
     phi = self.kwargs["weight_args"]["FORUM_phi"]
@@ -251,7 +251,7 @@ def bacth_forward_FORUM(self, inner_x, inner_y, outer_x, outer_y, lambda_buffer,
 
     self.tw_optimizer.step()
     self.optimizer.step()
-    return lambda_buffer  # (the source's caller reads it back: `lambda_buffer = self.bacth_forward_FORUM(...)`)
+    return lambda_buffer
 
 
 LibMTLForum.bacth_forward_FORUM = bacth_forward_FORUM  # the source's method, on this stand-in
