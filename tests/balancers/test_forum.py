@@ -150,7 +150,7 @@ class TW(nn.Module):  # LibMTL's `_prepare_tw`: logits at 1/T, softmax-weighted 
 
 def bacth_forward_FORUM(self, inner_x, inner_y, outer_x, outer_y, lambda_buffer, epoch):
     # LibMTL/trainer.py, commit 4336804847eaa5e0b924b743d76beec7ac3fdc97, lines 614-722, as written there
-    # (`cp` imported here; the meter's multi-input branch and two commented-out prints left out; ruff's format).
+    # (`cp` imported here; its docstring, the meter's multi-input branch and two commented-out prints left out).
     import cvxpy as cp
 
     phi = self.kwargs["weight_args"]["FORUM_phi"]
