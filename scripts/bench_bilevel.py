@@ -1,4 +1,4 @@
-"""Training-step time of the bilevel balancers (auto_lambda, moml) against fixed weights, measured in one run.
+"""Training-step time of the bilevel balancers (auto_lambda, moml, forum) against fixed weights, measured in one run.
 
     python scripts/bench_bilevel.py [--rounds 7] [--steps 20] [--threads 1]
 
@@ -8,7 +8,9 @@ times the recipe's real optimizer step of each in blocks of --steps steps, inter
 table gives the median ms/step and its ratio to fixed weights of the same run. Auto-λ's step adds a backward
 (the look-ahead gradient), a forward and backward at the look-ahead parameters on the validation batch and two
 forwards at θ ± εd; MOML's 2T backwards (each task's gradient on the training batch and, at the look-ahead
-parameters, on the validation batch) and one forward (docs/bilevel.md).
+parameters, on the validation batch) and one forward; FORUM's a backward (g_f), inner_step forwards and backwards
+and a forward at the inner copies, a forward and T backwards on the validation batch and a small program on the
+host (docs/bilevel.md).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ EXPERIMENTS = {
     "toy10 (MLP, T=10, batch 128)": ["tasks=toy10"],
     "digits_lenet (LeNet, T=3)": ["experiment=digits_lenet"],
 }
-BALANCERS = ("fixed", "auto_lambda", "moml")
+BALANCERS = ("fixed", "auto_lambda", "moml", "forum")
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from mtl_bench.balancers.excess_mtl import ExcessMTL
 from mtl_bench.balancers.fairgrad import FairGrad
 from mtl_bench.balancers.famo import FAMO
 from mtl_bench.balancers.fixed import FixedWeights
+from mtl_bench.balancers.forum import FORUM
 from mtl_bench.balancers.gls import GeometricLoss
 from mtl_bench.balancers.graddrop import GradDrop
 from mtl_bench.balancers.gradnorm import GradNorm
@@ -46,6 +47,7 @@ __all__ = [
     "DualBalancing",
     "DynamicWeightAverage",
     "FAMO",
+    "FORUM",
     "FixedWeights",
     "GradDrop",
     "GradNorm",

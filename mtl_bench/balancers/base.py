@@ -37,6 +37,9 @@ class BackwardContext:
     precision's autocast), with `params` ({name: tensor}, some or all of `params`) in place of the model's own
     parameters, and then leaving the model's buffers (BatchNorm statistics) as they were; `params`, the
     trainable parameters by name; `learning_rate()`, the optimizer's current lr (its first param group's).
+
+    `epoch`: the index of the epoch the step belongs to (optimizer step // steps per epoch, from 0; set by the loop
+    before each step, also after a resume), for methods whose schedule follows epochs (FORUM's λ average).
     """
 
     scaler: Optional[torch.amp.GradScaler] = None
@@ -47,6 +50,7 @@ class BackwardContext:
     task_losses: Optional[Callable[..., dict[str, Tensor]]] = None
     params: dict[str, nn.Parameter] = field(default_factory=dict)
     learning_rate: Optional[Callable[[], float]] = None
+    epoch: int = 0
 
     def scale(self, outputs: Tensor) -> Tensor:
         """What a backward runs on: `outputs` times the factor, times the loss scale."""

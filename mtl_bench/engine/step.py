@@ -149,6 +149,7 @@ class StepRunner:
         tasks = self.taskset.tasks
         totals: list[Tensor] = []
         metrics: dict[str, Tensor] = {}
+        self.ctx.epoch = step // self.steps_per_epoch
         for j in range(self.k):
             loader_step = step * self.k + j
             self._validation_step = loader_step  # a pure function of the step, so a resumed run draws the same

@@ -18,7 +18,7 @@ TASK_SETS = {
 # Methods whose independent draws are the micro-batches of one step (their YAML's first line says so).
 EXTRA = {"modo": ["trainer.grad_accumulation_steps=3"], "sdmgrad": ["trainer.grad_accumulation_steps=3"]}
 # A bilevel method's validation batch is a training batch's size: 0.2 of 256 rows holds out 51 >= 32.
-EXTRA["auto_lambda"] = EXTRA["moml"] = ["trainer.validation_holdout=0.2"]
+EXTRA["auto_lambda"] = EXTRA["moml"] = EXTRA["forum"] = ["trainer.validation_holdout=0.2"]
 SHORT = ["trainer=smoke", "trainer.max_steps=6", "trainer.log_every=3", "trainer.eval_every=6", "trainer.batch_size=32"]
 
 

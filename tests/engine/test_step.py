@@ -153,6 +153,7 @@ class RecordsItsContext(FixedWeights):
                 "val_inputs": val_inputs,
                 "val_targets": val_targets,
                 "lr": ctx.learning_rate(),
+                "epoch": ctx.epoch,
                 "same": ctx.task_losses(inputs, targets),
                 "ahead": ctx.task_losses(val_inputs, val_targets, ahead),
                 "ahead_params": ahead,
@@ -214,6 +215,15 @@ def test_a_bilevel_balancer_gets_held_out_batches_the_training_stream_never_sees
     for task in parts.taskset.tasks:
         expected = task.loss(out.preds[task.name], seen["val_targets"][task.name])
         torch.testing.assert_close(seen["ahead"][task.name], expected)
+
+
+def test_the_context_carries_the_epoch_of_the_step(small_conf):
+    """ctx.epoch = step // steps per epoch (461 training rows, batch 32: 14 steps), a function of the step alone."""
+    _, balancer, runner = bilevel_runner(small_conf("balancer=auto_lambda"))
+    assert runner.steps_per_epoch == (512 - 51) // 32 == 14
+    for step in (0, 13, 14, 29, 3):
+        runner.run(step)
+    assert [seen["epoch"] for seen in balancer.seen] == [0, 0, 1, 2, 0]
 
 
 def test_validation_source_val_draws_from_the_val_split_and_holds_nothing_out(small_conf):

@@ -1,0 +1,268 @@
+"""Ye et al., ECAI 2024, "A First-Order Multi-Gradient Algorithm for Multi-Objective Bi-Level Optimization"."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from scipy.optimize import minimize
+from torch import Tensor
+
+from mtl_bench import tags
+from mtl_bench.balancers.adam_update import adam_update
+from mtl_bench.balancers.base import BackwardContext, Context
+from mtl_bench.balancers.staged import JOINT, StagedBalancer, current_scale
+
+# LibMTL stops the inner SGD steps once f exceeds this ("caused by too large inner_lr and inner_step").
+INNER_LOSS_LIMIT = 1e5
+
+
+class FORUM(StagedBalancer):
+    """FORUM: task logits α (start at 1/T) and the network θ descend together, (α, θ) along one direction
+    that lowers every task's validation loss F_t(θ) while keeping θ near the minimizer of the inner problem
+    f(α, θ) = Σ_i softmax(α)_i L_i(θ) (its value-function gap q as a constraint):
+
+        g_f = ∇_(α,θ) f(α, θ) on the training batch
+        θ^K: K = inner_step SGD steps of f(α, ·) from θ (lr inner_lr) on the same batch
+        g_q = g_f − (∇_α f(α, θ^K), 0)                       (the gradient of q = f − f(α, θ^K))
+        g_F_t = (0, ∇_θ F_t(θ) / ‖∇_θ F_t(θ)‖) on the validation batch
+        π_t = φ − ⟨g_q, g_F_t⟩ / (‖g_q‖² + 1e-8)
+        w = argmin_{w ≥ 0, Σ_{t<T} w_t = 1, w_T ≥ Σ_t w_t π_t} ‖A^T w‖² − w_T φ (‖g_q‖² + 1e-8),  A = [g_F; g_q]
+        λ ← λ + (w_{<T} − λ) / (epoch + 1)^(3/4)             (λ starts at 0)
+        ν = max(Σ_t λ_t π_t, 0),   d = Σ_t λ_t g_F_t + ν g_q
+        α ← Adam(α, d_α; lr=outer_lr);   θ's gradient ← d_θ (the optimizer then steps θ)
+
+    Reference: LibMTL main, `Trainer.bacth_forward_FORUM`, `Trainer._prepare_tw` and `Trainer.train_bilevel`
+    in LibMTL/trainer.py (commit 4336804847eaa5e0b924b743d76beec7ac3fdc97). Followed step for step: softmax
+    weights, LibMTL's defaults (outer_lr 1e-3, inner_lr 0.1, inner_step 5, φ 0.1), the inner SGD on a copy
+    that stops once f > 1e5, validation gradients normalized without an epsilon, the λ average at the
+    epoch's rate (`ctx.epoch`, from 0, as LibMTL's epoch index), Adam with torch's default betas and eps.
+    Where ours differs:
+    - The quadratic program: LibMTL hands cvxpy ‖S w‖² with S = AAᵀ's square root by an eigendecomposition
+      (negative eigenvalues clipped to 0) and its default solver (OSQP in our environment); we solve wᵀ G₊ w
+      with G₊ = S² (the same matrix, from `eigh`) by scipy's SLSQP in float64 (scipy is a dependency, cvxpy
+      only a test extra). Where the program is well conditioned both give the same w (to 1e-6 in the tests,
+      T <= 5); where it is flat along some direction (T = 10) both reach the same minimum (to 1e-8) but w
+      may differ by ~1e-5 between any two solvers, cvxpy's own included. A program that is not finite, or an
+      SLSQP answer that is not feasible (to 1e-6), gives a NaN w: the step is skipped (the engine counts it
+      and stops a run that skips too many) and α and λ keep their values.
+    - The data: LibMTL's inner batch and outer batch are two independent half-size batches of the training
+      data; here the inner batch is the step's training batch (so g_f comes from the step's own graph: one
+      forward fewer) and the outer batch comes from the engine's validation stream
+      (`trainer.validation_source`, a full batch). As in LibMTL, the validation forward runs on the model
+      itself (its BatchNorm statistics see the validation batch) and the inner steps on copies of its buffers.
+    - No host read for LibMTL's `loss.item() > 1e5` test (a device-side mask). The program itself runs on the
+      host: one host sync per step (the (T+1)² Gram matrix and π), as LibMTL's.
+
+    Where SGD at inner_lr diverges on the model, the last inner iterate's loss (only the ones before it are checked
+    against 1e5, as in LibMTL) may be infinite: g_q and the program are then not finite and the step is skipped.
+
+    Needs the engine's validation stream (NEEDS_VALIDATION); one process, joint mode, no gradient
+    accumulation. Under fp16 every gradient is taken through the grad scaler's scale and divided by it, and
+    the direction d_θ is written as the gradient of Σ_p ⟨d_p, p⟩ through `ctx.scale`. Outside the engine
+    `ctx.epoch` stays 0: λ is then the program's w of each step.
+
+    Cost per step: the step's forward, one backward for g_f, inner_step forwards and backwards (plus one
+    forward) at the inner copies, one forward and T backwards on the validation batch, and the program.
+
+    Metrics: `weight/<task>` (softmax(α) used this step). α, its Adam moments and λ are buffers.
+    """
+
+    NEEDS_VALIDATION = True
+    logits: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    opt_step: Tensor
+    lambdas: Tensor
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        outer_lr: float = 1e-3,
+        inner_lr: float = 0.1,
+        inner_step: int = 5,
+        phi: float = 0.1,
+        world_size: int = 1,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
+        inner_lr: the lr of the inner SGD steps (> 0; LibMTL's --inner_lr default 0.1).
+        inner_step: the number of inner SGD steps (an int >= 1; LibMTL's --inner_step default 5).
+        phi: φ, the constraint's margin (>= 0; LibMTL's --FORUM_phi default 0.1).
+        world_size: the number of DDP processes (given by the engine); must be 1.
+        """
+        super().__init__(task_names)
+        if not outer_lr > 0:
+            raise ValueError(f"outer_lr: must be > 0, got {outer_lr}")
+        if not inner_lr > 0:
+            raise ValueError(f"inner_lr: must be > 0, got {inner_lr}")
+        if isinstance(inner_step, bool) or not isinstance(inner_step, int) or inner_step < 1:
+            raise ValueError(f"inner_step: must be an int >= 1, got {inner_step!r}")
+        if not (phi >= 0 and np.isfinite(phi)):
+            raise ValueError(f"phi: must be a finite number >= 0, got {phi}")
+        if world_size != 1:
+            raise ValueError(
+                f"world_size: FORUM runs in one process (its inner steps and the update of its weights are not "
+                f"synchronized across ranks), got {world_size}"
+            )
+        self.outer_lr, self.inner_lr, self.inner_step, self.phi = float(outer_lr), float(inner_lr), inner_step, phi
+        n = len(self.task_names)
+        self.register_buffer("logits", torch.full((n,), 1.0 / n))
+        self.register_buffer("exp_avg", torch.zeros(n))
+        self.register_buffer("exp_avg_sq", torch.zeros(n))
+        self.register_buffer("opt_step", torch.zeros(()))
+        self.register_buffer("lambdas", torch.zeros(n))
+
+    def extra_repr(self) -> str:
+        return (
+            f"tasks={self.task_names}, outer_lr={self.outer_lr}, inner_lr={self.inner_lr}, "
+            f"inner_step={self.inner_step}, phi={self.phi}"
+        )
+
+    def _stacked(self, losses: dict[str, Tensor]) -> Tensor:
+        return torch.stack([losses[name] for name in self.task_names])
+
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        context = BackwardContext.of(ctx)
+        if context is None or context.batch is None or context.validation is None:
+            raise ValueError(
+                "FORUM needs a BackwardContext with batch, validation, task_losses and params "
+                "(the engine fills them for a balancer that NEEDS_VALIDATION)"
+            )
+        assert context.task_losses is not None and context.params
+        self._begin(JOINT, context, shared)
+        # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
+        scale = current_scale(context.scaler, shared) if context.scaler is not None else None
+        names, params = list(context.params), list(context.params.values())
+        ordered = self._stacked(losses)
+        alpha = self.logits
+        z = torch.softmax(alpha, dim=-1)
+        n = len(self.task_names)
+
+        # g_f: the θ part from this step's graph; the α part is the softmax's backward, as autograd computes it.
+        g_f = self._flat(self._grad((z * ordered).sum(), params, scale, allow_unused=True), params, scale)
+        g_f_alpha = self._softmax_grad(z, ordered.detach())
+
+        # θ^K: inner_step SGD steps of f(α, ·) on the training batch, from θ, at copies of the parameters.
+        inputs, targets = context.batch
+        current = {name: p.detach() for name, p in zip(names, params)}
+        going = torch.ones((), dtype=torch.bool, device=shared.device)
+        for _ in range(self.inner_step):
+            current = {name: p.detach().requires_grad_() for name, p in current.items()}
+            inner = (z.detach() * self._stacked(context.task_losses(inputs, targets, current))).sum()
+            going = going & ~(inner.detach() > INNER_LOSS_LIMIT)  # LibMTL breaks out of its loop here
+            found = self._grad(inner, list(current.values()), scale, allow_unused=True)
+            with torch.no_grad():
+                current = {
+                    name: torch.where(going, p - self.inner_lr * self._unscale(g, scale), p) if g is not None else p
+                    for (name, p), g in zip(current.items(), found)
+                }
+        with torch.no_grad():
+            at_inner = self._stacked(context.task_losses(inputs, targets, current))
+        g_q_alpha = (g_f_alpha - self._softmax_grad(z, at_inner)).to(g_f.dtype)
+        g_q = torch.cat([g_q_alpha, g_f])
+
+        # g_F: each task's validation gradient at θ, normalized, zero in α. The model itself runs this forward.
+        val_inputs, val_targets = context.validation()
+        outer = self._stacked(context.task_losses(val_inputs, val_targets))
+        g_F = torch.stack([self._flat(self._grad(outer[i], params, scale, True), params, scale) for i in range(n)])
+        g_F = g_F / g_F.pow(2).sum(-1).sqrt().unsqueeze(1)
+        g_F = torch.cat([g_F.new_zeros(n, n), g_F], dim=1)
+
+        q_norm = g_q.norm().pow(2) + 1e-8
+        pi = self.phi - (g_F @ g_q) / q_norm
+        a = torch.cat([g_F, g_q.unsqueeze(0)])
+        # The step's one host sync: the program runs on the host (as LibMTL's cvxpy).
+        host = torch.cat([(a @ a.T).reshape(-1), pi, q_norm.reshape(1)]).double().cpu().numpy()
+        gram, pi_host, q_norm_host = host[: (n + 1) ** 2].reshape(n + 1, n + 1), host[-n - 1 : -1], host[-1]
+        w = torch.as_tensor(forum_weights(gram, pi_host, self.phi * q_norm_host), device=alpha.device)
+
+        lambdas = self.lambdas + (w[:n].to(self.lambdas.dtype) - self.lambdas) / (context.epoch + 1) ** 0.75
+        nu = (lambdas.to(pi.dtype) * pi).sum().clamp(min=0)
+        direction = lambdas.to(g_F.dtype) @ g_F + nu * g_q
+        with torch.no_grad():
+            new, exp_avg, exp_avg_sq, step = adam_update(
+                alpha,
+                direction[:n].to(alpha.dtype),
+                self.exp_avg,
+                self.exp_avg_sq,
+                self.opt_step,
+                self.outer_lr,
+                (0.9, 0.999),
+                1e-8,
+            )
+        self._require_finite(new, lambdas)
+        self._stage(logits=new, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step, lambdas=lambdas)
+
+        # θ's gradient is d_θ: the backward of Σ_p ⟨d_p, p⟩, through the context's scale and factor.
+        pieces = direction[n:].detach().split([p.numel() for p in params])
+        surrogate = torch.stack([(d.view_as(p) * p).sum() for d, p in zip(pieces, params)]).sum()
+        self.run_backward(surrogate, context)
+        self._end_joint()
+        return {tags.weight(name): z[i] for i, name in enumerate(self.task_names)}
+
+    @staticmethod
+    def _softmax_grad(z: Tensor, losses: Tensor) -> Tensor:
+        """∇_α Σ softmax(α)_i L_i = z ∘ (L − z·L): the softmax's backward, as autograd computes it."""
+        return z * (losses - (losses * z).sum())
+
+    @classmethod
+    def _flat(cls, grads: Sequence[Optional[Tensor]], params: Sequence[Tensor], scale: Optional[Tensor]) -> Tensor:
+        """One flat vector of the gradients (zeros for a parameter the loss does not reach), unscaled."""
+        return torch.cat(
+            [
+                (cls._unscale(g, scale) if g is not None else torch.zeros_like(p)).reshape(-1)
+                for g, p in zip(grads, params)
+            ]
+        )
+
+    @staticmethod
+    def _unscale(grad: Tensor, scale: Optional[Tensor]) -> Tensor:
+        return grad / scale if scale is not None else grad
+
+    def per_task_problem(self) -> str:
+        return (
+            "FORUM has no per-task mode: its inner steps and validation gradients need every task's loss of the "
+            "same batch; use trainer.step_mode=joint"
+        )
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        raise NotImplementedError(self.per_task_problem())
+
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        if steps == 1:
+            return None
+        return "FORUM takes its inner steps on one training batch per optimizer step; use 1"
+
+
+def forum_weights(gram: np.ndarray, pi: np.ndarray, w_constant: float) -> np.ndarray:
+    """FORUM's program: argmin wᵀ G₊ w − w_T · w_constant over w ≥ 0, Σ_{t<T} w_t = 1, w_T ≥ Σ_t w_t π_t,
+    where G₊ is `gram` (AAᵀ, (T+1)²) with its negative eigenvalues clipped to 0, as LibMTL's square root.
+    SLSQP from w = (1/T, ..., 1/T, max(mean π, 0)); NaNs when the program is not finite or the answer not feasible."""
+    n = len(pi)
+    if not (np.isfinite(gram).all() and np.isfinite(pi).all() and np.isfinite(w_constant)):
+        return np.full(n + 1, np.nan)
+    values, vectors = np.linalg.eigh(gram)
+    g = (vectors * np.maximum(values, 0)) @ vectors.T
+    linear = np.zeros(n + 1)
+    linear[-1] = -w_constant
+    sum_row, cone_row = np.append(np.ones(n), 0.0), np.append(-pi, 1.0)
+    result = minimize(
+        lambda w: w @ g @ w + linear @ w,
+        np.append(np.full(n, 1.0 / n), max(pi.mean(), 0.0)),
+        jac=lambda w: 2 * g @ w + linear,
+        method="SLSQP",
+        bounds=[(0.0, None)] * (n + 1),
+        constraints=[
+            {"type": "eq", "fun": lambda w: sum_row @ w - 1, "jac": lambda w: sum_row},
+            {"type": "ineq", "fun": lambda w: cone_row @ w, "jac": lambda w: cone_row},
+        ],
+        options={"ftol": 1e-12, "maxiter": 500},
+    )
+    w = result.x
+    # SLSQP often ends at "positive directional derivative" at the optimum's precision: judge its answer itself.
+    feasible = w.min() >= -1e-6 and abs(sum_row @ w - 1) <= 1e-6 and cone_row @ w >= -1e-6
+    return w if feasible and np.isfinite(w).all() else np.full(n + 1, np.nan)
