@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mtl_bench.balancers import BackwardContext, TrimmedMean
+from mtl_bench.balancers.trimmed_mean import drop_extremes
 from tests.helpers.balancer_kit import (
     TASKS3,
     assert_per_task_is_the_joint_step,
@@ -55,3 +56,16 @@ def test_per_task_mode_with_scaler_matches_the_joint_step():
 def test_too_much_trimming_is_one_line():
     with pytest.raises(ValueError, match=r"^trim: must be an integer in \[0, \(T - 1\) // 2\] = \[0, 1\] for 3 tasks"):
         build(make_model(), trim=2)
+
+
+def test_dropping_the_extremes_is_the_sorted_trim_of_one():
+    # ties included (rounded values), a coordinate where all rows are equal, and an outlier 1e8 beside small values
+    block = (torch.randn(7, 40, 30, generator=torch.Generator().manual_seed(0)) * 4).round()
+    block[:, 0, 0] = 2.0
+    block[3, 1, 1] = 1e8
+    direction, kept = drop_extremes(block)
+    ordered, rows = torch.sort(block, dim=0)
+    torch.testing.assert_close(direction, ordered[1:-1].mean(dim=0))
+    assert direction[0, 0] == 2.0 and kept.sum() == 5 * 40 * 30
+    untied = torch.randn(7, 40, 30, generator=torch.Generator().manual_seed(1))  # which row is kept: unambiguous
+    assert torch.equal(drop_extremes(untied)[1], torch.bincount(torch.sort(untied, dim=0)[1][1:-1].reshape(-1)))
