@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtl_bench.balancers import BackwardContext, RescaledNormBalancer
+from mtl_bench.balancers import BackwardContext, RescaledNormBalancer, rescaled_norm
 from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.balancer_kit import no_host_sync
 
@@ -313,3 +313,16 @@ def test_a_head_reading_the_trunk_directly_gets_the_full_backward():
     (metrics["weight/a"] * losses["a"] + metrics["weight/b"] * losses["b"]).backward()
     for g, ref in zip(got, grads(model)):
         torch.testing.assert_close(g, ref)
+
+
+def test_head_gradients_kept_or_a_second_head_backward_train_alike(monkeypatch):
+    # heads of 5 and 10 parameters beside 4 shared features: small under the default factor (the full backward of
+    # Σ scale_k L_k); with factor 0 each head's gradient comes from its per-task backward, then one write
+    small_model, small = make_model(), rescaled({"a": 1.0, "b": 2.0})
+    small_metrics = train(small_model, small, range(3))
+    monkeypatch.setattr(rescaled_norm, "SMALL_HEAD_FACTOR", 0)
+    kept_model, kept = make_model(), rescaled({"a": 1.0, "b": 2.0})
+    kept_metrics = train(kept_model, kept, range(3))
+    assert small._small_heads is True and kept._small_heads is False
+    torch.testing.assert_close(kept_metrics, small_metrics)
+    torch.testing.assert_close(dict(kept_model.named_parameters()), dict(small_model.named_parameters()))
