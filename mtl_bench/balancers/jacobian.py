@@ -231,10 +231,15 @@ def gramian(blocks: Sequence[Tensor]) -> Tensor:
     return total
 
 
+def takes_kernel(param: Tensor, tasks: int) -> bool:
+    """Whether the (tasks, *param.shape) gradient block of `param` goes through the Gramian kernel."""
+    return param.device.type == "cpu" and param.dtype == torch.float32 and param.numel() * tasks >= KERNEL_MIN_NUMEL
+
+
 def block_gramian(m: Tensor) -> Tensor:
     """m mᵀ in float32 for one (T, P) block: the C++ kernel for large float32 CPU blocks (2.5-3x torch.mm on one
     thread: gramian_cpu.cpp), torch.mm otherwise."""
-    if m.device.type == "cpu" and m.dtype == torch.float32 and m.stride(1) == 1 and m.numel() >= KERNEL_MIN_NUMEL:
+    if m.stride(1) == 1 and takes_kernel(m[0], m.shape[0]):
         module = gramian_kernel()
         if module is not None:
             return module.gramian(m)
@@ -380,6 +385,8 @@ class GradientBalancer(StagedBalancer):
         self._param_ids = {id(p) for p in params}
         self._spare: Optional[list[Tensor]] = None  # last step's Jacobian blocks, rewritten by the next step
         self._clear_step()
+        if grad_source == "shared_params" and any(takes_kernel(p, len(self.task_names)) for p in params):
+            gramian_kernel()  # built now, with the run's other parts, rather than inside its first timed step
 
     def _clear_step(self) -> None:
         self._blocks: Optional[list[Tensor]] = None  # the step's summed Jacobian blocks

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from mtl_bench.balancers import jacobian
+from mtl_bench.balancers import PCGrad, jacobian
 from mtl_bench.balancers.jacobian import KERNEL_MIN_NUMEL, block_gramian
 
 
@@ -79,3 +79,13 @@ def test_without_a_kernel_mm_computes_it_and_it_is_said_once(monkeypatch, caplog
         "gradient methods: the C++ Gramian kernel cannot be built here (RuntimeError: Ninja is required); "
         "torch.mm computes it"
     ]
+
+
+def test_the_kernel_is_built_with_the_balancer_when_its_blocks_will_take_it(monkeypatch):
+    built = []
+    monkeypatch.setattr(jacobian, "gramian_kernel", lambda: built.append(1))
+    PCGrad(["a", "b"], [torch.nn.Parameter(torch.zeros(100))])  # small blocks: torch.mm, nothing to build
+    PCGrad(["a", "b"], [torch.nn.Parameter(torch.zeros(KERNEL_MIN_NUMEL // 2, dtype=torch.float64))])
+    assert built == []
+    PCGrad(["a", "b"], [torch.nn.Parameter(torch.zeros(KERNEL_MIN_NUMEL // 2))])  # 2 x 2^19 floats: the kernel
+    assert built == [1]
