@@ -51,6 +51,13 @@ from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 GRAD_SOURCES = ("shared_params", "shared_rep")
 log = logging.getLogger("mtl_bench")
 
+# The C++ Gramian kernel (gramian_cpu.cpp) takes float32 CPU blocks of at least KERNEL_MIN_NUMEL floats: below
+# that a block's Gramian takes well under a millisecond either way, and a toy run never waits for the build.
+KERNEL_MIN_NUMEL = 1 << 20
+GRAMIAN_SOURCE = Path(__file__).with_name("gramian_cpu.cpp")
+GRAMIAN_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
+_kernel_missing_said = False
+
 
 # ---------------------------------------------------------------------------------------------- the graph
 
@@ -248,18 +255,12 @@ def block_gramian(m: Tensor) -> Tensor:
     return m @ m.T
 
 
-KERNEL_MIN_NUMEL = 1 << 20  # below this a block's Gramian takes well under a millisecond either way
-GRAMIAN_SOURCE = Path(__file__).with_name("gramian_cpu.cpp")
-
-
-_kernel_missing_said = False
-
-
 def gramian_kernel() -> Any:
     """The built Gramian kernel, or None (said once) where it cannot be built: torch.mm computes the same."""
     global _kernel_missing_said
-    flags = ["-O3", "-fopenmp", "-fno-math-errno"]
-    module, error = cpp_kernels.build("mtl_bench_gramian_cpu", GRAMIAN_SOURCE, flags, "gradient methods' Gramian")
+    module, error = cpp_kernels.build(
+        "mtl_bench_gramian_cpu", GRAMIAN_SOURCE, GRAMIAN_CFLAGS, "gradient methods' Gramian"
+    )
     if module is None and not _kernel_missing_said:
         _kernel_missing_said = True
         log.warning("gradient methods: the C++ Gramian kernel cannot be built here (%s); torch.mm computes it", error)
