@@ -13,7 +13,7 @@ from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.jacobian import task_params, upstream_leaves
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
-SMALL_HEAD_FACTOR = 4
+SMALL_HEAD_FACTOR = 4  # heads of up to this many times the shared features in parameters are small (_task_grads)
 
 
 def gradient_norm(grad: Tensor, per_batch_item: bool) -> Tensor:
