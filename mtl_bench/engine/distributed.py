@@ -54,15 +54,16 @@ def wrap_ddp(model: nn.Module, device: torch.device, info: DistInfo, per_task: b
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=per_task)
 
 
-def shutdown_distributed(info: DistInfo, completed: bool = False) -> None:
+def shutdown_distributed(info: DistInfo, together: bool = False) -> None:
     """Leave the process group this run joined (a no-op for one process).
 
-    After a completed run the ranks meet at a barrier first: a gloo rank that tears its group down while
-    another still uses it can abort in gloo's threads ("terminate called without an active exception").
-    A run stopped by an error does not wait there (the other rank may never arrive).
+    When every rank gets here from the same point (`together`: the run completed, or an agreed stop signal
+    stopped it after the same step) the ranks meet at a barrier first: a gloo rank that tears its group down
+    while another still uses it can abort in gloo's threads ("terminate called without an active exception").
+    A run stopped by an error on one rank does not wait there (the other rank may never arrive).
     """
     if info.world_size > 1 and dist.is_initialized():
-        if completed:
+        if together:
             dist.barrier()
         dist.destroy_process_group()
 

@@ -113,6 +113,7 @@ class Recipe:
         self.dist: DistInfo | None = None
         self.layout_written = False
         self.stop_signal: int | None = None  # set by SIGINT, SIGTERM, SIGUSR1 or SIGUSR2 (preemption)
+        self.stopped_together = False  # every rank stopped after the same step (an agreed stop signal)
         self.previous_handlers: dict[int, Any] = {}
         self.saved_step: int | None = None  # the step of checkpoints/last.pt, once this run wrote or read one
 
@@ -492,6 +493,7 @@ class Recipe:
         if callable(previous) and previous is not signal.default_int_handler:
             # submitit's preemption handler: it requeues the job, which resumes from this checkpoint
             previous(self.stop_signal, None)
+        self.stopped_together = True
         raise Interrupted(self.stop_signal, message)
 
     def optimizer_step(self, logging_now: bool) -> StepResult:
@@ -591,15 +593,16 @@ class Recipe:
 
     # ------------------------------------------------------------------ cleanup
 
-    def cleanup(self, completed: bool = False) -> None:
-        """Close what setup opened; `completed`: the run finished its steps on every rank."""
+    def cleanup(self, together: bool = False) -> None:
+        """Close what setup opened; `together`: every rank got here from the same point (the run completed, or
+        an agreed stop signal stopped it after the same step), so the ranks can meet before leaving their group."""
         if hasattr(self, "runner"):  # set up: its loader workers stop now, not at interpreter exit
             self.runner.close()
         if self.logger is not None:
             self.logger.close()
             self.logger = None
         if self.dist is not None:
-            shutdown_distributed(self.dist, completed)
+            shutdown_distributed(self.dist, together)
 
     def metrics_record(self, result: TrainResult) -> dict[str, Any]:
         """What metrics.json holds for a completed run."""
@@ -647,7 +650,7 @@ def train(
             record_failure(recipe.run_dir, err, recipe.step, recipe.overrides, recipe.choices)
         raise
     finally:
-        recipe.cleanup(completed)
+        recipe.cleanup(completed or recipe.stopped_together)
     if recipe.dist is not None and recipe.dist.is_main:
         write_json(recipe.run_dir / METRICS_FILE, recipe.metrics_record(result))
         log.info(
