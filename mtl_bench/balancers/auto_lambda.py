@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -10,10 +10,11 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import BackwardContext, Context
-from mtl_bench.balancers.staged import JOINT, StagedBalancer, current_scale
+from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
+from mtl_bench.balancers.staged import JOINT, current_scale
 
 
-class AutoLambda(StagedBalancer):
+class AutoLambda(SoftmaxLogitsBalancer):
     """Task logits α (start at 1/T), weights λ = softmax(α); the network descends Σ_i λ_i L_i on its batch,
     and α learns, before each step, what a look-ahead step would do to the validation loss Σ_i L_i^val:
 
@@ -44,11 +45,9 @@ class AutoLambda(StagedBalancer):
     Metrics: `weight/<task>` (λ_i used this step). α and Adam's moments are buffers.
     """
 
-    NEEDS_VALIDATION = True
-    logits: Tensor
-    exp_avg: Tensor
-    exp_avg_sq: Tensor
-    opt_step: Tensor
+    ONE_BATCH_WORK = "its look-ahead step"
+    VALIDATION_WORK = "the validation loss"
+    STEP_WORK = "one look-ahead step"
 
     def __init__(self, task_names: Sequence[str], outer_lr: float = 1e-3, world_size: int = 1) -> None:
         """
@@ -56,26 +55,13 @@ class AutoLambda(StagedBalancer):
         outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
         world_size: the number of DDP processes (given by the engine); must be 1.
         """
-        super().__init__(task_names)
+        super().__init__(task_names, world_size)
         if not outer_lr > 0:
             raise ValueError(f"outer_lr: must be > 0, got {outer_lr}")
-        if world_size != 1:
-            raise ValueError(
-                f"world_size: AutoLambda runs in one process (its look-ahead step and the update of its "
-                f"weights are not synchronized across ranks), got {world_size}"
-            )
         self.outer_lr = float(outer_lr)
-        n = len(self.task_names)
-        self.register_buffer("logits", torch.full((n,), 1.0 / n))
-        self.register_buffer("exp_avg", torch.zeros(n))
-        self.register_buffer("exp_avg_sq", torch.zeros(n))
-        self.register_buffer("opt_step", torch.zeros(()))
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}, outer_lr={self.outer_lr}"
-
-    def _stacked(self, losses: dict[str, Tensor]) -> Tensor:
-        return torch.stack([losses[name] for name in self.task_names])
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
@@ -132,21 +118,3 @@ class AutoLambda(StagedBalancer):
         self.run_backward((weights * ordered).sum(), context)
         self._end_joint()
         return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
-
-    @staticmethod
-    def _unscale(grad: Tensor, scale: Optional[Tensor]) -> Tensor:
-        return grad / scale if scale is not None else grad
-
-    def per_task_problem(self) -> str:
-        return (
-            "AutoLambda has no per-task mode: its look-ahead step and the validation loss need every task's "
-            "loss of the same batch; use trainer.step_mode=joint"
-        )
-
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        raise NotImplementedError(self.per_task_problem())
-
-    def accumulation_problem(self, steps: int) -> Optional[str]:
-        if steps == 1:
-            return None
-        return "AutoLambda takes one look-ahead step on one training batch per optimizer step; use 1"

@@ -12,13 +12,14 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import BackwardContext, Context
-from mtl_bench.balancers.staged import JOINT, StagedBalancer, current_scale
+from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
+from mtl_bench.balancers.staged import JOINT, current_scale
 
 # LibMTL stops the inner SGD steps once f exceeds this ("caused by too large inner_lr and inner_step").
 INNER_LOSS_LIMIT = 1e5
 
 
-class FORUM(StagedBalancer):
+class FORUM(SoftmaxLogitsBalancer):
     """FORUM: task logits α (start at 1/T) and the network θ descend together, (α, θ) along one direction
     that lowers every task's validation loss F_t(θ) while keeping θ near the minimizer of the inner problem
     f(α, θ) = Σ_i softmax(α)_i L_i(θ) (its value-function gap q as a constraint):
@@ -69,11 +70,9 @@ class FORUM(StagedBalancer):
     Metrics: `weight/<task>` (softmax(α) used this step). α, its Adam moments and λ are buffers.
     """
 
-    NEEDS_VALIDATION = True
-    logits: Tensor
-    exp_avg: Tensor
-    exp_avg_sq: Tensor
-    opt_step: Tensor
+    ONE_BATCH_WORK = "its inner steps"
+    VALIDATION_WORK = "validation gradients"
+    STEP_WORK = "its inner steps"
     lambdas: Tensor
 
     def __init__(
@@ -93,7 +92,7 @@ class FORUM(StagedBalancer):
         phi: φ, the constraint's margin (>= 0; LibMTL's --FORUM_phi default 0.1).
         world_size: the number of DDP processes (given by the engine); must be 1.
         """
-        super().__init__(task_names)
+        super().__init__(task_names, world_size)
         if not outer_lr > 0:
             raise ValueError(f"outer_lr: must be > 0, got {outer_lr}")
         if not inner_lr > 0:
@@ -102,27 +101,14 @@ class FORUM(StagedBalancer):
             raise ValueError(f"inner_step: must be an int >= 1, got {inner_step!r}")
         if not (phi >= 0 and np.isfinite(phi)):
             raise ValueError(f"phi: must be a finite number >= 0, got {phi}")
-        if world_size != 1:
-            raise ValueError(
-                f"world_size: FORUM runs in one process (its inner steps and the update of its weights are not "
-                f"synchronized across ranks), got {world_size}"
-            )
         self.outer_lr, self.inner_lr, self.inner_step, self.phi = float(outer_lr), float(inner_lr), inner_step, phi
-        n = len(self.task_names)
-        self.register_buffer("logits", torch.full((n,), 1.0 / n))
-        self.register_buffer("exp_avg", torch.zeros(n))
-        self.register_buffer("exp_avg_sq", torch.zeros(n))
-        self.register_buffer("opt_step", torch.zeros(()))
-        self.register_buffer("lambdas", torch.zeros(n))
+        self.register_buffer("lambdas", torch.zeros(len(self.task_names)))
 
     def extra_repr(self) -> str:
         return (
             f"tasks={self.task_names}, outer_lr={self.outer_lr}, inner_lr={self.inner_lr}, "
             f"inner_step={self.inner_step}, phi={self.phi}"
         )
-
-    def _stacked(self, losses: dict[str, Tensor]) -> Tensor:
-        return torch.stack([losses[name] for name in self.task_names])
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
@@ -218,24 +204,6 @@ class FORUM(StagedBalancer):
                 for g, p in zip(grads, params)
             ]
         )
-
-    @staticmethod
-    def _unscale(grad: Tensor, scale: Optional[Tensor]) -> Tensor:
-        return grad / scale if scale is not None else grad
-
-    def per_task_problem(self) -> str:
-        return (
-            "FORUM has no per-task mode: its inner steps and validation gradients need every task's loss of the "
-            "same batch; use trainer.step_mode=joint"
-        )
-
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        raise NotImplementedError(self.per_task_problem())
-
-    def accumulation_problem(self, steps: int) -> Optional[str]:
-        if steps == 1:
-            return None
-        return "FORUM takes its inner steps on one training batch per optimizer step; use 1"
 
 
 def forum_weights(gram: np.ndarray, pi: np.ndarray, w_constant: float) -> np.ndarray:

@@ -12,11 +12,12 @@ from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import BackwardContext, Context
 from mtl_bench.balancers.jacobian import host_gramian
+from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
 from mtl_bench.balancers.solvers import min_norm_simplex
-from mtl_bench.balancers.staged import JOINT, StagedBalancer, current_scale
+from mtl_bench.balancers.staged import JOINT, current_scale
 
 
-class MOML(StagedBalancer):
+class MOML(SoftmaxLogitsBalancer):
     """Task logits α (start at 1/T), weights λ = softmax(α); the network descends Σ_i λ_i L_i on its batch,
     and α learns, before each step, how a look-ahead step moves every task's validation loss, each one an
     objective of the upper level (multi-objective, solved by MGDA):
@@ -54,11 +55,9 @@ class MOML(StagedBalancer):
     Metrics: `weight/<task>` (λ_i used this step). α and Adam's moments are buffers.
     """
 
-    NEEDS_VALIDATION = True
-    logits: Tensor
-    exp_avg: Tensor
-    exp_avg_sq: Tensor
-    opt_step: Tensor
+    ONE_BATCH_WORK = "its look-ahead step"
+    VALIDATION_WORK = "the validation losses"
+    STEP_WORK = "one look-ahead step"
 
     def __init__(
         self, task_names: Sequence[str], inner_lr: float = 0.1, outer_lr: float = 1e-3, world_size: int = 1
@@ -69,21 +68,11 @@ class MOML(StagedBalancer):
         outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
         world_size: the number of DDP processes (given by the engine); must be 1.
         """
-        super().__init__(task_names)
+        super().__init__(task_names, world_size)
         for name, value in (("inner_lr", inner_lr), ("outer_lr", outer_lr)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name}: must be a number > 0, got {value!r}")
-        if world_size != 1:
-            raise ValueError(
-                f"world_size: MOML runs in one process (its look-ahead step and the update of its weights are "
-                f"not synchronized across ranks), got {world_size}"
-            )
         self.inner_lr, self.outer_lr = float(inner_lr), float(outer_lr)
-        n = len(self.task_names)
-        self.register_buffer("logits", torch.full((n,), 1.0 / n))
-        self.register_buffer("exp_avg", torch.zeros(n))
-        self.register_buffer("exp_avg_sq", torch.zeros(n))
-        self.register_buffer("opt_step", torch.zeros(()))
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}, inner_lr={self.inner_lr}, outer_lr={self.outer_lr}"
@@ -129,7 +118,7 @@ class MOML(StagedBalancer):
         self._stage(logits=new, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
 
         weights = torch.softmax(new, dim=-1)
-        ordered = torch.stack([losses[name] for name in self.task_names])
+        ordered = self._stacked(losses)
         self.run_backward((weights * ordered).sum(), context)
         self._end_joint()
         return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
@@ -141,7 +130,7 @@ class MOML(StagedBalancer):
         for t, loss in enumerate(losses):
             for block, g in zip(blocks, self._grad(loss, params, scale, allow_unused=True)):
                 if g is not None:
-                    block[t] = (g / scale if scale is not None else g).reshape(-1)
+                    block[t] = self._unscale(g, scale).reshape(-1)
         return blocks
 
     @staticmethod
@@ -151,17 +140,3 @@ class MOML(StagedBalancer):
         t = normalized.shape[0]
         solution = np.full(t, np.nan) if gram is None else min_norm_simplex(gram)
         return torch.as_tensor(solution, dtype=normalized.dtype).to(normalized.device)
-
-    def per_task_problem(self) -> str:
-        return (
-            "MOML has no per-task mode: its look-ahead step and the validation losses need every task's "
-            "loss of the same batch; use trainer.step_mode=joint"
-        )
-
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        raise NotImplementedError(self.per_task_problem())
-
-    def accumulation_problem(self, steps: int) -> Optional[str]:
-        if steps == 1:
-            return None
-        return "MOML takes one look-ahead step on one training batch per optimizer step; use 1"
