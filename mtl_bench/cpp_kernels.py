@@ -24,7 +24,7 @@ def build(name: str, source: Path, cflags: Sequence[str], what: str) -> tuple[An
         try:
             from torch.utils.cpp_extension import load
 
-            log.info("%s: loading the C++ CPU kernel (built the first time, about 30 s; then cached)", what)
+            log.info("%s: loading the C++ CPU kernel (built the first time, then cached)", what)
             _built[name] = load(
                 name=name, sources=[str(source)], extra_cflags=list(cflags), extra_ldflags=["-fopenmp"], verbose=False
             )
