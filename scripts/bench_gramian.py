@@ -1,0 +1,71 @@
+"""The gradient methods' per-step pieces on the zoo benchmark's Jacobian, each against its torch baseline.
+
+    python scripts/bench_gramian.py [--tasks 10] [--rounds 15] [--calls 5] [--threads 1]
+
+J has one (T, *shape) block per shared parameter of the HPS trunk of scripts/bench_balancers.py (250 -> 4x512:
+weights 512x250 and 3 x 512x512, biases 512), laid out as task_jacobian writes it. Rows: the Gramian Σ J_b J_bᵀ
+through `jacobian.gramian` (the C++ kernel for the large blocks) against torch.mm on every block, and TrimmedMean's
+trim=1 direction (`drop_extremes`) against the sort it replaces. Variants run interleaved; medians. Prints a
+markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from mtl_bench.analysis.machine import machine_description
+from mtl_bench.balancers import jacobian
+from mtl_bench.balancers.trimmed_mean import drop_extremes
+from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
+
+SHAPES = [(512, 250), (512,), (512, 512), (512,), (512, 512), (512,), (512, 512), (512,)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=5, help="calls per timed block")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if jacobian.gramian_kernel() is None:
+        raise SystemExit("bench_gramian: the C++ Gramian kernel cannot be built here (see the warning above)")
+    generator = torch.Generator().manual_seed(0)
+    # a Linear's weight gradient comes transposed: rows laid out as autograd returns them, as task_jacobian keeps
+    blocks = [torch.randn(args.tasks, *reversed(s), generator=generator).transpose(1, -1) for s in SHAPES]
+
+    def mm_gramian() -> torch.Tensor:
+        return sum(m @ m.T for m in map(jacobian.flat_rows, blocks))
+
+    def sorted_trim() -> None:
+        for block in blocks:
+            ordered, rows = torch.sort(block, dim=0)
+            ordered.narrow(0, 1, args.tasks - 2).mean(dim=0)
+            torch.bincount(rows.narrow(0, 1, args.tasks - 2).reshape(-1), minlength=args.tasks)
+
+    variants = {
+        "Gramian: torch.mm": mm_gramian,
+        "Gramian: jacobian.gramian (kernel)": lambda: jacobian.gramian(blocks),
+        "TrimmedMean trim=1: sort": sorted_trim,
+        "TrimmedMean trim=1: drop_extremes": lambda: [drop_extremes(block) for block in blocks],
+    }
+    times = medians(
+        interleaved({k: lambda f=f: seconds_per_call(f, args.calls) for k, f in variants.items()}, args.rounds)
+    )
+    base = {
+        k: times["Gramian: torch.mm"] if k.startswith("Gramian") else times["TrimmedMean trim=1: sort"] for k in times
+    }
+    floats = sum(b.numel() for b in blocks)
+    print(f"{machine_description()}; T={args.tasks}, J of {floats / 1e6:.1f} M floats\n")
+    print(
+        markdown_table(
+            ["piece", "ms", "x baseline"], [[k, f"{v * 1e3:.2f}", ratio(v, base[k])] for k, v in times.items()]
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
