@@ -128,8 +128,10 @@ class StagedBalancer(Balancer):
             for name, value in self._pending.items():
                 buf = self._buffers[name]
                 assert buf is not None
-                new = value if keep is None else torch.where(keep.to(buf.device), value.to(buf.dtype), buf)
-                buf.copy_(new)
+                if keep is None:
+                    buf.copy_(value)
+                else:  # written in place: a fresh buffer of a T×P state costs its page faults on every step
+                    torch.where(keep.to(buf.device), value.to(buf.dtype), buf, out=buf)
         self._reset()
 
     # ------------------------------------------------------------------ the public step
