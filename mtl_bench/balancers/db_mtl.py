@@ -107,9 +107,9 @@ class DualBalancing(StagedBalancer):
     def _update(self, blocks: Sequence[Tensor], inv: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
         """Stage the EMA from the committed one and this step's g; return Σ α_i m_i (P,) and the metrics.
 
-        g is given as (T, n_k) blocks, one per shared parameter, times `inv` (None: 1): the gradients of the
-        scaled losses and 1/scale, so the unscaling costs no pass of its own. The new EMA is built block by
-        block in one (T, P) tensor, d·m + (1 − d)·g (LibMTL's g + d·(m − g), rounded differently).
+        g is given as (T, n_k) or (T, *p.shape) blocks, one per shared parameter, times `inv` (None: 1): the
+        gradients of the scaled losses and 1/scale, so the unscaling costs no pass of its own. The new EMA is built
+        block by block in one (T, P) tensor, d·m + (1 − d)·g (LibMTL's g + d·(m − g), rounded differently).
         """
         steps = self.steps + 1
         decay = (self.beta / steps.double().pow(self.beta_sigma)).float()  # LibMTL: a float64 Python number
@@ -117,9 +117,11 @@ class DualBalancing(StagedBalancer):
         ema = self._spare_ema()
         squares = []
         for g, old, new in zip(blocks, self.grad_ema.split(self._numels, dim=1), ema.split(self._numels, dim=1)):
-            torch.mul(old, decay, out=new)
+            new = new.view(g.shape)  # g's rows may be laid out transposed (a Linear's weight): read in place
+            torch.mul(old.view(g.shape), decay, out=new)
             new.addcmul_(g, fresh)
-            squares.append(torch.linalg.vector_norm(g, dim=1, dtype=torch.float32).square())
+            rest = tuple(range(1, g.dim()))
+            squares.append(torch.linalg.vector_norm(g, dim=rest, dtype=torch.float32).square())
         grad_norms = torch.stack(squares).sum(0).sqrt()
         if inv is not None:
             grad_norms = grad_norms * inv
@@ -142,20 +144,6 @@ class DualBalancing(StagedBalancer):
             spare = torch.empty_like(self.grad_ema)
             self.__dict__["_spare"] = spare
         return spare
-
-    def _commit(self, skipped: bool | Tensor) -> None:
-        """The staged EMA is written into `grad_ema` in place (StagedBalancer's commit would allocate a copy)."""
-        ema = self._pending.pop("grad_ema", None)
-        if ema is not None and skipped is not True:
-            keep = self._finite
-            if isinstance(skipped, Tensor):
-                taken = ~skipped.to(torch.bool)
-                keep = taken if keep is None else keep & taken.to(keep.device)
-            if keep is None:
-                self.grad_ema.copy_(ema)
-            else:
-                torch.where(keep.to(ema.device), ema, self.grad_ema, out=self.grad_ema)
-        super()._commit(skipped)
 
     def _write(self, blocks: Sequence[Tensor], inv: Tensor | None) -> dict[str, Tensor]:
         """The step's update from g; Σ α_i m_i (times the loss scale) lands in the shared parameters' `.grad`."""
@@ -188,12 +176,14 @@ class DualBalancing(StagedBalancer):
         scale = self._begin(JOINT, ctx, shared)
         self._check_open(self._steps_per_update())
         logs = [self._log(losses[name]) for name in self.task_names]
-        blocks, heads = task_jacobian(logs, shared, self._params, scale, self._param_ids)
+        spare = self.__dict__.pop("_spare_blocks", None)  # last step's J, written over (its pages stay mapped)
+        blocks, heads = task_jacobian(logs, shared, self._params, scale, self._param_ids, spare)
         write_leaf_grads([pair for task_heads in heads for pair in task_heads])
         self._backwards += 1
         if world_size() == 1 and not self.accumulates:  # the common case: no (T, P) copy, unscaled in the EMA
             inv = 1 / scale if scale is not None else None
-            metrics = self._write([b.reshape(b.shape[0], -1).float() for b in blocks], inv)
+            metrics = self._write([b.float() for b in blocks], inv)  # (T, *p.shape), in autograd's layout
+            self.__dict__["_spare_blocks"] = blocks
         else:
             grads = self._mean("grads", self._flat(blocks, scale))
             del blocks
