@@ -18,7 +18,7 @@ def upgrad_weights(gram: np.ndarray, norm_eps: float, reg_eps: float) -> tuple[n
     trace = np.trace(gram)
     normalized = np.zeros_like(gram) if trace < norm_eps else gram / trace
     regularized = normalized + reg_eps * np.eye(t)
-    rows = np.stack([dual_cone_weights(regularized, np.eye(t)[i] / t) for i in range(t)])
+    rows = dual_cone_weights(regularized, np.eye(t) / t)  # row i: the projection of g_i / T
     return rows.sum(0), int((rows > np.eye(t) / t + 1e-12).sum())
 
 
@@ -28,7 +28,7 @@ class UPGrad(GradientBalancer):
 
     In weight space (the paper's Proposition 1) the projection of Jᵀu is Jᵀv with v = argmin vᵀGv subject to
     v ≥ u, on the Gramian normalised by its trace (`norm_eps`: below that trace G is taken as 0) plus
-    `reg_eps`·I; solved exactly by an active-set method (`solvers.nonneg_qp`), T problems of size T.
+    `reg_eps`·I; solved exactly by an active-set method (`solvers.nonneg_qps`), T problems of size T.
 
     Reference: torchjd 0.18 `UPGrad` (default preference 1/T, quadprog solver) and LibMTL main `UPGrad`
     (the same code). The heads get their own gradients (weight 1), as torchjd's mtl_backward gives them.

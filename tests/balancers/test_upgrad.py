@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mtl_bench.balancers import BackwardContext, UPGrad
-from mtl_bench.balancers.solvers import dual_cone_weights
+from mtl_bench.balancers.solvers import active_set_qp, dual_cone_weights, nonneg_qps
 from mtl_bench.balancers.upgrad import upgrad_weights
 from tests.helpers.balancer_kit import (
     TASKS3,
@@ -47,6 +47,33 @@ def test_qp_solver_agrees_with_quadprog():
             u = rng.uniform(0, 1, size=t)
             expected = qpsolvers.solve_qp(gram, np.zeros(t), -np.eye(t), -u, solver="quadprog")
             np.testing.assert_allclose(dual_cone_weights(gram, u), expected, rtol=1e-7, atol=1e-9)
+
+
+def test_projections_of_many_rows_are_those_of_each_row():
+    rng = np.random.default_rng(1)
+    jac = rng.normal(size=(6, 3))
+    gram = jac @ jac.T + 1e-4 * np.eye(6)
+    rows = rng.uniform(0, 1, size=(4, 6))
+    together = dual_cone_weights(gram, rows)
+    for k, u in enumerate(rows):
+        np.testing.assert_allclose(together[k], dual_cone_weights(gram, u), rtol=1e-12, atol=1e-15)
+
+
+def test_nnls_and_the_numpy_active_set_method_agree():
+    """The compiled NNLS on the Cholesky factor meets the QP's optimality conditions (x ≥ 0, Gx + c ≥ 0,
+    xᵀ(Gx + c) = 0) and gives the numpy active-set method's answer; that method takes a G whose Cholesky
+    factorisation fails."""
+    rng = np.random.default_rng(2)
+    jac = rng.normal(size=(8, 3))
+    gram = jac @ jac.T + 1e-4 * np.eye(8)  # nearly singular, as UPGrad's with more tasks than dimensions
+    linears = rng.normal(size=(5, 8))
+    for x, c in zip(nonneg_qps(gram, linears), linears):
+        slack = gram @ x + c
+        size = np.abs(gram).max() * np.abs(x).max() + np.abs(c).max()
+        assert (x >= 0).all() and (slack >= -1e-9 * size).all() and abs(x @ slack) < 1e-9 * size * np.abs(x).sum()
+        np.testing.assert_allclose(x, active_set_qp(gram, c), rtol=1e-7, atol=1e-10)
+    singular = np.array([[1.0, 1.0], [1.0, 1.0]])
+    assert nonneg_qps(singular, np.array([[-1.0, 0.0]])).tolist() == [[1.0, 0.0]]
 
 
 def test_matches_torchjd():
