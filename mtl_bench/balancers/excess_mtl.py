@@ -151,6 +151,22 @@ class ExcessMTL(GradientBalancer):
         self._stage(**{name: spare})
         return e
 
+    def _commit(self, skipped: bool | Tensor) -> None:
+        # A kept step's kernel S' becomes S by swapping the two buffers (S is the next step's S' buffer) rather
+        # than by the base class's copy, a pass over 2 x T x P floats as long as the kernel's own (bench_gramian).
+        swaps = [k for k, spare in self._spares.items() if self._pending.get(f"sq_grad_sum_{k}") is spare]
+        if swaps:  # the kernel path: CPU tensors, so reading the flags is no device sync
+            kept = skipped is not True
+            for flag in (self._finite, ~skipped.to(torch.bool) if isinstance(skipped, Tensor) else None):
+                kept = kept and (flag is None or bool(flag))
+            for k in swaps:
+                name = f"sq_grad_sum_{k}"
+                spare = self._pending.pop(name)
+                old = self._buffers[name]
+                if kept and old is not None:
+                    self._spares[k], self._buffers[name] = old, spare
+        super()._commit(skipped)
+
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
         excess, steps = self._excess, self.steps + 1
         warming = steps <= self.warmup_steps

@@ -4,6 +4,7 @@ path, and when the balancer takes it."""
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -138,8 +139,9 @@ class Fake:
         return terms.sum(1)
 
 
-def one_step(param: torch.nn.Parameter, bal: ExcessMTL, seed: int = 0) -> dict:
+def one_step(param: torch.nn.Parameter, bal: ExcessMTL, seed: int = 0, nan: bool = False) -> dict:
     c = torch.randn(2, *param.shape, generator=torch.Generator().manual_seed(seed), dtype=param.dtype)
+    c[0, 0] = math.nan if nan else c[0, 0]
     param.grad = None
     return bal.backward({"a": (c[0] * param).sum(), "b": (c[1] * param).sum()}, param)
 
@@ -158,8 +160,11 @@ def test_large_float32_cpu_blocks_take_the_kernel_with_s_prime_kept(monkeypatch,
     spare, committed = bal._spares[0], bal.sq_grad_sum_0
     one_step(large, bal, 1)
     assert fake.calls == [(2, KERNEL_MIN_NUMEL // 2)] * 2
-    # S' written into the same kept buffer, S committed in place: no fresh T x P tensor per step
-    assert bal._spares[0] is spare and bal.sq_grad_sum_0 is committed
+    # S' written into a kept buffer that becomes S, S the next S' buffer: no fresh T x P tensor, no copy per step
+    assert bal._spares[0] is committed and bal.sq_grad_sum_0 is spare
+    before = bal.sq_grad_sum_0.clone()
+    one_step(large, bal, 2, nan=True)  # not finite: the step is not kept, S stays (and stays S)
+    assert bal.sq_grad_sum_0 is spare and torch.equal(bal.sq_grad_sum_0, before) and bal._spares[0] is committed
     for param in [
         torch.nn.Parameter(torch.randn(100)),  # small
         torch.nn.Parameter(torch.randn(KERNEL_MIN_NUMEL // 2, dtype=torch.float64)),  # not float32
@@ -167,7 +172,7 @@ def test_large_float32_cpu_blocks_take_the_kernel_with_s_prime_kept(monkeypatch,
         one_step(param, ExcessMTL(["a", "b"], [param]))
     monkeypatch.setattr(excess_mtl, "world_size", lambda: 2)  # DDP: its squares are averaged over the ranks first
     assert bal._kernel_excess(0, torch.randn(2, KERNEL_MIN_NUMEL // 2), None) is None
-    assert len(fake.calls) == 2
+    assert len(fake.calls) == 3
 
 
 def test_without_a_kernel_torch_computes_it_and_it_is_said_once(monkeypatch, caplog, no_gramian_kernel):
