@@ -49,6 +49,10 @@ class ExcessMTL(GradientBalancer):
     step count are buffers (S holds T values per shared parameter). Under DDP the squared gradients are averaged
     over the ranks (one all-reduce of T times the shared parameters per step), so every rank holds the same S.
 
+    Large float32 CPU blocks (one process) take a C++ kernel (excess_mtl_cpu.cpp): one pass over J and S that writes
+    S' into a buffer kept from step to step, which becomes S by a swap when the step is kept. S' has the torch
+    path's bits; e adds the same float terms in double (torch's float32 sum differs by about 1e-6 relative).
+
     Metrics: `weight/<task>`, `grad_norm/<task>`, `grad_cos/<a>/<b>`, `excess_mtl/excess/<task>` (e_i / e⁰_i,
     or e_i during the warm-up).
     """
