@@ -58,6 +58,17 @@ def test_kernel_is_the_torch_path(t, p, scale):
 
 
 @pytest.mark.slow
+def test_non_finite_gradients_give_the_torch_paths_nan_and_inf():
+    g, s = torch.randn(3, 40), torch.rand(3, 40)
+    g[0, 5], g[1, 7], g[2, 9] = math.nan, math.inf, 1e19  # rows 0, 1: NaN (inf / inf); row 2: g² near float's max
+    out, e = run_kernel(kernel_or_skip(), g, s, None)
+    total, terms = torch_path(g, s, None)
+    torch.testing.assert_close(out, total, rtol=0, atol=0, equal_nan=True)
+    assert e[:2].isnan().all() and e[2].isfinite()
+    torch.testing.assert_close(e, terms.sum(1), rtol=1e-6, atol=0, equal_nan=True)
+
+
+@pytest.mark.slow
 def test_the_kernel_is_the_same_on_any_thread_count():
     generator = torch.Generator().manual_seed(0)
     g, s = torch.randn(10, 915_000, generator=generator), torch.rand(10, 915_000, generator=generator)
