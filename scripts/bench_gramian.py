@@ -4,9 +4,10 @@
 
 J has one (T, *shape) block per shared parameter of the HPS trunk of scripts/bench_balancers.py (250 -> 4x512:
 weights 512x250 and 3 x 512x512, biases 512), laid out as task_jacobian writes it. Rows: the Gramian Σ J_b J_bᵀ
-through `jacobian.gramian` (the C++ kernel for the large blocks) against torch.mm on every block, and TrimmedMean's
-trim=1 direction (`drop_extremes`) against the sort it replaces. Variants run interleaved; medians. Prints a
-markdown table.
+through `jacobian.gramian` (the C++ kernel for the large blocks) against torch.mm on every block, TrimmedMean's
+trim=1 direction (`drop_extremes`) against the sort it replaces, and ExcessMTL's excess risk (S' = S + g², e) by its
+C++ kernel, writing S' into a kept buffer, against the torch ops it replaces (and its commit, S' copied into S, as
+`StagedBalancer._commit` does it). Variants run interleaved; medians. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import argparse
 import torch
 
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.balancers import jacobian
+from mtl_bench.balancers import excess_mtl, jacobian
 from mtl_bench.balancers.trimmed_mean import drop_extremes
 from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
 
@@ -31,14 +32,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if jacobian.gramian_kernel() is None:
-        raise SystemExit("bench_gramian: the C++ Gramian kernel cannot be built here (see the warning above)")
+    if jacobian.gramian_kernel() is None or excess_mtl.excess_kernel() is None:
+        raise SystemExit("bench_gramian: a C++ kernel cannot be built here (see the warning above)")
     generator = torch.Generator().manual_seed(0)
     # a Linear's weight gradient comes transposed: rows laid out as autograd returns them, as task_jacobian keeps
     blocks = [torch.randn(args.tasks, *reversed(s), generator=generator).transpose(1, -1) for s in SHAPES]
 
     def mm_gramian() -> torch.Tensor:
         return sum(m @ m.T for m in map(jacobian.flat_rows, blocks))
+
+    sums = [torch.rand_like(b) for b in blocks]  # S, laid out as the blocks (ExcessMTL keeps it so)
+    kept = [torch.empty_like(b) for b in blocks]  # S', kept from step to step
+    keep = torch.ones((), dtype=torch.bool)
+
+    def torch_excess() -> None:
+        for block, s in zip(blocks, sums):
+            square = block.square()
+            total = s + square
+            (square / torch.sqrt(total + 1e-7)).reshape(args.tasks, -1).sum(1)
+
+    def kernel_excess() -> None:
+        module = excess_mtl.excess_kernel()
+        for block, s, out in zip(blocks, sums, kept):
+            module.excess(jacobian.flat_rows(block), jacobian.flat_rows(s), jacobian.flat_rows(out), 1.0)
 
     def sorted_trim() -> None:
         for block in blocks:
@@ -51,13 +67,15 @@ def main() -> None:
         "Gramian: jacobian.gramian (kernel)": lambda: jacobian.gramian(blocks),
         "TrimmedMean trim=1: sort": sorted_trim,
         "TrimmedMean trim=1: drop_extremes": lambda: [drop_extremes(block) for block in blocks],
+        "ExcessMTL excess risk: torch": torch_excess,
+        "ExcessMTL excess risk: kernel": kernel_excess,
+        "ExcessMTL commit: torch.where into S": lambda: [torch.where(keep, o, s, out=s) for o, s in zip(kept, sums)],
     }
     times = medians(
         interleaved({k: lambda f=f: seconds_per_call(f, args.calls) for k, f in variants.items()}, args.rounds)
     )
-    base = {
-        k: times["Gramian: torch.mm"] if k.startswith("Gramian") else times["TrimmedMean trim=1: sort"] for k in times
-    }
+    baselines = ["Gramian: torch.mm", "TrimmedMean trim=1: sort", "ExcessMTL excess risk: torch"]
+    base = {k: times[next(b for b in baselines if k.split()[0] == b.split()[0])] for k in times}
     floats = sum(b.numel() for b in blocks)
     print(f"{machine_description()}; T={args.tasks}, J of {floats / 1e6:.1f} M floats\n")
     print(

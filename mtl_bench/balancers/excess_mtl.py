@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+import logging
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, rank_mean
+from mtl_bench import cpp_kernels
+from mtl_bench.balancers.distributed import world_size
+from mtl_bench.balancers.jacobian import GradientBalancer, Solution, flat_rows, rank_mean, takes_kernel
 
 TOTALS = ("tasks", "one")
 HEAD_WEIGHTS = ("weights", "ones")
+log = logging.getLogger("mtl_bench")
+
+# The excess risk of large float32 CPU blocks (takes_kernel: the Gramian kernel's rule) in one C++ pass
+# (excess_mtl_cpu.cpp); -ffp-contract=off: no fused multiply-add, so S' has the bits of the torch path.
+EXCESS_SOURCE = Path(__file__).with_name("excess_mtl_cpu.cpp")
+EXCESS_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
+_kernel_missing_said = False
+
+
+def excess_kernel() -> Any:
+    """The built excess-risk kernel, or None (said once) where it cannot be built: torch computes the same."""
+    global _kernel_missing_said
+    module, error = cpp_kernels.build("mtl_bench_excess_mtl_cpu", EXCESS_SOURCE, EXCESS_CFLAGS, "ExcessMTL")
+    if module is None and not _kernel_missing_said:
+        _kernel_missing_said = True
+        log.warning("ExcessMTL: the C++ excess-risk kernel cannot be built here (%s); torch computes it", error)
+    return module
 
 
 class ExcessMTL(GradientBalancer):
@@ -27,6 +48,10 @@ class ExcessMTL(GradientBalancer):
     step's e as both baseline and update; it also adds 1e-7 to e⁰). S, the weights, e⁰, the warm-up sum and the
     step count are buffers (S holds T values per shared parameter). Under DDP the squared gradients are averaged
     over the ranks (one all-reduce of T times the shared parameters per step), so every rank holds the same S.
+
+    Large float32 CPU blocks (one process) take a C++ kernel (excess_mtl_cpu.cpp): one pass over J and S that writes
+    S' into a buffer kept from step to step, which becomes S by a swap when the step is kept. S' has the torch
+    path's bits; e adds the same float terms in double (torch's float32 sum differs by about 1e-6 relative).
 
     Metrics: `weight/<task>`, `grad_norm/<task>`, `grad_cos/<a>/<b>`, `excess_mtl/excess/<task>` (e_i / e⁰_i,
     or e_i during the warm-up).
@@ -83,6 +108,9 @@ class ExcessMTL(GradientBalancer):
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
         for k, p in enumerate(self._params):
             self.register_buffer(f"sq_grad_sum_{k}", torch.zeros((t, *p.shape), dtype=torch.float32))
+        self._spares: dict[int, Tensor] = {}  # S' of the kernel path, kept from step to step (no page faults)
+        if world_size() == 1 and any(takes_kernel(p, t) for p in self._params):
+            excess_kernel()  # built now, with the run's other parts, rather than inside its first timed step
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, robust_step_size={self.robust_step_size}, warmup_steps={self.warmup_steps}"
@@ -92,15 +120,56 @@ class ExcessMTL(GradientBalancer):
     ) -> dict[str, Tensor]:
         excess = None
         for k, block in enumerate(blocks):
-            square = block.float().square()
-            square = rank_mean(square / (scale * scale) if scale is not None else square)
-            total_sq = self._current(f"sq_grad_sum_{k}") + square
-            self._stage(**{f"sq_grad_sum_{k}": total_sq})
-            e = (square / torch.sqrt(total_sq + 1e-7)).reshape(square.shape[0], -1).sum(1)
+            e = self._kernel_excess(k, block, scale)
+            if e is None:
+                square = block.float().square()
+                square = rank_mean(square / (scale * scale) if scale is not None else square)
+                total_sq = self._current(f"sq_grad_sum_{k}") + square
+                self._stage(**{f"sq_grad_sum_{k}": total_sq})
+                e = (square / torch.sqrt(total_sq + 1e-7)).reshape(square.shape[0], -1).sum(1)
             excess = e if excess is None else excess + e
         assert excess is not None
         self._excess = excess
         return super()._finish_solve(blocks, scale, losses, shared)
+
+    def _kernel_excess(self, k: int, block: Tensor, scale: Optional[Tensor]) -> Optional[Tensor]:
+        """e of block k by the C++ kernel, S' staged; None where the torch path computes it: GPU, float64, small
+        blocks, rows not dense, DDP (its squares are averaged over the ranks first), or no kernel."""
+        rows = flat_rows(block)
+        dense = rows.data_ptr() == block.data_ptr() and rows.stride() == (rows.shape[1], 1)  # a view, no gaps
+        if world_size() > 1 or not dense or not takes_kernel(block[0], block.shape[0]):
+            return None
+        module = excess_kernel()
+        if module is None:
+            return None
+        name = f"sq_grad_sum_{k}"
+        assert name not in self._pending  # one solve per step
+        committed = self._current(name)
+        if committed.stride() != block.stride():  # S laid out as J's rows (once): one order for both
+            committed = self._buffers[name] = torch.empty_like(block).copy_(committed)
+        spare = self._spares.get(k)
+        if spare is None or spare.stride() != block.stride():
+            spare = self._spares[k] = torch.empty_like(block)
+        scale_sq = 1.0 if scale is None else float((scale * scale).item())  # CPU: no device sync
+        e = module.excess(rows, flat_rows(committed), flat_rows(spare), scale_sq)
+        self._stage(**{name: spare})
+        return e
+
+    def _commit(self, skipped: bool | Tensor) -> None:
+        # A kept step's kernel S' becomes S by swapping the two buffers (S is the next step's S' buffer) rather
+        # than by the base class's copy, a pass over 2 x T x P floats as long as the kernel's own (bench_gramian).
+        swaps = [k for k, spare in self._spares.items() if self._pending.get(f"sq_grad_sum_{k}") is spare]
+        if swaps:  # the kernel path: CPU tensors, so reading the flags is no device sync
+            kept = skipped is not True
+            for flag in (self._finite, ~skipped.to(torch.bool) if isinstance(skipped, Tensor) else None):
+                kept = kept and (flag is None or bool(flag))
+            for k in swaps:
+                name = f"sq_grad_sum_{k}"
+                spare = self._pending.pop(name)
+                old = self._buffers[name]
+                if kept and old is not None:
+                    self._spares[k], self._buffers[name] = old, spare
+        super()._commit(skipped)
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
         excess, steps = self._excess, self.steps + 1
