@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+import logging
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
-from mtl_bench.balancers.jacobian import GradientBalancer, gram_metrics, gramian, rank_mean, write_leaf_grads
+from mtl_bench import cpp_kernels, tags
+from mtl_bench.balancers.jacobian import (
+    GRAMIAN_CFLAGS,
+    GradientBalancer,
+    flat_rows,
+    gram_metrics,
+    gramian,
+    rank_mean,
+    takes_kernel,
+    unflatten_row,
+    write_leaf_grads,
+)
+
+log = logging.getLogger("mtl_bench")
+TRIM_SOURCE = Path(__file__).with_name("trimmed_mean_cpu.cpp")
+_kernel_missing_said = False
 
 
 class TrimmedMean(GradientBalancer):
@@ -47,6 +63,8 @@ class TrimmedMean(GradientBalancer):
                 f"trim: must be an integer in [0, (T - 1) // 2] = [0, {(t - 1) // 2}] for {t} tasks, got {trim!r}"
             )
         self.trim = trim
+        if trim == 1 and any(takes_kernel(p, t) for p in self._params):
+            trim_kernel()  # built now, with the run's other parts, rather than inside its first timed step
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, trim={self.trim}"
@@ -67,7 +85,7 @@ class TrimmedMean(GradientBalancer):
         self._require_finite(gram, rank_mean(losses))
         directions, counts, total = [], torch.zeros(t, device=gram.device), 0
         for block in blocks:  # the trimmed mean is homogeneous: scaled J, scaled result
-            direction, kept_counts = drop_extremes(block) if self.trim == 1 else self._sorted_mean(block)
+            direction, kept_counts = block_drop_extremes(block) if self.trim == 1 else self._sorted_mean(block)
             directions.append(direction)
             counts += kept_counts.to(counts.dtype)
             total += block[0].numel()
@@ -91,3 +109,26 @@ def drop_extremes(block: Tensor) -> tuple[Tensor, Tensor]:
     direction = block.masked_fill(dropped, 0).sum(dim=0) / (t - 2)
     removed = torch.bincount(high.reshape(-1), minlength=t) + torch.bincount(low.reshape(-1), minlength=t)
     return direction, block[0].numel() - removed
+
+
+def block_drop_extremes(block: Tensor) -> tuple[Tensor, Tensor]:
+    """`drop_extremes` for one (T, *shape) block: the C++ kernel (trimmed_mean_cpu.cpp, one pass over the block
+    instead of six fresh T×P tensors) for large float32 CPU blocks with dense rows, the torch path otherwise. Both
+    sum the kept values in float in row order, so they give the same bits (the kernel's tests check it)."""
+    m = flat_rows(block)
+    if m.stride(1) == 1 and takes_kernel(block[0], block.shape[0]):
+        module = trim_kernel()
+        if module is not None:
+            direction, kept = module.drop_extremes(m)
+            return unflatten_row(direction, block), kept
+    return drop_extremes(block)
+
+
+def trim_kernel() -> Any:
+    """The built trim=1 kernel, or None (said once) where it cannot be built: `drop_extremes` computes the same."""
+    global _kernel_missing_said
+    module, error = cpp_kernels.build("mtl_bench_trimmed_mean_cpu", TRIM_SOURCE, GRAMIAN_CFLAGS, "TrimmedMean (trim=1)")
+    if module is None and not _kernel_missing_said:
+        _kernel_missing_said = True
+        log.warning("TrimmedMean: the C++ trim=1 kernel cannot be built here (%s); torch computes it", error)
+    return module
