@@ -10,7 +10,8 @@
 // from memory: a pass over the T rows for the running max / min and their rows, then a pass over the same cache
 // lines (now in L1) for the sum and the drop counts. Every column's result is computed the same way wherever it
 // falls, and the counts are integers: the same bits for any thread count.
-// NaN: a NaN never wins a comparison (unless it is in row 0), so the column's mean is NaN; nothing fails.
+// NaN (not matched to torch's; a step with a non-finite Gramian is skipped anyway): a NaN is always summed, so its
+// column's mean is NaN; nothing fails.
 
 #include <torch/extension.h>
 
@@ -42,7 +43,10 @@ inline void drop_column(const float* base, int64_t ld, int t, int64_t k, float* 
     if (x <= lo) lo = x, lo_row = r;
   }
   double sum = 0.0;
-  for (int r = 0; r < t; ++r) sum += (r == hi_row || r == lo_row) ? 0.0 : static_cast<double>(base[r * ld + k]);
+  for (int r = 0; r < t; ++r) {
+    const float x = base[r * ld + k];
+    sum += ((r == hi_row || r == lo_row) && x == x) ? 0.0 : static_cast<double>(x);
+  }
   out[k] = static_cast<float>(sum / (t - 2));
   removed[hi_row] += 1;
   removed[lo_row] += 1;
@@ -81,7 +85,8 @@ void drop_columns(const float* base, int64_t ld, int t, int64_t begin, int64_t e
         v8 xh;
         __builtin_memcpy(&xh, base + r * ld + k + h, sizeof(v8));
         const v8i dropped = (hr == r) | (lr == r);
-        sum += __builtin_convertvector(dropped, v8l) ? zero : __builtin_convertvector(xh, v8d);
+        const v8i skipped = dropped & (xh == xh);  // a NaN is never skipped (row 0's would be: nothing beats it)
+        sum += __builtin_convertvector(skipped, v8l) ? zero : __builtin_convertvector(xh, v8d);
         __builtin_memcpy(&count, &drops[16 * r + h], sizeof(v8i));
         count += dropped;
         __builtin_memcpy(&drops[16 * r + h], &count, sizeof(v8i));
