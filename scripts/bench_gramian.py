@@ -5,7 +5,8 @@
 J has one (T, *shape) block per shared parameter of the HPS trunk of scripts/bench_balancers.py (250 -> 4x512:
 weights 512x250 and 3 x 512x512, biases 512), laid out as task_jacobian writes it. Rows: the Gramian Σ J_b J_bᵀ
 through `jacobian.gramian` (the C++ kernel for the large blocks) against torch.mm on every block, and TrimmedMean's
-trim=1 direction (`drop_extremes`) against the sort it replaces. Variants run interleaved; medians. Prints a
+trim=1 direction against the sort it replaces: in torch (`drop_extremes`) and as the method runs it
+(`block_drop_extremes`: the C++ kernel for the large blocks). Variants run interleaved; medians. Prints a
 markdown table.
 """
 
@@ -16,8 +17,8 @@ import argparse
 import torch
 
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.balancers import jacobian
-from mtl_bench.balancers.trimmed_mean import drop_extremes
+from mtl_bench.balancers import jacobian, trimmed_mean
+from mtl_bench.balancers.trimmed_mean import block_drop_extremes, drop_extremes
 from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
 
 SHAPES = [(512, 250), (512,), (512, 512), (512,), (512, 512), (512,), (512, 512), (512,)]
@@ -33,6 +34,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if jacobian.gramian_kernel() is None:
         raise SystemExit("bench_gramian: the C++ Gramian kernel cannot be built here (see the warning above)")
+    if trimmed_mean.trim_kernel() is None:
+        raise SystemExit("bench_gramian: TrimmedMean's C++ trim=1 kernel cannot be built here (see the warning above)")
     generator = torch.Generator().manual_seed(0)
     # a Linear's weight gradient comes transposed: rows laid out as autograd returns them, as task_jacobian keeps
     blocks = [torch.randn(args.tasks, *reversed(s), generator=generator).transpose(1, -1) for s in SHAPES]
@@ -51,6 +54,7 @@ def main() -> None:
         "Gramian: jacobian.gramian (kernel)": lambda: jacobian.gramian(blocks),
         "TrimmedMean trim=1: sort": sorted_trim,
         "TrimmedMean trim=1: drop_extremes": lambda: [drop_extremes(block) for block in blocks],
+        "TrimmedMean trim=1: kernel": lambda: [block_drop_extremes(block) for block in blocks],
     }
     times = medians(
         interleaved({k: lambda f=f: seconds_per_call(f, args.calls) for k, f in variants.items()}, args.rounds)
