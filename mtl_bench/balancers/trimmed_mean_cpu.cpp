@@ -28,7 +28,6 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef double v8d __attribute__((vector_size(64)));
-typedef int64_t v8l __attribute__((vector_size(64)));
 
 constexpr int64_t kGroups = 64;         // column groups run in parallel; each counts its own drops
 constexpr int64_t kMinGroup = 1 << 14;  // columns per group at least
@@ -58,7 +57,7 @@ void drop_columns(const float* base, int64_t ld, int t, int64_t begin, int64_t e
   // per row and lane: minus the drops (a true comparison is -1); int32, not v16i: a std::vector of vector types
   // does not get their 64-byte alignment
   std::vector<int32_t> drops(16 * t, 0);
-  const v8d zero = {};
+  const v8 zero = {};
   const double kept = t - 2;
   int64_t k = begin;
   for (; k + 16 <= end; k += 16) {
@@ -86,7 +85,7 @@ void drop_columns(const float* base, int64_t ld, int t, int64_t begin, int64_t e
         __builtin_memcpy(&xh, base + r * ld + k + h, sizeof(v8));
         const v8i dropped = (hr == r) | (lr == r);
         const v8i skipped = dropped & (xh == xh);  // a NaN is never skipped (row 0's would be: nothing beats it)
-        sum += __builtin_convertvector(skipped, v8l) ? zero : __builtin_convertvector(xh, v8d);
+        sum += __builtin_convertvector(skipped ? zero : xh, v8d);
         __builtin_memcpy(&count, &drops[16 * r + h], sizeof(v8i));
         count += dropped;
         __builtin_memcpy(&drops[16 * r + h], &count, sizeof(v8i));
