@@ -31,7 +31,8 @@ class TrimmedMean(GradientBalancer):
     """Coordinate-wise trimmed mean of the task gradients: in every coordinate of the shared parameters the
     `trim` largest and `trim` smallest of the T values are dropped and the other T − 2·trim averaged. Not a
     weighting of whole gradients, so the direction is built per parameter block (a sort over the T rows;
-    with `trim=1` one max and one min, `drop_extremes`) instead of from the Gramian. Needs T ≥ 2·trim + 1.
+    with `trim=1` one max and one min, `drop_extremes`, or its C++ kernel on large float32 CPU blocks:
+    `block_drop_extremes`) instead of from the Gramian. Needs T ≥ 2·trim + 1.
 
     Reference: torchjd 0.18 `TrimmedMean` (`trim_number`). The heads get their own gradients (weight 1), as
     torchjd's mtl_backward gives them. Under DDP each rank trims its own gradients and DDP averages the

@@ -1,4 +1,5 @@
-// TrimmedMean's trim=1 direction (trimmed_mean.drop_extremes) for a (T, P) float32 CPU matrix with dense rows.
+// Yin et al., ICML 2018 (coordinate-wise trimmed mean): TrimmedMean's trim=1 direction (trimmed_mean.drop_extremes)
+// for a (T, P) float32 CPU matrix with dense rows.
 //
 // Per column: the first row holding the max and the last row holding the min are dropped (so two rows are dropped
 // even where all T values are equal), the other T - 2 values are summed in double (exact for any but extreme
