@@ -5,7 +5,8 @@
 J has one (T, *shape) block per shared parameter of the HPS trunk of scripts/bench_balancers.py (250 -> 4x512:
 weights 512x250 and 3 x 512x512, biases 512), laid out as task_jacobian writes it. Rows: the Gramian Σ J_b J_bᵀ
 through `jacobian.gramian` (the C++ kernel for the large blocks) against torch.mm on every block, TrimmedMean's
-trim=1 direction (`drop_extremes`) against the sort it replaces, and ExcessMTL's excess risk (S' = S + g², e) by its
+trim=1 direction against the sort it replaces, in torch (`drop_extremes`) and as the method runs it
+(`block_drop_extremes`: the C++ kernel for the large blocks), and ExcessMTL's excess risk (S' = S + g², e) by its
 C++ kernel, writing S' into a kept buffer, against the torch ops it replaces (and its commit, S' copied into S, as
 `StagedBalancer._commit` does it). Variants run interleaved; medians. Prints a markdown table.
 """
@@ -17,8 +18,8 @@ import argparse
 import torch
 
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.balancers import excess_mtl, jacobian
-from mtl_bench.balancers.trimmed_mean import drop_extremes
+from mtl_bench.balancers import excess_mtl, jacobian, trimmed_mean
+from mtl_bench.balancers.trimmed_mean import block_drop_extremes, drop_extremes
 from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
 
 SHAPES = [(512, 250), (512,), (512, 512), (512,), (512, 512), (512,), (512, 512), (512,)]
@@ -32,7 +33,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if jacobian.gramian_kernel() is None or excess_mtl.excess_kernel() is None:
+    if jacobian.gramian_kernel() is None or excess_mtl.excess_kernel() is None or trimmed_mean.trim_kernel() is None:
         raise SystemExit("bench_gramian: a C++ kernel cannot be built here (see the warning above)")
     generator = torch.Generator().manual_seed(0)
     # a Linear's weight gradient comes transposed: rows laid out as autograd returns them, as task_jacobian keeps
@@ -67,6 +68,7 @@ def main() -> None:
         "Gramian: jacobian.gramian (kernel)": lambda: jacobian.gramian(blocks),
         "TrimmedMean trim=1: sort": sorted_trim,
         "TrimmedMean trim=1: drop_extremes": lambda: [drop_extremes(block) for block in blocks],
+        "TrimmedMean trim=1: kernel": lambda: [block_drop_extremes(block) for block in blocks],
         "ExcessMTL excess risk: torch": torch_excess,
         "ExcessMTL excess risk: kernel": kernel_excess,
         "ExcessMTL commit: torch.where into S": lambda: [torch.where(keep, o, s, out=s) for o, s in zip(kept, sums)],

@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+import logging
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
-from mtl_bench.balancers.jacobian import GradientBalancer, gram_metrics, gramian, rank_mean, write_leaf_grads
+from mtl_bench import cpp_kernels, tags
+from mtl_bench.balancers.jacobian import (
+    GRAMIAN_CFLAGS,
+    GradientBalancer,
+    flat_rows,
+    gram_metrics,
+    gramian,
+    rank_mean,
+    takes_kernel,
+    unflatten_row,
+    write_leaf_grads,
+)
+
+log = logging.getLogger("mtl_bench")
+TRIM_SOURCE = Path(__file__).with_name("trimmed_mean_cpu.cpp")
+_kernel_missing_said = False
 
 
 class TrimmedMean(GradientBalancer):
     """Coordinate-wise trimmed mean of the task gradients: in every coordinate of the shared parameters the
     `trim` largest and `trim` smallest of the T values are dropped and the other T − 2·trim averaged. Not a
     weighting of whole gradients, so the direction is built per parameter block (a sort over the T rows;
-    with `trim=1` one max and one min, `drop_extremes`) instead of from the Gramian. Needs T ≥ 2·trim + 1.
+    with `trim=1` one max and one min, `drop_extremes`, or its C++ kernel on large float32 CPU blocks:
+    `block_drop_extremes`) instead of from the Gramian. Needs T ≥ 2·trim + 1.
 
     Reference: torchjd 0.18 `TrimmedMean` (`trim_number`). The heads get their own gradients (weight 1), as
     torchjd's mtl_backward gives them. Under DDP each rank trims its own gradients and DDP averages the
@@ -47,6 +64,8 @@ class TrimmedMean(GradientBalancer):
                 f"trim: must be an integer in [0, (T - 1) // 2] = [0, {(t - 1) // 2}] for {t} tasks, got {trim!r}"
             )
         self.trim = trim
+        if trim == 1 and any(takes_kernel(p, t) for p in self._params):
+            trim_kernel()  # built now, with the run's other parts, rather than inside its first timed step
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, trim={self.trim}"
@@ -67,7 +86,7 @@ class TrimmedMean(GradientBalancer):
         self._require_finite(gram, rank_mean(losses))
         directions, counts, total = [], torch.zeros(t, device=gram.device), 0
         for block in blocks:  # the trimmed mean is homogeneous: scaled J, scaled result
-            direction, kept_counts = drop_extremes(block) if self.trim == 1 else self._sorted_mean(block)
+            direction, kept_counts = block_drop_extremes(block) if self.trim == 1 else self._sorted_mean(block)
             directions.append(direction)
             counts += kept_counts.to(counts.dtype)
             total += block[0].numel()
@@ -91,3 +110,27 @@ def drop_extremes(block: Tensor) -> tuple[Tensor, Tensor]:
     direction = block.masked_fill(dropped, 0).sum(dim=0) / (t - 2)
     removed = torch.bincount(high.reshape(-1), minlength=t) + torch.bincount(low.reshape(-1), minlength=t)
     return direction, block[0].numel() - removed
+
+
+def block_drop_extremes(block: Tensor) -> tuple[Tensor, Tensor]:
+    """`drop_extremes` for one (T, *shape) block: the C++ kernel (trimmed_mean_cpu.cpp: one read of the block instead
+    of six fresh T×P tensors, about 30x faster at T=10) for large float32 CPU blocks, the torch path otherwise (GPU,
+    float64, small blocks, or no kernel). The same rows are dropped and kept; the kernel sums the kept values in
+    double, the torch path in float, so the directions differ by float rounding only."""
+    if takes_kernel(block[0], block.shape[0]):
+        m = flat_rows(block)  # a view: task_jacobian's rows are dense
+        module = trim_kernel() if m.stride(1) == 1 else None
+        if module is not None:
+            direction, kept = module.drop_extremes(m)
+            return unflatten_row(direction, block), kept
+    return drop_extremes(block)
+
+
+def trim_kernel() -> Any:
+    """The built trim=1 kernel, or None (said once) where it cannot be built: `drop_extremes` computes the same."""
+    global _kernel_missing_said
+    module, error = cpp_kernels.build("mtl_bench_trimmed_mean_cpu", TRIM_SOURCE, GRAMIAN_CFLAGS, "TrimmedMean (trim=1)")
+    if module is None and not _kernel_missing_said:
+        _kernel_missing_said = True
+        log.warning("TrimmedMean: the C++ trim=1 kernel cannot be built here (%s); torch computes it", error)
+    return module
