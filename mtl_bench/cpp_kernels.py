@@ -1,5 +1,6 @@
 """C++ CPU kernels built with torch.utils.cpp_extension at first use: ScaledAdam's update
-(optim/scaled_adam_cpu.cpp) and the gradient methods' Gramian (balancers/gramian_cpu.cpp).
+(optim/scaled_adam_cpu.cpp), the gradient methods' Gramian (balancers/gramian_cpu.cpp), TrimmedMean's trim=1
+direction (balancers/trimmed_mean_cpu.cpp) and ExcessMTL's excess risks (balancers/excess_mtl_cpu.cpp).
 
 A build is cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions) and rebuilt when the
 source or the flags change. It needs a C++ compiler and ninja, as torch.compile's CPU backend needs a compiler.
