@@ -108,7 +108,6 @@ class ExcessMTL(GradientBalancer):
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
         for k, p in enumerate(self._params):
             self.register_buffer(f"sq_grad_sum_{k}", torch.zeros((t, *p.shape), dtype=torch.float32))
-        self._spares: dict[int, Tensor] = {}  # S' of the kernel path, kept from step to step (no page faults)
         if world_size() == 1 and any(takes_kernel(p, t) for p in self._params):
             excess_kernel()  # built now, with the run's other parts, rather than inside its first timed step
 
@@ -147,29 +146,11 @@ class ExcessMTL(GradientBalancer):
         committed = self._current(name)
         if committed.stride() != block.stride():  # S laid out as J's rows (once): one order for both
             committed = self._buffers[name] = torch.empty_like(block).copy_(committed)
-        spare = self._spares.get(k)
-        if spare is None or spare.stride() != block.stride():
-            spare = self._spares[k] = torch.empty_like(block)
+        spare = self._staging_buffer(name, block)  # S' becomes S by trading places with it (StagedBalancer._commit)
         scale_sq = 1.0 if scale is None else float((scale * scale).item())  # CPU: no device sync
         e = module.excess(rows, flat_rows(committed), flat_rows(spare), scale_sq)
         self._stage(**{name: spare})
         return e
-
-    def _commit(self, skipped: bool | Tensor) -> None:
-        # A kept step's kernel S' becomes S by swapping the two buffers (S is the next step's S' buffer) rather
-        # than by the base class's copy, a pass over 2 x T x P floats as long as the kernel's own (bench_gramian).
-        swaps = [k for k, spare in self._spares.items() if self._pending.get(f"sq_grad_sum_{k}") is spare]
-        if swaps:  # the kernel path: CPU tensors, so reading the flags is no device sync
-            kept = skipped is not True
-            for flag in (self._finite, ~skipped.to(torch.bool) if isinstance(skipped, Tensor) else None):
-                kept = kept and (flag is None or bool(flag))
-            for k in swaps:
-                name = f"sq_grad_sum_{k}"
-                spare = self._pending.pop(name)
-                old = self._buffers[name]
-                if kept and old is not None:
-                    self._spares[k], self._buffers[name] = old, spare
-        super()._commit(skipped)
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
         excess, steps = self._excess, self.steps + 1

@@ -80,15 +80,6 @@ class MoCo(GradientBalancer):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, beta={self.beta}, gamma={self.gamma}"
 
-    def _tracked_spare(self, i: int, like: Tensor) -> Tensor:
-        """Where block i's staged y is built: a (T, *p.shape) tensor kept across steps (not state), because a
-        fresh allocation that large costs more than the arithmetic on a CPU (the first touch of every page)."""
-        spares = self.__dict__.setdefault("_tracked_spares", {})
-        spare = spares.get(i)
-        if spare is None or spare.device != like.device or spare.shape != like.shape or spare is like:
-            spare = spares[i] = torch.empty_like(like, memory_format=torch.contiguous_format)
-        return spare
-
     def _finish_solve(
         self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
@@ -103,7 +94,7 @@ class MoCo(GradientBalancer):
         tracked = []
         for i, g in enumerate(grads):  # y − β_k (y − ĝ) as (1 − β_k) y + β_k ĝ, in two passes over a kept buffer
             y = self._current(f"tracked_{i}")
-            new = torch.mul(y, 1 - beta_k, out=self._tracked_spare(i, y))
+            new = torch.mul(y, 1 - beta_k, out=self._staging_buffer(f"tracked_{i}", y))
             tracked.append(new.addcmul_(g, (beta_k * factor).view(-1, *([1] * (g.dim() - 1)))))
         step = (gramian(tracked) + self.rho * torch.eye(t, device=gram.device)) @ self.lambdas
         lambdas = torch.softmax(self.lambdas - gamma_k * step, dim=-1)

@@ -88,6 +88,16 @@ class StagedBalancer(Balancer):
     def _stage(self, **values: Tensor) -> None:
         self._pending.update(values)
 
+    def _staging_buffer(self, name: str, like: Tensor) -> Tensor:
+        """A tensor shaped and laid out like `like`, kept from step to step, to build buffer `name`'s next value in
+        (a fresh tensor of T values per parameter costs the first touch of every page on each step). Staged, a
+        CPU spare becomes the buffer by trading places with it at the commit (the old buffer is the next spare)."""
+        spares = self.__dict__.setdefault("_spares", {})  # not state: kept out of the module's registry
+        spare = spares.get(name)
+        if spare is None or spare.shape != like.shape or spare.stride() != like.stride() or spare.device != like.device:
+            spare = spares[name] = torch.empty_like(like)
+        return spare
+
     def _current(self, name: str) -> Tensor:
         """The staged value of a buffer if this step already changed it, else the committed one."""
         committed = self._buffers[name]
@@ -125,10 +135,16 @@ class StagedBalancer(Balancer):
             if isinstance(skipped, Tensor):
                 taken = ~skipped.to(torch.bool)
                 keep = taken if keep is None else keep & taken.to(keep.device)
+            spares = self.__dict__.get("_spares", {})
             for name, value in self._pending.items():
                 buf = self._buffers[name]
                 assert buf is not None
-                if keep is None:
+                if value is spares.get(name) and value.device.type == "cpu" and buf.stride() == value.stride():
+                    # a CPU spare trades places with the buffer: no pass over its values (and reading the flags
+                    # is no device sync on the CPU)
+                    if keep is None or bool(keep):
+                        spares[name], self._buffers[name] = buf, value
+                elif keep is None:
                     buf.copy_(value)
                 else:  # written in place: a fresh buffer of a T×P state costs its page faults on every step
                     torch.where(keep.to(buf.device), value.to(buf.dtype), buf, out=buf)

@@ -168,14 +168,14 @@ def test_large_float32_cpu_blocks_take_the_kernel_with_s_prime_kept(monkeypatch,
     large = torch.nn.Parameter(torch.randn(KERNEL_MIN_NUMEL // 2))
     bal = ExcessMTL(["a", "b"], [large])
     one_step(large, bal, 0)
-    spare, committed = bal._spares[0], bal.sq_grad_sum_0
+    spare, committed = bal._spares["sq_grad_sum_0"], bal.sq_grad_sum_0
     one_step(large, bal, 1)
     assert fake.calls == [(2, KERNEL_MIN_NUMEL // 2)] * 2
     # S' written into a kept buffer that becomes S, S the next S' buffer: no fresh T x P tensor, no copy per step
-    assert bal._spares[0] is committed and bal.sq_grad_sum_0 is spare
+    assert bal._spares["sq_grad_sum_0"] is committed and bal.sq_grad_sum_0 is spare
     before = bal.sq_grad_sum_0.clone()
     one_step(large, bal, 2, nan=True)  # not finite: the step is not kept, S stays (and stays S)
-    assert bal.sq_grad_sum_0 is spare and torch.equal(bal.sq_grad_sum_0, before) and bal._spares[0] is committed
+    assert bal.sq_grad_sum_0 is spare and torch.equal(bal.sq_grad_sum_0, before) and bal._spares["sq_grad_sum_0"] is committed
     for param in [
         torch.nn.Parameter(torch.randn(100)),  # small
         torch.nn.Parameter(torch.randn(KERNEL_MIN_NUMEL // 2, dtype=torch.float64)),  # not float32
