@@ -17,6 +17,7 @@ log = logging.getLogger("mtl_bench")
 
 _built: dict[str, Any] = {}
 _errors: dict[str, str] = {}
+_said: set[str] = set()  # kernels whose missing build was said
 
 
 def build(name: str, source: Path, cflags: Sequence[str], what: str) -> tuple[Any, str]:
@@ -33,3 +34,13 @@ def build(name: str, source: Path, cflags: Sequence[str], what: str) -> tuple[An
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             _errors[name] = f"{type(err).__name__}: {lines[-1] if lines else 'no message'}"[:300]
     return _built.get(name), _errors.get(name, "")
+
+
+def build_or_say(name: str, source: Path, cflags: Sequence[str], what: str, missing: str) -> Any:
+    """The built module, or None where it cannot be built: then `missing` (a line with an `{error}` field that says
+    what computes the same instead) is logged once per process. For kernels that only make a path faster."""
+    module, error = build(name, source, cflags, what)
+    if module is None and name not in _said:
+        _said.add(name)
+        log.warning(missing.format(error=error))
+    return module

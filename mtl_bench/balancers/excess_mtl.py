@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -15,23 +14,22 @@ from mtl_bench.balancers.jacobian import GradientBalancer, Solution, flat_rows, 
 
 TOTALS = ("tasks", "one")
 HEAD_WEIGHTS = ("weights", "ones")
-log = logging.getLogger("mtl_bench")
 
 # The excess risk of large float32 CPU blocks (takes_kernel: the Gramian kernel's rule) in one C++ pass
 # (excess_mtl_cpu.cpp); -ffp-contract=off: no fused multiply-add, so S' has the bits of the torch path.
 EXCESS_SOURCE = Path(__file__).with_name("excess_mtl_cpu.cpp")
 EXCESS_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
-_kernel_missing_said = False
 
 
 def excess_kernel() -> Any:
     """The built excess-risk kernel, or None (said once) where it cannot be built: torch computes the same."""
-    global _kernel_missing_said
-    module, error = cpp_kernels.build("mtl_bench_excess_mtl_cpu", EXCESS_SOURCE, EXCESS_CFLAGS, "ExcessMTL")
-    if module is None and not _kernel_missing_said:
-        _kernel_missing_said = True
-        log.warning("ExcessMTL: the C++ excess-risk kernel cannot be built here (%s); torch computes it", error)
-    return module
+    return cpp_kernels.build_or_say(
+        "mtl_bench_excess_mtl_cpu",
+        EXCESS_SOURCE,
+        EXCESS_CFLAGS,
+        "ExcessMTL",
+        "ExcessMTL: the C++ excess-risk kernel cannot be built here ({error}); torch computes it",
+    )
 
 
 class ExcessMTL(GradientBalancer):

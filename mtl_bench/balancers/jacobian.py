@@ -33,7 +33,6 @@ same) unless a method says otherwise (Nash-MTL: its weights; IMTL-L: the loss sc
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,14 +49,12 @@ from mtl_bench.balancers.distributed import world_size
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 GRAD_SOURCES = ("shared_params", "shared_rep")
-log = logging.getLogger("mtl_bench")
 
 # The C++ Gramian kernel (gramian_cpu.cpp) takes float32 CPU blocks of at least KERNEL_MIN_NUMEL floats: below
 # that a block's Gramian takes well under a millisecond either way, and a toy run never waits for the build.
 KERNEL_MIN_NUMEL = 1 << 20
 GRAMIAN_SOURCE = Path(__file__).with_name("gramian_cpu.cpp")
 GRAMIAN_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
-_kernel_missing_said = False
 
 
 # ---------------------------------------------------------------------------------------------- the graph
@@ -258,14 +255,13 @@ def block_gramian(m: Tensor) -> Tensor:
 
 def gramian_kernel() -> Any:
     """The built Gramian kernel, or None (said once) where it cannot be built: torch.mm computes the same."""
-    global _kernel_missing_said
-    module, error = cpp_kernels.build(
-        "mtl_bench_gramian_cpu", GRAMIAN_SOURCE, GRAMIAN_CFLAGS, "gradient methods' Gramian"
+    return cpp_kernels.build_or_say(
+        "mtl_bench_gramian_cpu",
+        GRAMIAN_SOURCE,
+        GRAMIAN_CFLAGS,
+        "gradient methods' Gramian",
+        "gradient methods: the C++ Gramian kernel cannot be built here ({error}); torch.mm computes it",
     )
-    if module is None and not _kernel_missing_said:
-        _kernel_missing_said = True
-        log.warning("gradient methods: the C++ Gramian kernel cannot be built here (%s); torch.mm computes it", error)
-    return module
 
 
 def combine(blocks: Sequence[Tensor], weights: Tensor) -> list[Tensor]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -22,9 +21,7 @@ from mtl_bench.balancers.jacobian import (
     write_leaf_grads,
 )
 
-log = logging.getLogger("mtl_bench")
 TRIM_SOURCE = Path(__file__).with_name("trimmed_mean_cpu.cpp")
-_kernel_missing_said = False
 
 
 class TrimmedMean(GradientBalancer):
@@ -128,9 +125,10 @@ def block_drop_extremes(block: Tensor) -> tuple[Tensor, Tensor]:
 
 def trim_kernel() -> Any:
     """The built trim=1 kernel, or None (said once) where it cannot be built: `drop_extremes` computes the same."""
-    global _kernel_missing_said
-    module, error = cpp_kernels.build("mtl_bench_trimmed_mean_cpu", TRIM_SOURCE, GRAMIAN_CFLAGS, "TrimmedMean (trim=1)")
-    if module is None and not _kernel_missing_said:
-        _kernel_missing_said = True
-        log.warning("TrimmedMean: the C++ trim=1 kernel cannot be built here (%s); torch computes it", error)
-    return module
+    return cpp_kernels.build_or_say(
+        "mtl_bench_trimmed_mean_cpu",
+        TRIM_SOURCE,
+        GRAMIAN_CFLAGS,
+        "TrimmedMean (trim=1)",
+        "TrimmedMean: the C++ trim=1 kernel cannot be built here ({error}); torch computes it",
+    )

@@ -175,7 +175,11 @@ def test_large_float32_cpu_blocks_take_the_kernel_with_s_prime_kept(monkeypatch,
     assert bal._spares["sq_grad_sum_0"] is committed and bal.sq_grad_sum_0 is spare
     before = bal.sq_grad_sum_0.clone()
     one_step(large, bal, 2, nan=True)  # not finite: the step is not kept, S stays (and stays S)
-    assert bal.sq_grad_sum_0 is spare and torch.equal(bal.sq_grad_sum_0, before) and bal._spares["sq_grad_sum_0"] is committed
+    assert (
+        bal.sq_grad_sum_0 is spare
+        and torch.equal(bal.sq_grad_sum_0, before)
+        and bal._spares["sq_grad_sum_0"] is committed
+    )
     for param in [
         torch.nn.Parameter(torch.randn(100)),  # small
         torch.nn.Parameter(torch.randn(KERNEL_MIN_NUMEL // 2, dtype=torch.float64)),  # not float32
@@ -188,7 +192,7 @@ def test_large_float32_cpu_blocks_take_the_kernel_with_s_prime_kept(monkeypatch,
 
 def test_without_a_kernel_torch_computes_it_and_it_is_said_once(monkeypatch, caplog, no_gramian_kernel):
     monkeypatch.setattr(excess_mtl.cpp_kernels, "build", lambda *args: (None, "RuntimeError: Ninja is required"))
-    monkeypatch.setattr(excess_mtl, "_kernel_missing_said", False)
+    monkeypatch.setattr(excess_mtl.cpp_kernels, "_said", set())
     large = torch.nn.Parameter(torch.zeros(KERNEL_MIN_NUMEL // 2))
     with caplog.at_level(logging.WARNING, logger="mtl_bench"):
         bal = ExcessMTL(["a", "b"], [large], warmup_steps=2)

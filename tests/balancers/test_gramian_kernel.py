@@ -68,7 +68,7 @@ def test_large_float32_cpu_blocks_take_the_kernel(monkeypatch):
 
 def test_without_a_kernel_mm_computes_it_and_it_is_said_once(monkeypatch, caplog):
     monkeypatch.setattr(jacobian.cpp_kernels, "build", lambda *args: (None, "RuntimeError: Ninja is required"))
-    monkeypatch.setattr(jacobian, "_kernel_missing_said", False)
+    monkeypatch.setattr(jacobian.cpp_kernels, "_said", set())
     large = torch.randn(2, KERNEL_MIN_NUMEL // 2)
     with caplog.at_level(logging.WARNING, logger="mtl_bench"):
         first = block_gramian(large)

@@ -130,7 +130,7 @@ def test_large_float32_cpu_blocks_take_the_kernel(monkeypatch):
 
 def test_without_a_kernel_torch_computes_it_and_it_is_said_once(monkeypatch, caplog):
     monkeypatch.setattr(trimmed_mean.cpp_kernels, "build", lambda *args: (None, "RuntimeError: Ninja is required"))
-    monkeypatch.setattr(trimmed_mean, "_kernel_missing_said", False)
+    monkeypatch.setattr(trimmed_mean.cpp_kernels, "_said", set())
     large = torch.randn(4, KERNEL_MIN_NUMEL // 4)
     with caplog.at_level(logging.WARNING, logger="mtl_bench"):
         first = block_drop_extremes(large)
