@@ -13,6 +13,7 @@ from tests.helpers.balancer_kit import (
     TASKS3,
     assert_same_parameters,
     batch,
+    conflicting_gramians,
     libmtl_weighting,
     make_model,
     no_host_sync,
@@ -58,23 +59,19 @@ def test_exact_gradient_solve_is_the_reference_finite_difference_solve():
     """The authors' code runs SLSQP with scipy's finite differences; we give it the exact gradient."""
     from scipy.optimize import minimize
 
-    rng = np.random.default_rng(3)
-    for t in (2, 3, 5, 10):
-        for _ in range(10):
-            jac = rng.normal(size=(t, 20))
-            jac[: t // 2] -= rng.uniform(0, 1.5) * jac[t // 2 : t // 2 * 2]  # conflicting pairs
-            gram = jac @ jac.T
-            start = np.ones(t) / t
-            radius = 0.5 * np.sqrt(gram.mean() + 1e-8) + 1e-8
-            reference = minimize(
-                lambda x: x @ gram @ start + radius * np.sqrt(x @ gram @ x + 1e-8),
-                start,
-                bounds=[(0, 1)] * t,
-                constraints={"type": "eq", "fun": lambda x: 1 - x.sum()},
-            ).x
-            lam = radius / (np.sqrt(reference @ gram @ reference) + 1e-8)
-            weights, _ = cagrad_weights(gram, 0.5, 0)
-            np.testing.assert_allclose(weights, t * (start + lam * reference), rtol=1e-5, atol=1e-7)
+    for gram in conflicting_gramians(3):
+        t = gram.shape[0]
+        start = np.ones(t) / t
+        radius = 0.5 * np.sqrt(gram.mean() + 1e-8) + 1e-8
+        reference = minimize(
+            lambda x: x @ gram @ start + radius * np.sqrt(x @ gram @ x + 1e-8),
+            start,
+            bounds=[(0, 1)] * t,
+            constraints={"type": "eq", "fun": lambda x: 1 - x.sum()},
+        ).x
+        lam = radius / (np.sqrt(reference @ gram @ reference) + 1e-8)
+        weights, _ = cagrad_weights(gram, 0.5, 0)
+        np.testing.assert_allclose(weights, t * (start + lam * reference), rtol=1e-5, atol=1e-7)
 
 
 def test_matches_libmtl_with_three_tasks():

@@ -17,6 +17,7 @@ import types
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -451,3 +452,13 @@ def train_scalarizer(
         _, losses = task_losses(model, x, y)
         objective(torch.stack([losses[t] for t in tasks])).backward()
         opt.step()
+
+
+def conflicting_gramians(seed: int, tasks: Sequence[int] = (2, 3, 5, 10), per_size: int = 10) -> Iterator[np.ndarray]:
+    """Gramians of random Jacobians (20 columns) whose first half of rows partly opposes the second half."""
+    rng = np.random.default_rng(seed)
+    for t in tasks:
+        for _ in range(per_size):
+            jac = rng.normal(size=(t, 20))
+            jac[: t // 2] -= rng.uniform(0, 1.5) * jac[t // 2 : t // 2 * 2]
+            yield jac @ jac.T
