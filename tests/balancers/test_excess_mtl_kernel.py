@@ -12,14 +12,11 @@ import torch
 from mtl_bench.balancers import ExcessMTL, excess_mtl, jacobian
 from mtl_bench.balancers.jacobian import KERNEL_MIN_NUMEL
 from tests.balancers import test_excess_mtl
+from tests.helpers.balancer_kit import built_kernel_or_skip, on_one_and_two_threads
 
 
 def kernel_or_skip():
-    """The built kernel (about 30 s the first time on a machine, then cached); skip where it cannot be built."""
-    module = excess_mtl.excess_kernel()
-    if module is None:
-        pytest.skip("the excess-risk kernel cannot be built here (its warning says why)")
-    return module
+    return built_kernel_or_skip(excess_mtl.excess_kernel, "excess-risk kernel")
 
 
 def torch_path(g: torch.Tensor, s: torch.Tensor, scale_sq: torch.Tensor | None):
@@ -73,14 +70,7 @@ def test_the_kernel_is_the_same_on_any_thread_count():
     generator = torch.Generator().manual_seed(0)
     g, s = torch.randn(10, 915_000, generator=generator), torch.rand(10, 915_000, generator=generator)
     module = kernel_or_skip()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = run_kernel(module, g, s, None)
-        torch.set_num_threads(2)
-        two = run_kernel(module, g, s, None)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_one_and_two_threads(lambda: run_kernel(module, g, s, None))
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
 
 

@@ -9,14 +9,11 @@ import torch
 
 from mtl_bench.balancers import PCGrad, jacobian
 from mtl_bench.balancers.jacobian import KERNEL_MIN_NUMEL, block_gramian
+from tests.helpers.balancer_kit import built_kernel_or_skip, on_one_and_two_threads
 
 
 def kernel_or_skip():
-    """The built kernel (about 30 s the first time on a machine, then cached); skip where it cannot be built."""
-    module = jacobian.gramian_kernel()
-    if module is None:
-        pytest.skip("the Gramian kernel cannot be built here (its warning says why)")
-    return module
+    return built_kernel_or_skip(jacobian.gramian_kernel, "Gramian kernel")
 
 
 @pytest.mark.slow
@@ -37,14 +34,7 @@ def test_kernel_is_closer_than_mm_and_the_same_on_any_thread_count():
     m = torch.randn(10, 915_000, generator=torch.Generator().manual_seed(0)) + 0.5  # large sums: rounding shows
     module = kernel_or_skip()
     exact = m.double() @ m.double().T
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = module.gramian(m)
-        torch.set_num_threads(2)
-        two = module.gramian(m)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_one_and_two_threads(lambda: module.gramian(m))
     assert torch.equal(one, two)
     assert (one.double() - exact).abs().max() <= ((m @ m.T).double() - exact).abs().max()
 

@@ -11,17 +11,13 @@ from mtl_bench.balancers import TrimmedMean, jacobian, trimmed_mean
 from mtl_bench.balancers.jacobian import KERNEL_MIN_NUMEL
 from mtl_bench.balancers.trimmed_mean import block_drop_extremes, drop_extremes
 from tests.balancers import test_trimmed_mean
-from tests.helpers.balancer_kit import TASKS3
+from tests.helpers.balancer_kit import TASKS3, built_kernel_or_skip, on_one_and_two_threads
 
 TASKS4 = ("a", "b", "c", "d")
 
 
 def kernel_or_skip():
-    """The built kernel (about 30 s the first time on a machine, then cached); skip where it cannot be built."""
-    module = trimmed_mean.trim_kernel()
-    if module is None:
-        pytest.skip("the trim=1 kernel cannot be built here (its warning says why)")
-    return module
+    return built_kernel_or_skip(trimmed_mean.trim_kernel, "trim=1 kernel")
 
 
 def exact(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,14 +58,7 @@ def test_kernel_is_the_torch_path(t, p):
 def test_kernel_is_closer_than_torch_and_the_same_on_any_thread_count():
     m = torch.randn(10, 915_000, generator=torch.Generator().manual_seed(0)) * 100 + 0.5  # large sums: rounding shows
     module = kernel_or_skip()
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = module.drop_extremes(m)
-        torch.set_num_threads(2)
-        two = module.drop_extremes(m)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_one_and_two_threads(lambda: module.drop_extremes(m))
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
     truth = drop_extremes(m.double())[0]
     assert (one[0].double() - truth).abs().max() <= (drop_extremes(m)[0].double() - truth).abs().max()

@@ -15,7 +15,7 @@ import contextlib
 import copy
 import types
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -462,3 +462,24 @@ def conflicting_gramians(seed: int, tasks: Sequence[int] = (2, 3, 5, 10), per_si
             jac = rng.normal(size=(t, 20))
             jac[: t // 2] -= rng.uniform(0, 1.5) * jac[t // 2 : t // 2 * 2]
             yield jac @ jac.T
+
+
+def built_kernel_or_skip(load: Callable[[], object], what: str) -> Any:
+    """A C++ kernel from its loader (about 30 s the first time on a machine, then cached); skip where it cannot be
+    built."""
+    module = load()
+    if module is None:
+        pytest.skip(f"the {what} cannot be built here (its warning says why)")
+    return module
+
+
+def on_one_and_two_threads(run: Callable[[], Any]) -> tuple[Any, Any]:
+    """`run()` with torch on 1 thread, then on 2 (the thread count restored after)."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(2)
+        return one, run()
+    finally:
+        torch.set_num_threads(threads)
