@@ -17,7 +17,7 @@ rows are the g_i. So one step here is:
    each loss's autograd graph (`task_params`) checks it at every step; where it fails, `shared_rep` (and
    GradDrop) cannot be exact and raise.
 3. G = Σ_blocks J_b J_bᵀ (no concatenated copy of J; large float32 CPU blocks through a C++ kernel,
-   gramian_cpu.cpp, about 2.3x faster than torch.mm on this shape: scripts/bench_gramian.py), unscaled (divided
+   gramian_cpu.cpp, about 3x faster than torch.mm on this shape: scripts/bench_gramian.py), unscaled (divided
    by the loss scale squared); under DDP averaged over the ranks, so every rank solves the same problem and gets
    the same weights.
 4. The method turns G into weights (most on the CPU: T×T problems, see `host_gramian`).
@@ -242,7 +242,7 @@ def takes_kernel(param: Tensor, tasks: int) -> bool:
 
 
 def block_gramian(m: Tensor) -> Tensor:
-    """m mᵀ in float32 for one (T, P) block: the C++ kernel for large float32 CPU blocks (about 2.3x torch.mm on one
+    """m mᵀ in float32 for one (T, P) block: the C++ kernel for large float32 CPU blocks (about 3x torch.mm on one
     thread: gramian_cpu.cpp), torch.mm otherwise."""
     if m.stride(1) == 1 and takes_kernel(m[0], m.shape[0]):
         module = gramian_kernel()
