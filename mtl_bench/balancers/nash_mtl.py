@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
+from scipy.sparse import csc_matrix
 from torch import Tensor
 
 from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
@@ -13,25 +14,39 @@ from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramia
 HEAD_WEIGHTS = ("alpha", "ones")
 
 
+# ECOS's exit flags with a solution (optimal, inaccurate, iteration limit) and with a certificate of
+# infeasibility or unboundedness; the others are solver errors (cvxpy's ECOS interface maps them the same way).
+ECOS_SOLVED, ECOS_NO_SOLUTION = (0, 10, -1), (1, 2, 11, 12)
+
+
 class NashSolver:
     """The paper's sequence of convex problems for the bargaining solution Gα = 1/α (α > 0), on the Gramian
     normalised by its Frobenius norm n: each step minimises Σ(Gα) + φ̃(α)/n subject to α_i·n·(Gα)_i ≥ 1, with
     φ̃ the linearisation of φ(α) = Σ log α_i + Σ log (Gα)_i at the previous iterate, until Gα ≈ 1/α or α stops
-    moving (at most `iterations`). Warm-started from the last solution. cvxpy runs it on the host (a sync)."""
+    moving (at most `iterations`). Warm-started from the last solution. Solved on the host (a sync): with ECOS
+    called directly on the conic program cvxpy compiles for the reference's problem (the same data, so the
+    same bits; cvxpy's parameter handling cost about 4x ECOS's own time), with any other solver through cvxpy."""
 
     def __init__(self, tasks: int, iterations: int, solver: str) -> None:
+        self.tasks, self.iterations, self.solver = tasks, iterations, solver
+        if solver == "ECOS":
+            try:
+                import ecos
+            except ImportError as error:  # pragma: no cover - depends on the environment
+                raise ImportError("nash_mtl with solver=ECOS needs the ecos package: pip install ecos") from error
+            self.ecos = ecos
+            return
         try:
             import cvxpy as cp
         except ImportError as error:  # pragma: no cover - depends on the environment
-            raise ImportError("nash_mtl needs cvxpy (and the ECOS solver): pip install cvxpy ecos") from error
+            raise ImportError(f"nash_mtl with solver={solver} needs cvxpy: pip install cvxpy") from error
         if solver not in cp.installed_solvers():
             raise ValueError(
                 f"solver: {solver} is not installed for cvxpy (installed: {', '.join(cp.installed_solvers())}); "
-                "pip install ecos, or solver=CLARABEL"
+                "pip install ecos for solver=ECOS, or solver=CLARABEL"
             )
-        self.cp, self.iterations, self.solver = cp, iterations, solver
+        self.cp = cp
         self.alpha = cp.Variable(tasks, nonneg=True)
-        self.previous = cp.Parameter(tasks, value=np.ones(tasks))
         self.gram = cp.Parameter((tasks, tasks), value=np.eye(tasks))
         self.norm = cp.Parameter(1, nonneg=True, value=np.ones(1))
         # φ̃(α)/n = slope·(α − α_prev)/n; the constant −slope·α_prev/n does not move the minimum, and the slope
@@ -40,25 +55,58 @@ class NashSolver:
         gram_alpha = self.gram @ self.alpha
         constraints = [-cp.log(self.alpha[i] * self.norm) - cp.log(gram_alpha[i]) <= 0 for i in range(tasks)]
         self.problem = cp.Problem(cp.Minimize(cp.sum(gram_alpha) + self.slope @ self.alpha), constraints)
+        try:  # once at G = I, so that a solver that cannot take exponential cones stops the run here
+            self.problem.solve(solver=solver)
+        except cp.error.SolverError as error:
+            raise ValueError(f"solver: {solver} cannot solve Nash-MTL's problems ({error}); use ECOS or CLARABEL")
 
     def __call__(self, gram: np.ndarray, norm: float, start: np.ndarray) -> np.ndarray:
-        self.gram.value, self.norm.value = gram, np.array([norm])
+        solve = self._ecos_problem(gram, norm) if self.solver == "ECOS" else self._cvxpy_problem(gram, norm)
         alpha = start
         for _ in range(self.iterations):
-            self.alpha.value, self.previous.value = alpha, alpha
-            self.slope.value = (1 / alpha + (1 / (gram @ alpha)) @ gram) / norm
-            try:
-                self.problem.solve(solver=self.solver, warm_start=True, max_iters=100)
-            except Exception:  # the reference keeps the previous point when the solver fails
-                self.alpha.value = self.previous.value
+            solution = solve((1 / alpha + (1 / (gram @ alpha)) @ gram) / norm, alpha)
             if (
-                self.alpha.value is None
+                solution is None
                 or np.linalg.norm(gram @ alpha - 1 / (alpha + 1e-10)) < 1e-3
-                or np.linalg.norm(self.alpha.value - self.previous.value) < 1e-6
+                or np.linalg.norm(solution - alpha) < 1e-6
             ):
                 break
-            alpha = self.alpha.value
+            alpha = solution
         return alpha
+
+    def _ecos_problem(self, gram: np.ndarray, norm: float) -> Callable[[np.ndarray, np.ndarray], Optional[np.ndarray]]:
+        """min cᵀx over x = (α, u, v) with α ≥ 0, u + v ≥ 0, u_i ≤ log(n·α_i), v_i ≤ log((Gα)_i), in ECOS's form
+        h − Gx ∈ K: 2T linear rows, then per task the exponential cones (u_i, n·α_i, 1) and (v_i, (Gα)_i, 1)
+        (ECOS orders a cone's entries (x, y, z) with z·exp(x/z) ≤ y). A failed solve keeps the current α."""
+        t, rows = self.tasks, np.arange(self.tasks)
+        matrix, offsets = np.zeros((8 * t, 3 * t)), np.zeros(8 * t)
+        matrix[rows, rows] = -1
+        matrix[t + rows, t + rows] = matrix[t + rows, 2 * t + rows] = -1
+        cones = 2 * t + 6 * rows
+        matrix[cones, t + rows], matrix[cones + 1, rows], offsets[cones + 2] = -1, -norm, 1
+        matrix[cones + 3, 2 * t + rows], matrix[cones + 4, :t], offsets[cones + 5] = -1, -gram, 1
+        sparse, dims, column_sums = csc_matrix(matrix), {"l": 2 * t, "q": [], "e": 2 * t}, gram.sum(0)
+
+        def solve(slope: np.ndarray, alpha: np.ndarray) -> Optional[np.ndarray]:
+            objective = np.concatenate([column_sums + slope, np.zeros(2 * t)])
+            answer = self.ecos.solve(objective, sparse, offsets, dims, verbose=False, max_iters=100)
+            flag = answer["info"]["exitFlag"]
+            return answer["x"][:t] if flag in ECOS_SOLVED else None if flag in ECOS_NO_SOLUTION else alpha
+
+        return solve
+
+    def _cvxpy_problem(self, gram: np.ndarray, norm: float) -> Callable[[np.ndarray, np.ndarray], Optional[np.ndarray]]:
+        self.gram.value, self.norm.value = gram, np.array([norm])
+
+        def solve(slope: np.ndarray, alpha: np.ndarray) -> Optional[np.ndarray]:
+            self.alpha.value, self.slope.value = alpha, slope
+            try:  # the solver's own options: ECOS's max_iters=100 is not every solver's option
+                self.problem.solve(solver=self.solver, warm_start=True)
+            except self.cp.error.SolverError:  # the reference keeps the previous point when the solver fails
+                return alpha
+            return self.alpha.value
+
+        return solve
 
 
 class NashMTL(GradientBalancer):
@@ -70,8 +118,8 @@ class NashMTL(GradientBalancer):
     Reference: the authors' code (AvivNavon/nash-mtl, methods/weight_methods.py `NashMTL`), which LibMTL main
     `Nash_MTL` and torchjd 0.18 `NashMTL` copy (torchjd gives the heads weight 1: `head_weights="ones"`; it
     clips by scaling α, the same thing). The previous α and the step count are buffers (checkpointed; a
-    skipped step changes neither). Needs cvxpy with ECOS (`solver`); the solve runs on the host, one sync
-    per update step. The Jacobian is computed on every step, also when α is reused.
+    skipped step changes neither). Needs the ecos package (or cvxpy with another `solver`); the solve runs on
+    the host, one sync per update step. The Jacobian is computed on every step, also when α is reused.
 
     Metrics: `weight/<task>` (α after clipping), `grad_norm/<task>`, `grad_cos/<a>/<b>`, `nash_mtl/alpha/<task>`
     (α before clipping), `nash_mtl/update_norm` (‖d‖ before clipping).
@@ -101,7 +149,8 @@ class NashMTL(GradientBalancer):
         optim_niter: the most convex problems per solve (>= 1).
         max_norm: clip the shared update to this norm (0: no clipping).
         head_weights: the heads' loss weights: alpha (the authors' code) or ones (torchjd).
-        solver: the cvxpy solver of each convex problem (ECOS as the reference; CLARABEL ships with cvxpy).
+        solver: the solver of each convex problem: ECOS as the reference (called directly), or any other solver
+            cvxpy has installed (CLARABEL ships with cvxpy).
         """
         super().__init__(task_names, shared_params, grad_source)
         for name, value in (("update_weights_every", update_weights_every), ("optim_niter", optim_niter)):
@@ -114,7 +163,7 @@ class NashMTL(GradientBalancer):
         self.update_weights_every, self.optim_niter, self.max_norm = update_weights_every, optim_niter, float(max_norm)
         self.head_weights, self.solver = head_weights, solver
         self.HEADS_FROM_SOLUTION = head_weights == "alpha"
-        self._solver = NashSolver(len(self.task_names), optim_niter, solver)  # checks cvxpy now
+        self._solver = NashSolver(len(self.task_names), optim_niter, solver)  # checks the solver is installed now
         self.register_buffer("alpha", torch.ones(len(self.task_names)))
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
 

@@ -1,5 +1,5 @@
-"""Nash-MTL: the bargaining condition Gα = 1/α, against the authors' code (numbers below) and torchjd 0.18,
-state across steps (warm start, update_weights_every), resume, skipped steps."""
+"""Nash-MTL: the bargaining condition Gα = 1/α, against the authors' code (numbers below, and their solve run
+through cvxpy) and torchjd 0.18, state across steps (warm start, update_weights_every), resume, skipped steps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("cvxpy")
 pytest.importorskip("ecos")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -54,6 +53,81 @@ def test_solution_is_the_bargaining_point():
     np.testing.assert_allclose(gram @ alpha, 1 / alpha, rtol=2e-3)  # α_i·n·(Ĝα)_i = α_i·(Gα)_i = 1
 
 
+class AuthorsSolve:
+    """AvivNavon/nash-mtl at cce1840, methods/weight_methods.py NashMTL: `_init_optim_problem`, `_stop_criteria`
+    and `solve_optimization` as written there (cvxpy, ECOS), on a given normalised Gramian and start."""
+
+    def __init__(self, n_tasks, normalization_factor, start):
+        cp = pytest.importorskip("cvxpy")
+        self.cp, self.n_tasks, self.optim_niter = cp, n_tasks, 20
+        self.normalization_factor, self.prvs_alpha = np.array([normalization_factor]), start
+        self.init_gtg = np.eye(n_tasks)
+        self.alpha_param = cp.Variable(shape=(n_tasks,), nonneg=True)
+        self.prvs_alpha_param = cp.Parameter(shape=(n_tasks,), value=self.prvs_alpha)
+        self.G_param = cp.Parameter(shape=(n_tasks, n_tasks), value=self.init_gtg)
+        self.normalization_factor_param = cp.Parameter(shape=(1,), value=np.array([1.0]))
+        G_prvs_alpha = self.G_param @ self.prvs_alpha_param
+        prvs_phi_tag = 1 / self.prvs_alpha_param + (1 / G_prvs_alpha) @ self.G_param
+        phi_alpha = prvs_phi_tag @ (self.alpha_param - self.prvs_alpha_param)
+        G_alpha = self.G_param @ self.alpha_param
+        constraint = [
+            -cp.log(self.alpha_param[i] * self.normalization_factor_param) - cp.log(G_alpha[i]) <= 0
+            for i in range(n_tasks)
+        ]
+        self.prob = cp.Problem(cp.Minimize(cp.sum(G_alpha) + phi_alpha / self.normalization_factor_param), constraint)
+
+    def _stop_criteria(self, gtg, alpha_t):
+        return (
+            (self.alpha_param.value is None)
+            or (np.linalg.norm(gtg @ alpha_t - 1 / (alpha_t + 1e-10)) < 1e-3)
+            or (np.linalg.norm(self.alpha_param.value - self.prvs_alpha_param.value) < 1e-6)
+        )
+
+    def solve_optimization(self, gtg):
+        self.G_param.value = gtg
+        self.normalization_factor_param.value = self.normalization_factor
+        alpha_t = self.prvs_alpha
+        for _ in range(self.optim_niter):
+            self.alpha_param.value = alpha_t
+            self.prvs_alpha_param.value = alpha_t
+            try:
+                self.prob.solve(solver=self.cp.ECOS, warm_start=True, max_iters=100)
+            except Exception:
+                self.alpha_param.value = self.prvs_alpha_param.value
+            if self._stop_criteria(gtg, alpha_t):
+                break
+            alpha_t = self.alpha_param.value
+        return alpha_t
+
+
+@pytest.mark.parametrize("tasks", [2, 3, 10])
+def test_direct_ecos_solve_equals_the_authors_cvxpy_solve(tasks):
+    # ECOS gets the conic program cvxpy compiles for the authors' problem: the same α, also over several steps'
+    # warm starts and for Gramians of nearly parallel gradients (many convex problems per solve).
+    rng = np.random.default_rng(tasks)
+    ours = NashSolver(tasks, 20, "ECOS")
+    for spread in (1.0, 0.3, 0.05):
+        alpha = np.ones(tasks)
+        for _ in range(3):
+            jac = rng.normal(size=(tasks, 30)) * spread + rng.normal(size=30)
+            gram = jac @ jac.T
+            norm = float(np.linalg.norm(gram))
+            expected = AuthorsSolve(tasks, norm, alpha).solve_optimization(gram / norm)
+            alpha = ours(gram / norm, norm, alpha)
+            np.testing.assert_allclose(alpha, expected, rtol=1e-9)
+
+
+def test_other_solvers_go_through_cvxpy():
+    # CLARABEL ships with cvxpy. Before: ECOS's max_iters option made every CLARABEL solve fail, α stayed at 1.
+    pytest.importorskip("cvxpy")
+    rng = np.random.default_rng(1)
+    jac = rng.normal(size=(4, 9))
+    gram = jac @ jac.T
+    norm = float(np.linalg.norm(gram))
+    alpha = NashSolver(4, 50, "CLARABEL")(gram / norm, norm, np.ones(4))
+    np.testing.assert_allclose(alpha, NashSolver(4, 50, "ECOS")(gram / norm, norm, np.ones(4)), rtol=1e-4)
+
+
 def test_matches_the_authors_code():
     model = make_model()
     history = train_ours(model, build(model), 4)
@@ -91,5 +165,8 @@ def test_bad_options_fail_clearly():
         build(model, max_norm=-1.0)
     with pytest.raises(ValueError, match="^head_weights"):
         build(model, head_weights="sum")
+    pytest.importorskip("cvxpy")
     with pytest.raises(ValueError, match="^solver: NOPE is not installed"):
         build(model, solver="NOPE")
+    with pytest.raises(ValueError, match="^solver: OSQP cannot solve Nash-MTL's problems"):
+        build(model, solver="OSQP")
