@@ -25,8 +25,6 @@ SHORT = ["trainer=smoke", "trainer.max_steps=6", "trainer.log_every=3", "trainer
 @pytest.mark.parametrize("tasks", sorted(TASK_SETS))
 @pytest.mark.parametrize("balancer", BALANCERS)
 def test_every_balancer_trains_on_both_task_sets(compose_cfg, tmp_path, balancer, tasks):
-    if balancer == "nash_mtl":
-        pytest.importorskip("cvxpy")  # Nash-MTL's solver: pip install cvxpy ecos
     cfg = compose_cfg(f"balancer={balancer}", *TASK_SETS[tasks], *SHORT, *EXTRA.get(balancer, []))
     result = train(cfg, tmp_path)
     assert result.step == 6

@@ -156,8 +156,6 @@ BALANCERS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf"
 @pytest.mark.slow
 @pytest.mark.parametrize("balancer", BALANCERS)
 def test_every_balancer_trains_the_same_compiled(compose_cfg, balancer):
-    if balancer == "nash_mtl":
-        pytest.importorskip("cvxpy")  # Nash-MTL's solver (the peers extra), as tests/balancers/test_zoo.py
     # MoDo and SDMGrad draw their independent batches from the micro-batches of one step
     extra = ["trainer.grad_accumulation_steps=3"] if balancer in ("modo", "sdmgrad") else []
     if balancer in ("krum", "trimmed_mean"):  # robust aggregation needs more than two tasks

@@ -4,7 +4,6 @@ at build time with one line."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections import OrderedDict
 
 import pytest
@@ -32,8 +31,6 @@ REFUSED = {"cross_stitch", "ple", "ltb"}  # at shared_rep: each task reads its o
 
 @pytest.mark.parametrize(("balancer", "arch", "extra"), PAIRS)
 def test_every_balancer_trains_on_every_architecture(compose_cfg, balancer, arch, extra):
-    if balancer == "nash_mtl" and importlib.util.find_spec("cvxpy") is None:
-        pytest.skip("nash_mtl needs cvxpy (the peers extra)")
     overrides = ("model=mlp", "model.widths=[8,8]", f"model/arch={arch}", f"balancer={balancer}", *extra)
     cfg = compose_cfg(*overrides)
     torch.manual_seed(0)
@@ -140,8 +137,6 @@ class SmallResNet(MultiTaskModel):
 
 @pytest.mark.parametrize("balancer", config_options()["balancer"])
 def test_every_balancer_trains_on_mtan(compose_cfg, balancer):
-    if balancer == "nash_mtl" and importlib.util.find_spec("cvxpy") is None:
-        pytest.skip("nash_mtl needs cvxpy (the peers extra)")
     cfg = compose_cfg(f"balancer={balancer}")
     torch.manual_seed(0)
     model = SmallResNet((3, 8, 8), TASKS, arch=MTAN)

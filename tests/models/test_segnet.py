@@ -262,7 +262,6 @@ def test_methods_at_the_shared_representation_refuse_mtan(make):
 
 
 def nash(names, params):
-    pytest.importorskip("cvxpy")
     return NashMTL(names, params)
 
 
