@@ -114,7 +114,7 @@ class DualBalancing(StagedBalancer):
         steps = self.steps + 1
         decay = (self.beta / steps.double().pow(self.beta_sigma)).float()  # LibMTL: a float64 Python number
         fresh = 1 - decay if inv is None else (1 - decay) * inv
-        ema = self._spare_ema()
+        ema = self._staging_buffer("grad_ema", self.grad_ema)  # on the CPU it becomes the EMA by a swap
         squares = []
         for g, old, new in zip(blocks, self.grad_ema.split(self._numels, dim=1), ema.split(self._numels, dim=1)):
             new = new.view(g.shape)  # g's rows may be laid out transposed (a Linear's weight): read in place
@@ -135,15 +135,6 @@ class DualBalancing(StagedBalancer):
             metrics[tags.grad_norm(name)] = grad_norms[i]
             metrics[f"db_mtl/ema_norm/{name}"] = norms[i]
         return alpha @ ema, metrics
-
-    def _spare_ema(self) -> Tensor:
-        """Where the staged EMA is built: one (T, P) tensor kept across steps (not state), because a fresh
-        allocation that large costs more than the arithmetic on a CPU (the first touch of every page)."""
-        spare = self.__dict__.get("_spare")
-        if spare is None or spare.device != self.grad_ema.device or spare.shape != self.grad_ema.shape:
-            spare = torch.empty_like(self.grad_ema)
-            self.__dict__["_spare"] = spare
-        return spare
 
     def _write(self, blocks: Sequence[Tensor], inv: Tensor | None) -> dict[str, Tensor]:
         """The step's update from g; Σ α_i m_i (times the loss scale) lands in the shared parameters' `.grad`."""

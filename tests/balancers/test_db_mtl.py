@@ -238,7 +238,11 @@ def test_accumulation_averages_the_gradients_and_writes_once():
 
 
 def test_metrics_and_no_host_sync(monkeypatch: pytest.MonkeyPatch):
-    metrics = metrics_without_host_sync(db(pair_model()), monkeypatch)
+    bal = db(pair_model())
+    # A GPU's path: the staged EMA is committed by torch.where. On the CPU a kept buffer trades places with it,
+    # which reads the step's flags (no device sync there); a buffer that is no kept spare takes the GPU's path.
+    monkeypatch.setattr(bal, "_staging_buffer", lambda name, like: torch.empty_like(like))
+    metrics = metrics_without_host_sync(bal, monkeypatch)
     families = ("weight", "grad_norm", "db_mtl/ema_norm")
     assert set(metrics) == {f"{family}/{t}" for family in families for t in TASKS}
 
