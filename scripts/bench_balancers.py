@@ -18,7 +18,9 @@ each size in --head-dims (100: the toy task's targets; 1: scalar heads, where th
 the largest share of the step). Variants of one configuration run interleaved, round after round, and
 each time is the median over rounds, so a background load that drifts hits all variants alike.
 "encodec Balancer (peer)" is EnCodec's own Balancer (mtl_bench/bench/encodec_balancer.py, its public code
-step for step; its heads get no gradient), the reference rescaled_norm is held to.
+step for step; its heads get no gradient), the reference rescaled_norm is held to; "encodec Balancer + heads"
+adds the heads' gradients, each head's loss scaled by EnCodec's factor, as one backward restricted to the heads:
+the same gradients as rescaled_norm, so the same work for the optimizer.
 Peak memory is the high-water mark, during one step, of the memory allocated in that step (CPU: replayed
 from the profiler's allocation events; CUDA: max_memory_allocated above the level before the step).
 Prints a markdown table.
@@ -48,6 +50,7 @@ VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer | Callable]] 
     "fixed": lambda model, names: FixedWeights(names),
     "rescaled_norm": lambda model, names: RescaledNormBalancer(names),
     "encodec Balancer (peer)": lambda model, names: encodec_step(names),
+    "encodec Balancer + heads": lambda model, names: encodec_step(names, train_heads=True),
     "gradnorm shared_rep": lambda model, names: GradNorm(names, grad_source="shared_rep"),
     "gradnorm last_shared": lambda model, names: GradNorm(names, shared_layer=model.last_shared_layer),
 }

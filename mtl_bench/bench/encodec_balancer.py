@@ -52,6 +52,7 @@ class EncodecBalancer:
         self.monitor = monitor
         self.rescale_grads = rescale_grads
         self.metrics: dict[str, float] = {}
+        self.factors: dict[str, float] = {}
 
     def backward(self, losses: dict[str, Tensor], input: Tensor) -> None:
         norms = {}
@@ -74,24 +75,36 @@ class EncodecBalancer:
         total_weights = sum([self.weights[k] for k in avg_norms])
         ratios = {k: w / total_weights for k, w in self.weights.items()}
         out_grad: Any = 0
+        self.factors = {}  # not in the original: what each loss's gradient was multiplied by (`encodec_step`)
         for name, avg_norm in avg_norms.items():
             if self.rescale_grads:
                 scale = ratios[name] * self.total_norm / (self.epsilon + avg_norm)
                 grad = grads[name] * scale
             else:
                 grad = self.weights[name] * grads[name]
+            self.factors[name] = scale if self.rescale_grads else self.weights[name]
             out_grad += grad
         input.backward(out_grad)
 
 
-def encodec_step(names: list[str]) -> Callable:
-    """A bench peer: forward, per-task MSE, EnCodec's backward at the shared representation (weights 1)."""
+def encodec_step(names: list[str], train_heads: bool = False) -> Callable:
+    """A bench peer: forward, per-task MSE, EnCodec's backward at the shared representation (weights 1).
+
+    `train_heads`: then also each head's gradient of its loss times the factor EnCodec gave that loss, by one
+    backward of Σ factor_k L_k restricted to the heads' parameters (`inputs=`, so it stops at the shared
+    representation): the least a user of EnCodec's Balancer adds for heads with parameters, and the same
+    gradients as `RescaledNormBalancer` gives them (tests/bench/test_encodec_balancer.py)."""
     import torch.nn.functional as F
 
     balancer = EncodecBalancer({n: 1.0 for n in names})
 
     def backward(model: torch.nn.Module, x: Tensor, targets: dict[str, Tensor]) -> None:
         out = model(x)
-        balancer.backward({n: F.mse_loss(out.preds[n], y) for n, y in targets.items()}, out.shared)
+        losses = {n: F.mse_loss(out.preds[n], y) for n, y in targets.items()}
+        balancer.backward(losses, out.shared)
+        if train_heads:
+            heads = [p for n in names for p in model.get_submodule(f"heads.{n}").parameters()]
+            total = torch.stack([balancer.factors[n] * losses[n] for n in names]).sum()
+            torch.autograd.backward(total, inputs=heads)
 
     return backward

@@ -1,7 +1,9 @@
 import torch
 import torch.nn.functional as F
 
-from mtl_bench.bench.encodec_balancer import EncodecBalancer
+from mtl_bench.balancers import RescaledNormBalancer
+from mtl_bench.bench.encodec_balancer import EncodecBalancer, encodec_step
+from mtl_bench.bench.runs import hps_mlp
 
 
 def test_the_upstream_test():
@@ -28,3 +30,29 @@ def test_scales_follow_the_formula_with_the_bias_corrected_ema():
         bal.backward({"a": (factor * ca * x).sum(), "b": (cb * x).sum()}, x)
     avg_a, avg_b = (0.5 * 5 + 10) / 1.5, (0.5 * 2 + 2) / 1.5
     torch.testing.assert_close(x.grad, 0.25 / avg_a * 2 * ca + 0.75 / avg_b * cb)
+
+
+def test_the_bench_peer_with_trained_heads_gives_rescaled_norms_gradients():
+    """`encodec_step(train_heads=True)`: EnCodec's trunk gradients plus each head's, scaled by its loss's factor,
+    the same as RescaledNormBalancer's over three steps of the EMA; without `train_heads` the heads get none."""
+    names = ["t0", "t1", "t2"]
+    torch.manual_seed(0)
+    model = hps_mlp(16, 2, len(names), 1, input_dim=5)
+    peer, plain, ours = encodec_step(names, train_heads=True), encodec_step(names), RescaledNormBalancer(names)
+    for step in range(3):
+        x = torch.randn(8, 5, generator=torch.Generator().manual_seed(step))
+        targets = {
+            n: torch.randn(8, 1, generator=torch.Generator().manual_seed(10 * step + i)) for i, n in enumerate(names)
+        }
+        model.zero_grad(set_to_none=True)
+        peer(model, x, targets)
+        theirs = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        out = model(x)
+        ours.backward({n: F.mse_loss(out.preds[n], y) for n, y in targets.items()}, out.shared)
+        ours.step()
+        for got, expected in zip((p.grad for p in model.parameters()), theirs):
+            torch.testing.assert_close(got, expected)
+        model.zero_grad(set_to_none=True)
+        plain(model, x, targets)
+        assert all(p.grad is None for p in model.heads.parameters())
