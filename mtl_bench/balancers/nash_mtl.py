@@ -161,9 +161,11 @@ class NashMTL(GradientBalancer):
         if head_weights not in HEAD_WEIGHTS:
             raise ValueError(f"head_weights: {head_weights!r} is not one of {', '.join(HEAD_WEIGHTS)}")
         self.update_weights_every, self.optim_niter, self.max_norm = update_weights_every, optim_niter, float(max_norm)
-        self.head_weights, self.solver = head_weights, solver
+        if not isinstance(solver, str) or not solver:
+            raise ValueError(f"solver: must be a solver's name (ECOS, or one cvxpy has installed), got {solver!r}")
+        self.head_weights, self.solver = head_weights, solver.upper()  # cvxpy names its solvers in capitals
         self.HEADS_FROM_SOLUTION = head_weights == "alpha"
-        self._solver = NashSolver(len(self.task_names), optim_niter, solver)  # checks the solver is installed now
+        self._solver = NashSolver(len(self.task_names), optim_niter, self.solver)  # checks the solver is installed now
         self.register_buffer("alpha", torch.ones(len(self.task_names)))
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
 

@@ -165,6 +165,9 @@ def test_bad_options_fail_clearly():
         build(model, max_norm=-1.0)
     with pytest.raises(ValueError, match="^head_weights"):
         build(model, head_weights="sum")
+    with pytest.raises(ValueError, match="^solver: must be a solver's name"):
+        build(model, solver=3)
+    assert build(model, solver="ecos").solver == "ECOS"  # in any case, as cvxpy takes them
     pytest.importorskip("cvxpy")
     with pytest.raises(ValueError, match="^solver: NOPE is not installed"):
         build(model, solver="NOPE")
