@@ -58,7 +58,9 @@ class NashSolver:
         try:  # once at G = I, so that a solver that cannot take exponential cones stops the run here
             self.problem.solve(solver=solver)
         except cp.error.SolverError as error:
-            raise ValueError(f"solver: {solver} cannot solve Nash-MTL's problems ({error}); use ECOS or CLARABEL")
+            raise ValueError(
+                f"solver: {solver} cannot solve Nash-MTL's problems ({error}); use ECOS or CLARABEL"
+            ) from None
 
     def __call__(self, gram: np.ndarray, norm: float, start: np.ndarray) -> np.ndarray:
         solve = self._ecos_problem(gram, norm) if self.solver == "ECOS" else self._cvxpy_problem(gram, norm)
