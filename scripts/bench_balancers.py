@@ -12,9 +12,9 @@ is one forward, then one backward per task through heads and trunk, accumulated 
 work that yields T per-task gradients (what any exact gradient method must at least do).
 
 A step is what the trainer does: zero_grad, forward, per-task MSE losses, the balancer's backward, an Adam
-step (fused, as `optim=adam`), `balancer.step()`. Models: the GradNorm paper's toy MLP (input 250, four shared ReLU layers of 100,
-T=10, batch 100) and a wider MLP (four shared layers of 512, batch 256) with T = 2, 10, 40 heads of
-each size in --head-dims (100: the toy task's targets; 1: scalar heads, where the balancer's own work is
+step (fused, as `optim=adam`), `balancer.step()`. Models: the GradNorm paper's toy MLP (input 250, four shared
+ReLU layers of 100, T=10, batch 100) and a wider MLP (four shared layers of 512, batch 256) with T = 2, 10, 40
+heads of each size in --head-dims (100: the toy task's targets; 1: scalar heads, where the balancer's own work is
 the largest share of the step). Variants of one configuration run interleaved, round after round, and
 each time is the median over rounds, so a background load that drifts hits all variants alike.
 "encodec Balancer (peer)" is EnCodec's own Balancer (mtl_bench/bench/encodec_balancer.py, its public code
