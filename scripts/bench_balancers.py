@@ -1,8 +1,9 @@
 """Full training-step time and peak memory of each loss balancer relative to fixed weights, measured in one run.
 
     python scripts/bench_balancers.py [--rounds 5] [--steps 4] [--device cpu] [--threads 1]
-        [--tasks 2,10,40] [--head-dims 100,1] [--generic] [--loss-level]
+        [--tasks 2,10,40] [--head-dims 100,1] [--generic] [--loss-level] [--measure]
     python scripts/bench_balancers.py --peers [--tasks 2,10] [--rounds 3] [--steps 3] [--methods pcgrad,mgda]
+        [--measure]
 
 --peers times the gradient methods against their references on identical copies of the HPS model
 (250 -> 4x512 ReLU trunk, scalar heads, batch 256): ours with grad_source=shared_params (exact) and
@@ -11,7 +12,8 @@ the installed files); every ratio is to the fixed-weight step and to the floor o
 is one forward, then one backward per task through heads and trunk, accumulated into `.grad`: the least
 work that yields T per-task gradients (what any exact gradient method must at least do).
 
-A step is what the trainer does: zero_grad, forward, per-task MSE losses, the balancer's backward, an Adam
+A step is what the trainer does between logging steps: zero_grad, forward, per-task MSE losses, the balancer's
+backward (with the loop's context; --measure: a logging step's, with the balancer's measurements), an Adam
 step (fused, as `optim=adam`), `balancer.step()`. Models: the GradNorm paper's toy MLP (input 250, four shared
 ReLU layers of 100, T=10, batch 100) and a wider MLP (four shared layers of 512, batch 256) with T = 2, 10, 40
 heads of each size in --head-dims (100: the toy task's targets; 1: scalar heads, where the balancer's own work is
@@ -40,6 +42,7 @@ import torch.nn.functional as F
 
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
+from mtl_bench.balancers.base import BackwardContext
 from mtl_bench.bench.encodec_balancer import encodec_step
 from mtl_bench.bench.peers import libmtl_weighting
 from mtl_bench.bench.runs import hps_mlp
@@ -76,7 +79,11 @@ class Runner:
     """One variant of one configuration: its own copy of the model, optimizer and balancer.
 
     `make` returns a Balancer, or (for a peer library) a function `backward(model, x, targets)` that runs the
-    forward and that library's backward."""
+    forward and that library's backward. A Balancer gets a context as the trainer's loop hands it: a tensor
+    backward factor (the loop's guard against non-finite losses sets one each step) and `measure` false, as at
+    the steps between logging steps (`trainer.log_every`, 50 by default); `--measure` times logging steps."""
+
+    measure = False  # set by --measure
 
     def __init__(
         self,
@@ -91,6 +98,7 @@ class Runner:
         self.peer = None if isinstance(made, Balancer) else made
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, fused=True)  # as the trainer's optim=adam
         self.x, self.targets = x, targets
+        self.ctx = BackwardContext(factor=torch.ones((), device=x.device), measure=Runner.measure)
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
@@ -100,7 +108,7 @@ class Runner:
             return
         out = self.model(self.x)
         losses = {name: F.mse_loss(out.preds[name], y) for name, y in self.targets.items()}
-        self.balancer.backward(losses, out.shared)
+        self.balancer.backward(losses, out.shared, self.ctx)
         self.opt.step()
         self.balancer.step()
 
@@ -389,7 +397,11 @@ def main() -> None:
     )
     parser.add_argument("--no-memory", action="store_true", help="--peers: skip the peak-memory measurement")
     parser.add_argument("--methods", default=None, help="--peers: only these methods (comma-separated; default all)")
+    parser.add_argument(
+        "--measure", action="store_true", help="time logging steps: the balancers also compute their measurements"
+    )
     args = parser.parse_args()
+    Runner.measure = args.measure
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

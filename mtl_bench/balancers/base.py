@@ -40,6 +40,10 @@ class BackwardContext:
 
     `epoch`: the index of the epoch the step belongs to (optimizer step // steps per epoch, from 0; set by the loop
     before each step, also after a resume), for methods whose schedule follows epochs (FORUM's λ average).
+
+    `measure`: whether the loop reads this step's measurements (a logging step). When False a balancer may leave
+    out work done only for them (a Gramian that only gives `grad_cos/...`, a pass that only gives `grad_norm/...`)
+    and the keys they fill; the gradients it writes and the state it stages must not change.
     """
 
     scaler: Optional[torch.amp.GradScaler] = None
@@ -51,6 +55,7 @@ class BackwardContext:
     params: dict[str, nn.Parameter] = field(default_factory=dict)
     learning_rate: Optional[Callable[[], float]] = None
     epoch: int = 0
+    measure: bool = True
 
     def scale(self, outputs: Tensor) -> Tensor:
         """What a backward runs on: `outputs` times the factor, times the loss scale."""

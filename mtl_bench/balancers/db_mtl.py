@@ -42,8 +42,9 @@ class DualBalancing(StagedBalancer):
     gradients per backward: the EMA must be that of the global gradient on every rank), so every rank holds
     the same EMA and writes the same gradient.
 
-    Metrics: `weight/<task>` (α_i), `grad_norm/<task>` (‖g_i‖), `db_mtl/ema_norm/<task>` (‖m_i‖), from the
-    backward that writes the shared gradient. The EMA (T × P floats) and the step count are buffers.
+    Metrics: `weight/<task>` (α_i), `grad_norm/<task>` (‖g_i‖, a pass over J of its own: only at steps whose
+    measurements are read, `BackwardContext.measure`), `db_mtl/ema_norm/<task>` (‖m_i‖), from the backward that
+    writes the shared gradient. The EMA (T × P floats) and the step count are buffers.
     """
 
     grad_ema: Tensor
@@ -115,25 +116,23 @@ class DualBalancing(StagedBalancer):
         decay = (self.beta / steps.double().pow(self.beta_sigma)).float()  # LibMTL: a float64 Python number
         fresh = 1 - decay if inv is None else (1 - decay) * inv
         ema = self._staging_buffer("grad_ema", self.grad_ema)  # on the CPU it becomes the EMA by a swap
-        squares = []
         for g, old, new in zip(blocks, self.grad_ema.split(self._numels, dim=1), ema.split(self._numels, dim=1)):
             new = new.view(g.shape)  # g's rows may be laid out transposed (a Linear's weight): read in place
             torch.mul(old.view(g.shape), decay, out=new)
             new.addcmul_(g, fresh)
-            rest = tuple(range(1, g.dim()))
-            squares.append(torch.linalg.vector_norm(g, dim=rest, dtype=torch.float32).square())
-        grad_norms = torch.stack(squares).sum(0).sqrt()
-        if inv is not None:
-            grad_norms = grad_norms * inv
-        self._require_finite(grad_norms)  # any non-finite element makes its task's norm non-finite
         norms = torch.linalg.vector_norm(ema, dim=1)
+        self._require_finite(norms)  # a non-finite element of g makes its row of the new EMA, and its norm, so
         alpha = norms.max() / (norms + self.eps)
         self._stage(grad_ema=ema, steps=steps)
         metrics: dict[str, Tensor] = {}
         for i, name in enumerate(self.task_names):
             metrics[tags.weight(name)] = alpha[i]
-            metrics[tags.grad_norm(name)] = grad_norms[i]
             metrics[f"db_mtl/ema_norm/{name}"] = norms[i]
+        if self.measuring:  # the norms of g are only measured: a pass over J of their own
+            squares = [torch.linalg.vector_norm(g, dim=tuple(range(1, g.dim())), dtype=torch.float32) for g in blocks]
+            grad_norms = torch.stack(squares).square().sum(0).sqrt()
+            grad_norms = grad_norms * inv if inv is not None else grad_norms
+            metrics.update({tags.grad_norm(name): grad_norms[i] for i, name in enumerate(self.task_names)})
         return alpha @ ema, metrics
 
     def _write(self, blocks: Sequence[Tensor], inv: Tensor | None) -> dict[str, Tensor]:

@@ -52,10 +52,12 @@ class ExcessMTL(GradientBalancer):
     path's bits; e adds the same float terms in double (torch's float32 sum differs by about 1e-6 relative).
 
     Metrics: `weight/<task>`, `grad_norm/<task>`, `grad_cos/<a>/<b>`, `excess_mtl/excess/<task>` (e_i / e⁰_i,
-    or e_i during the warm-up).
+    or e_i during the warm-up). The weights do not read the Gramian: it is computed for `grad_norm` and `grad_cos`
+    only at steps whose measurements are read (`BackwardContext.measure`).
     """
 
     SOURCES = ("shared_params",)
+    SOLVE_READS_GRAMIAN = False
 
     weights: Tensor
     baseline: Tensor
@@ -150,7 +152,7 @@ class ExcessMTL(GradientBalancer):
         self._stage(**{name: spare})
         return e
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+    def _weigh(self, losses: Tensor) -> Solution:
         excess, steps = self._excess, self.steps + 1
         warming = steps <= self.warmup_steps
         warmup_sum = torch.where(warming, self.warmup_sum + excess, self.warmup_sum)

@@ -76,13 +76,12 @@ class GradDrop(SeededGenerator, GradientBalancer):
         shared.backward(kept.sum(0))
 
         flat, flat_kept = rows.flatten(1).float(), kept.flatten(1).float()
-        gram = flat @ flat.T
-        if scale is not None:
-            gram = gram / (scale * scale)
-        gram = rank_mean(gram)
         coefficient = (flat_kept * flat).sum(1) / (flat * flat).sum(1).clamp_min(1e-30)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, coefficient.unbind())}
-        metrics.update(gram_metrics(gram, self.task_names))
+        if self.measuring:  # the Gramian is only measured
+            gram = flat @ flat.T
+            gram = rank_mean(gram / (scale * scale) if scale is not None else gram)
+            metrics.update(gram_metrics(gram, self.task_names))
         kept_fraction = keep.flatten(1).float().mean(1)
         metrics.update({f"graddrop/kept/{n}": v for n, v in zip(self.task_names, kept_fraction.unbind())})
         self._end_joint()

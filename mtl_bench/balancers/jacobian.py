@@ -363,6 +363,7 @@ class GradientBalancer(StagedBalancer):
     SOURCES: tuple[str, ...] = ("shared_params",)
     HEADS_FROM_SOLUTION = False  # True: the heads' weights come from the solve (they must wait for it)
     BLOCK_GRAMIANS = False  # True: `_solve` also gets one Gramian per block (shared parameter): `self._block_grams`
+    SOLVE_READS_GRAMIAN = True  # False: `_weigh(losses)` instead of `_solve`, and no Gramian unless measuring
 
     _params: list[Tensor]  # set through __dict__ in __init__ (not registered with the module)
 
@@ -407,6 +408,11 @@ class GradientBalancer(StagedBalancer):
         """Weights from the unscaled, rank-averaged Gramian (T, T) and the step's mean losses (T,)."""
         raise NotImplementedError
 
+    def _weigh(self, losses: Tensor) -> Solution:
+        """Weights of a method that does not read the Gramian (`SOLVE_READS_GRAMIAN = False`): it is then computed
+        only for the measurements of a step that reads them."""
+        raise NotImplementedError
+
     def _transform_losses(self, losses: list[Tensor]) -> list[Tensor]:
         """The losses the gradients are taken of (IMTL-L scales them); the identity by default."""
         return losses
@@ -433,19 +439,20 @@ class GradientBalancer(StagedBalancer):
         self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
         """Solve on the summed Jacobian, write d (and any held heads); return the step's measurements."""
+        gram: Optional[Tensor] = None
         if self.BLOCK_GRAMIANS:
             grams = torch.stack([gramian([block]) for block in blocks])
             grams = rank_mean(grams / (scale * scale) if scale is not None else grams)
             self._block_grams = grams
             gram = grams.sum(0)
-        else:
+        elif self.SOLVE_READS_GRAMIAN or self.measuring:
             gram = gramian(blocks)
             if scale is not None:
                 gram = gram / (scale * scale)  # the statistics of the unscaled gradients
             gram = rank_mean(gram)
         losses = rank_mean(losses)
-        self._require_finite(gram, losses)
-        solution = self._solve(gram, losses)
+        self._require_finite(*([gram] if gram is not None else []), losses)
+        solution = self._solve(gram, losses) if self.SOLVE_READS_GRAMIAN and gram is not None else self._weigh(losses)
         pairs = [
             (p, g * solution.head_weights[i].to(g.dtype) if solution.head_weights is not None else g)
             for i, p, g in self._held
@@ -460,7 +467,8 @@ class GradientBalancer(StagedBalancer):
             write_leaf_grads(list(zip(self._params, directions)) + pairs)
         weights = solution.weights if solution.weights.dim() == 1 else solution.weights.mean(0)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
-        metrics.update(gram_metrics(gram, self.task_names))
+        if gram is not None and self.measuring:
+            metrics.update(gram_metrics(gram, self.task_names))
         metrics.update(solution.metrics)
         return metrics
 

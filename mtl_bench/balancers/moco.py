@@ -84,18 +84,21 @@ class MoCo(GradientBalancer):
         self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
         t = len(self.task_names)
-        grads = [rank_mean(b.float() / scale if scale is not None else b.float()) for b in blocks]
+        grads = [rank_mean(b.float()) for b in blocks]  # of the scaled losses: 1/scale goes into the factors below
         losses = rank_mean(losses)
         gram = gramian(grads)
+        if scale is not None:
+            gram = gram / (scale * scale)
         self._require_finite(gram, losses)
         factor = losses / (gram.diagonal().clamp_min(0).sqrt() + 1e-8)  # each gradient rescaled to norm L_i
         k = (self.steps + 1).to(torch.float32)
         beta_k, gamma_k = self.beta / k**self.beta_sigma, self.gamma / k**self.gamma_sigma
+        coefficient = beta_k * factor if scale is None else beta_k * factor / scale
         tracked = []
         for i, g in enumerate(grads):  # y − β_k (y − ĝ) as (1 − β_k) y + β_k ĝ, in two passes over a kept buffer
             y = self._current(f"tracked_{i}")
             new = torch.mul(y, 1 - beta_k, out=self._staging_buffer(f"tracked_{i}", y))
-            tracked.append(new.addcmul_(g, (beta_k * factor).view(-1, *([1] * (g.dim() - 1)))))
+            tracked.append(new.addcmul_(g, coefficient.view(-1, *([1] * (g.dim() - 1)))))
         step = (gramian(tracked) + self.rho * torch.eye(t, device=gram.device)) @ self.lambdas
         lambdas = torch.softmax(self.lambdas - gamma_k * step, dim=-1)
         self._stage(lambdas=lambdas, steps=self.steps + 1, **{f"tracked_{i}": y for i, y in enumerate(tracked)})
@@ -104,5 +107,6 @@ class MoCo(GradientBalancer):
             directions = [d * scale for d in directions]  # .grad holds scaled gradients until the scaler unscales
         write_leaf_grads(list(zip(self._params, directions)))
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, lambdas.unbind())}
-        metrics.update(gram_metrics(gram, self.task_names))
+        if self.measuring:
+            metrics.update(gram_metrics(gram, self.task_names))
         return metrics

@@ -88,5 +88,6 @@ class MultiBatchBalancer(GradientBalancer):
         factor = scale * k if scale is not None else None
         write_leaf_grads(list(zip(self._params, [d * factor if factor is not None else d for d in direction])))
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
-        metrics.update(gram_metrics(gram, self.task_names))
+        if self.measuring:
+            metrics.update(gram_metrics(gram, self.task_names))
         return metrics

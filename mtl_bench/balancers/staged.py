@@ -55,6 +55,11 @@ class StagedBalancer(Balancer):
     def accumulates(self) -> bool:
         return self._ctx is not None and self._ctx.accumulation_steps > 1
 
+    @property
+    def measuring(self) -> bool:
+        """Whether this step's measurements will be read (`BackwardContext.measure`; always without a context)."""
+        return self._ctx is None or self._ctx.measure
+
     def _begin(self, mode: str, ctx: Context, like: Tensor) -> Tensor | None:
         """Open (or continue, per task) a step; returns the backward's scale, or None without a context."""
         ctx = BackwardContext.of(ctx)

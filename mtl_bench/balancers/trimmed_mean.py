@@ -36,7 +36,8 @@ class TrimmedMean(GradientBalancer):
     results (the trimmed mean of the global batch would need the whole T×P Jacobian from every rank).
 
     Metrics: `weight/<task>` (the share of coordinates in which g_i was kept, divided by T − 2·trim, so the
-    weights of the plain mean are 1/T each), `grad_norm/<task>`, `grad_cos/<a>/<b>`.
+    weights of the plain mean are 1/T each), `grad_norm/<task>`, `grad_cos/<a>/<b>` (from the Gramian, computed
+    only at steps whose measurements are read: `BackwardContext.measure`).
     """
 
     SOURCES = ("shared_params",)
@@ -78,10 +79,7 @@ class TrimmedMean(GradientBalancer):
         self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
         t, kept = len(self.task_names), len(self.task_names) - 2 * self.trim
-        gram = gramian(blocks)
-        gram = rank_mean(gram / (scale * scale) if scale is not None else gram)
-        self._require_finite(gram, rank_mean(losses))
-        directions, counts, total = [], torch.zeros(t, device=gram.device), 0
+        directions, counts, total = [], torch.zeros(t, device=blocks[0].device), 0
         for block in blocks:  # the trimmed mean is homogeneous: scaled J, scaled result
             direction, kept_counts = block_drop_extremes(block) if self.trim == 1 else self._sorted_mean(block)
             directions.append(direction)
@@ -90,7 +88,10 @@ class TrimmedMean(GradientBalancer):
         write_leaf_grads(list(zip(self._params, directions)))
         weights = counts / (total * kept)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
-        metrics.update(gram_metrics(gram, self.task_names))
+        if self.measuring:  # the trimmed mean has no state and does not read the Gramian: only for the metrics
+            gram = gramian(blocks)
+            gram = rank_mean(gram / (scale * scale) if scale is not None else gram)
+            metrics.update(gram_metrics(gram, self.task_names))
         return metrics
 
 

@@ -507,7 +507,7 @@ class Recipe:
         conf, scaler = self.conf, self.precision.scaler
         self.optimizer.zero_grad(set_to_none=True)
         diagnose = self.diagnostics is not None and logging_now and (self.step + 1) % conf.diagnostics_every == 0
-        result = self.runner.run(self.step, self.diagnostics if diagnose else None)
+        result = self.runner.run(self.step, self.diagnostics if diagnose else None, measure=logging_now)
         measured = result.measurements
         if logging_now:
             measured |= self.model.measurements()  # what an architecture learned (gates, cross-stitch units)

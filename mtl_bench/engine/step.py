@@ -144,12 +144,14 @@ class StepRunner:
             self.on_first_losses(losses)
             self.on_first_losses = None
 
-    def run(self, step: int, diagnostics: Optional[GradientDiagnostics] = None) -> StepResult:
-        """`diagnostics`: measure each task's gradient of the last micro-batch as well (one extra backward each)."""
+    def run(self, step: int, diagnostics: Optional[GradientDiagnostics] = None, measure: bool = True) -> StepResult:
+        """`diagnostics`: measure each task's gradient of the last micro-batch as well (one extra backward each).
+        `measure`: whether this step's measurements will be read (False lets the balancer skip work done for them)."""
         tasks = self.taskset.tasks
         totals: list[Tensor] = []
         metrics: dict[str, Tensor] = {}
         self.ctx.epoch = step // self.steps_per_epoch
+        self.ctx.measure = measure
         for j in range(self.k):
             loader_step = step * self.k + j
             self._validation_step = loader_step  # a pure function of the step, so a resumed run draws the same
