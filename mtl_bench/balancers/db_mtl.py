@@ -11,7 +11,7 @@ from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import world_size
 from mtl_bench.balancers.jacobian import head_params, rank_mean, task_jacobian, write_leaf_grads
-from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
+from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
 
 GRAD_SOURCES = ("shared_params",)
 
@@ -192,8 +192,7 @@ class DualBalancing(StagedBalancer):
         self._check_open(len(self.task_names) * self._steps_per_update())
         log = self._log(loss)
         heads = head_params(log, shared, self._param_ids)
-        scaled = log * scale if scale is not None else log
-        grads = torch.autograd.grad(scaled, [*self._params, *heads], allow_unused=True)
+        grads = scaled_grad(log, [*self._params, *heads], scale, allow_unused=True)
         blocks = [(g if g is not None else torch.zeros_like(p)).unsqueeze(0) for g, p in zip(grads, self._params)]
         self._collect(task, grad=self._flat(blocks, scale)[0])
         write_leaf_grads([(p, g) for p, g in zip(heads, grads[len(self._params) :]) if g is not None])

@@ -46,7 +46,7 @@ from torch import Tensor
 from mtl_bench import cpp_kernels, tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import world_size
-from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
+from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
 
 GRAD_SOURCES = ("shared_params", "shared_rep")
 
@@ -140,8 +140,7 @@ def grads_at_shared(
     rows, heads = [], []
     for i, loss in enumerate(losses):
         task = head_params(loss, shared, shared_ids) if params is None else params[i]
-        scaled = loss * scale if scale is not None else loss
-        grads = torch.autograd.grad(scaled, [shared, *task], retain_graph=True, allow_unused=True)
+        grads = scaled_grad(loss, [shared, *task], scale, retain_graph=True, allow_unused=True)
         rows.append(grads[0] if grads[0] is not None else torch.zeros_like(shared))
         heads.append([(p, g) for p, g in zip(task, grads[1:]) if g is not None])
     return torch.stack(rows), heads
@@ -170,8 +169,7 @@ def task_jacobian(
     blocks: list[Tensor] = []
     heads = []
     for i, (loss, own) in enumerate(zip(losses, found)):
-        scaled = loss * scale if scale is not None else loss
-        grads = torch.autograd.grad(scaled, [*params, *own], retain_graph=i < t - 1, allow_unused=True)
+        grads = scaled_grad(loss, [*params, *own], scale, retain_graph=i < t - 1, allow_unused=True)
         if not blocks:  # rows laid out as autograd returns them (a Linear's weight gradient is transposed)
             refs = [g if g is not None else p for p, g in zip(params, grads)]
             fits = reuse is not None and len(reuse) == len(refs) and all(_fits(b, r, t) for b, r in zip(reuse, refs))
@@ -535,8 +533,7 @@ class GradientBalancer(StagedBalancer):
             )
         (loss,) = self._transform_losses_one(i, loss)
         params, _ = task_params(loss, shared, self._param_ids)  # exact whether or not `shared` is a cut
-        scaled = loss * scale if scale is not None else loss
-        grads = torch.autograd.grad(scaled, [*self._params, *params], allow_unused=True)
+        grads = scaled_grad(loss, [*self._params, *params], scale, allow_unused=True)
         shared_grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self._params)]
         head = [(p, g) for p, g in zip(params, grads[len(self._params) :]) if g is not None]
         write_leaf_grads(self._heads([head], [i], self._known_head_weights()))

@@ -12,6 +12,24 @@ from mtl_bench.balancers.base import BackwardContext, Balancer, Context
 JOINT, PER_TASK = "joint", "per_task"
 
 
+def scaled_grad(
+    loss: Tensor, inputs: Sequence[Tensor], scale: Tensor | None, retain_graph: bool = False, allow_unused: bool = False
+) -> tuple[Tensor | None, ...]:
+    """`torch.autograd.grad` of `scale * loss` (of `loss` when `scale` is None), like the real backward.
+
+    The scale enters as the loss's gradient instead of as a product with the loss: the same bits, without a
+    multiplication and its backward node per call (T of each per step). A loss of another dtype or shape than the
+    scale keeps the product (an fp16 loss cannot hold a loss scale of 2^16)."""
+    grad_output = None
+    if scale is not None and loss.dtype == scale.dtype and loss.shape == scale.shape:
+        grad_output = scale
+    elif scale is not None:
+        loss = loss * scale
+    return torch.autograd.grad(
+        loss, list(inputs), grad_outputs=grad_output, retain_graph=retain_graph, allow_unused=allow_unused
+    )
+
+
 def current_scale(scaler: BackwardContext | torch.amp.GradScaler, like: Tensor) -> Tensor:
     """The scale a backward is multiplied by, as a 0-d float32 tensor on `like`'s device, without a host sync.
 
@@ -117,8 +135,7 @@ class StagedBalancer(Balancer):
         self, loss: Tensor, inputs: Sequence[Tensor], scale: Tensor | None, allow_unused: bool = False
     ) -> tuple[Tensor | None, ...]:
         """Gradient of one loss, scaled like the real backward (fp16 heads underflow otherwise)."""
-        scaled = loss * scale if scale is not None else loss
-        return torch.autograd.grad(scaled, list(inputs), retain_graph=True, allow_unused=allow_unused)
+        return scaled_grad(loss, inputs, scale, retain_graph=True, allow_unused=allow_unused)
 
     def _collect(self, task: str, **stats: Tensor) -> None:
         """Record a task's statistics for `_finish`; under accumulation, their mean over the micro-batches."""

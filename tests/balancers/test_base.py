@@ -59,3 +59,22 @@ def test_every_balancer_keeps_its_constructors_signature():
         if isinstance(cls, type) and issubclass(cls, balancers.Balancer) and cls is not balancers.Balancer:
             params = inspect.signature(cls).parameters
             assert "task_names" in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()), name
+
+
+def test_scaled_grad_gives_the_bits_of_the_scaled_loss_without_the_product():
+    import torch
+
+    from mtl_bench.balancers.staged import scaled_grad
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, requires_grad=True)
+    w = torch.randn(3, 2, requires_grad=True)
+    loss = torch.tanh(x @ w).square().mean()
+    for scale in (torch.tensor(1.0), torch.tensor(1 / 3), torch.tensor(65536.0), torch.tensor(float("nan"))):
+        expected = torch.autograd.grad(loss * scale, [x, w], retain_graph=True)
+        got = scaled_grad(loss, [x, w], scale, retain_graph=True)
+        for e, g in zip(expected, got):
+            assert torch.equal(e, g) or (e.isnan().all() and g.isnan().all())
+    half = loss.half()  # another dtype: the product (autograd refuses a float32 gradient for an fp16 output)
+    (expected,) = torch.autograd.grad(half * torch.tensor(3.0), [w], retain_graph=True)
+    assert torch.equal(scaled_grad(half, [w], torch.tensor(3.0), retain_graph=True)[0], expected)
