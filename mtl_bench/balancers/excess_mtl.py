@@ -160,7 +160,7 @@ class ExcessMTL(GradientBalancer):
         ratio = excess / baseline
         moved = self._total * torch.softmax(torch.log(self.weights) + self.robust_step_size * ratio, dim=0)
         weights = torch.where(warming, self.weights, moved)
-        self._require_finite(weights)
+        self._require_finite(weights, excess)  # excess: a non-finite gradient makes its task's e non-finite
         self._stage(weights=weights, baseline=baseline, warmup_sum=warmup_sum, steps=steps)
         metrics = {
             f"excess_mtl/excess/{name}": v for name, v in zip(self.task_names, torch.where(warming, excess, ratio))

@@ -42,11 +42,11 @@ def test_logging_every_step_or_every_third_trains_the_same_parameters(compose_cf
     assert_same_run(compose_cfg, tmp_path, balancer)
 
 
-def make_step(cls, measure: bool):
+def make_step(cls, measure: bool, **options):
     torch.manual_seed(0)
     trunk = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
     heads = torch.nn.ModuleList(torch.nn.Linear(8, 1) for _ in range(3))
-    balancer = cls(["a", "b", "c"], list(trunk.parameters()))
+    balancer = cls(["a", "b", "c"], list(trunk.parameters()), **options)
     x, y = torch.randn(16, 6), torch.randn(3, 16, 1)
     ctx = BackwardContext(measure=measure)
 
@@ -59,13 +59,13 @@ def make_step(cls, measure: bool):
         balancer.step(False)
         return metrics
 
-    return trunk, balancer, step
+    return trunk, balancer, step, ctx
 
 
 @pytest.mark.parametrize("cls", [TrimmedMean, ExcessMTL, DualBalancing, MoCo, UPGrad])
 def test_a_step_that_is_not_measured_leaves_out_the_gradient_statistics_only(cls):
-    trunk_m, balancer_m, measured = make_step(cls, True)
-    trunk_u, balancer_u, unmeasured = make_step(cls, False)
+    trunk_m, balancer_m, measured, _ = make_step(cls, True)
+    trunk_u, balancer_u, unmeasured, _ = make_step(cls, False)
     for _ in range(3):
         full, short = measured(), unmeasured()
         for p, q in zip(trunk_m.parameters(), trunk_u.parameters()):
@@ -86,3 +86,16 @@ def test_the_loop_measures_at_its_logging_steps(compose_cfg, tmp_path):
     events.Reload()
     norms = [f"grad_norm/t{i}" for i in range(10)]  # toy10's tasks
     assert all([e.step for e in events.Scalars(tag)] == [3, 6] for tag in norms)
+
+
+@pytest.mark.parametrize(
+    ("cls", "options"), [(ExcessMTL, {}), (ExcessMTL, {"warmup_steps": 3}), (DualBalancing, {}), (MoCo, {})]
+)
+def test_a_non_finite_gradient_stays_out_of_the_state_of_a_step_that_is_not_measured(cls, options):
+    _, balancer, step, ctx = make_step(cls, False, **options)
+    step()
+    before = {k: v.clone() for k, v in balancer.state_dict().items()}
+    ctx.factor = float("inf")  # the scaled gradients are not finite, the losses are (an fp16 overflow)
+    step()  # committed as kept (step(False)): only the balancer's own finiteness check keeps the state
+    for key, value in balancer.state_dict().items():
+        assert torch.equal(value, before[key]), key
