@@ -106,13 +106,14 @@ class RescaledNormBalancer(StagedBalancer):
     # ------------------------------------------------------------------ maths
 
     def _measure(self, loss: Tensor, shared: Tensor, scale: Tensor | None) -> Tensor:
+        """The norm of the scaled loss's gradient at `shared` (`_unscale` divides it by the scale)."""
         (grad,) = self._grad(loss, [shared], scale)
         assert grad is not None  # allow_unused=False: autograd raises rather than return None
-        return self._norm(grad, scale)
+        return gradient_norm(grad, self.per_batch_item)
 
-    def _norm(self, grad: Tensor, scale: Tensor | None) -> Tensor:
-        norm = gradient_norm(grad, self.per_batch_item)
-        return norm / scale if scale is not None else norm  # norms of the unscaled gradient
+    @staticmethod
+    def _unscale(norms: Tensor, scale: Tensor | None) -> Tensor:
+        return norms / scale if scale is not None else norms  # norms of the unscaled gradients: one division a step
 
     def _task_grads(
         self, losses: list[Tensor], shared: Tensor, scale: Tensor | None
@@ -190,11 +191,12 @@ class RescaledNormBalancer(StagedBalancer):
             scale = self._begin(JOINT, ctx, shared)
             parts = self._task_grads([losses[name] for name in self.task_names], shared, scale)
             if parts is not None:
-                local = {name: self._norm(grad, scale) for name, (grad, _) in zip(self.task_names, parts)}
+                grads = [grad for grad, _ in parts]
+                local = {name: gradient_norm(grad, self.per_batch_item) for name, grad in zip(self.task_names, grads)}
             else:
                 local = {name: self._measure(losses[name], shared, scale) for name in self.task_names}
             reduced = average_by_name(local, self._count(shared))
-            norms = self._mean("norms", torch.stack([reduced[name] for name in self.task_names]))
+            norms = self._mean("norms", self._unscale(torch.stack([reduced[name] for name in self.task_names]), scale))
             self._require_finite(norms)
             avg = self._ema(slice(None), norms)
             if self.rescale_grads:
@@ -230,7 +232,7 @@ class RescaledNormBalancer(StagedBalancer):
         metrics: dict[str, Tensor] = {}
         if self.measures_norms:
             norm = average_by_name({task: self._measure(loss, shared, scale)}, self._count(shared))[task]
-            norm = self._mean(f"norm/{task}", norm)
+            norm = self._mean(f"norm/{task}", self._unscale(norm, scale))
             self._require_finite(norm)
             avg = self._ema(i, norm)
             if self.rescale_grads:
