@@ -406,6 +406,12 @@ class GradientBalancer(StagedBalancer):
         """Weights from the unscaled, rank-averaged Gramian (T, T) and the step's mean losses (T,)."""
         raise NotImplementedError
 
+    @staticmethod
+    def _unscaled_gramian(blocks: Sequence[Tensor], scale: Optional[Tensor]) -> Tensor:
+        """G of the unscaled gradients (the blocks hold the scaled ones), averaged over the ranks."""
+        gram = gramian(blocks)
+        return rank_mean(gram / (scale * scale) if scale is not None else gram)
+
     def _weigh(self, losses: Tensor) -> Solution:
         """Weights of a method that does not read the Gramian (`SOLVE_READS_GRAMIAN = False`): it is then computed
         only for the measurements of a step that reads them."""
@@ -444,10 +450,7 @@ class GradientBalancer(StagedBalancer):
             self._block_grams = grams
             gram = grams.sum(0)
         elif self.SOLVE_READS_GRAMIAN or self.measuring:
-            gram = gramian(blocks)
-            if scale is not None:
-                gram = gram / (scale * scale)  # the statistics of the unscaled gradients
-            gram = rank_mean(gram)
+            gram = self._unscaled_gramian(blocks, scale)
         losses = rank_mean(losses)
         self._require_finite(*([gram] if gram is not None else []), losses)
         solution = self._solve(gram, losses) if self.SOLVE_READS_GRAMIAN and gram is not None else self._weigh(losses)

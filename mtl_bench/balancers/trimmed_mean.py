@@ -14,8 +14,6 @@ from mtl_bench.balancers.jacobian import (
     GradientBalancer,
     flat_rows,
     gram_metrics,
-    gramian,
-    rank_mean,
     takes_kernel,
     unflatten_row,
     write_leaf_grads,
@@ -89,9 +87,7 @@ class TrimmedMean(GradientBalancer):
         weights = counts / (total * kept)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
         if self.measuring:  # the trimmed mean has no state and does not read the Gramian: only for the metrics
-            gram = gramian(blocks)
-            gram = rank_mean(gram / (scale * scale) if scale is not None else gram)
-            metrics.update(gram_metrics(gram, self.task_names))
+            metrics.update(gram_metrics(self._unscaled_gramian(blocks, scale), self.task_names))
         return metrics
 
 
