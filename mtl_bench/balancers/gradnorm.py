@@ -12,7 +12,7 @@ from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import average_by_name
-from mtl_bench.balancers.jacobian import task_params, upstream_leaves
+from mtl_bench.balancers.jacobian import leaf_grads_root, task_params, upstream_leaves
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 GRAD_SOURCES = ("last_shared", "shared_rep")
@@ -243,13 +243,13 @@ class GradNorm(StagedBalancer):
 
     def _norms_and_direction(
         self, losses: Sequence[Tensor], shared: Tensor, scale: Tensor | None, weights: Tensor
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]] | None:
+    ) -> tuple[Tensor, Tensor, Tensor, list[tuple[Tensor, Tensor]]] | None:
         """n_i from one backward per task that stops at the measured tensor (`shared`, or the hooked Linear's
         output) and also gives the task's own parameters (its head); with it, what the step's backward of Σ w_i L_i
         needs: Σ w_i δ_i at that tensor and w_i ∇L_i at each head, so the heads' backward does not run twice.
-        Returns (norms, tensors, gradients for them), or None where that does not hold (the generic per-parameter
-        path, or a loss that reads the trunk's parameters other than through that tensor): then `_norms` and the
-        full backward."""
+        Returns (norms, that tensor, Σ w_i δ_i, the heads' (parameter, w_i ∇L_i)), or None where that does not hold
+        (the generic per-parameter path, or a loss that reads the trunk's parameters other than through that tensor):
+        then `_norms` and the full backward."""
         norm_of: Callable[[Tensor], Tensor]
         if self.grad_source == "shared_rep":
             at, norm_of = shared, lambda g: torch.linalg.vector_norm(g, dtype=torch.float32)
@@ -264,7 +264,7 @@ class GradNorm(StagedBalancer):
             return None
         self._io = None  # release the activations with the graph
         norms, direction, product = [], None, None
-        heads: dict[int, tuple[Tensor, Tensor]] = {}  # by id: a parameter two tasks reach gets the sum
+        heads = []  # (parameter, w_k ∇L_k): a parameter two tasks reach gets the sum (`leaf_grads_root`)
         for k, (loss, (own, _)) in enumerate(zip(losses, found)):
             grad, *own_grads = self._grad(loss, [at, *own], scale)
             assert grad is not None  # allow_unused=False: autograd raises rather than return None
@@ -274,14 +274,10 @@ class GradNorm(StagedBalancer):
                 direction, product = grad * w, torch.empty_like(grad)
             else:
                 direction.add_(torch.mul(grad, w, out=product))
-            for p, g in zip(own, own_grads):
-                assert g is not None
-                g = g * weights[k].to(g.dtype)
-                heads[id(p)] = (p, heads[id(p)][1] + g if id(p) in heads else g)
+            heads += [(p, g * weights[k].to(g.dtype)) for p, g in zip(own, own_grads) if g is not None]
         assert direction is not None
         stacked = torch.stack(norms)
-        tensors = [at, *(p for p, _ in heads.values())]
-        return stacked / scale if scale is not None else stacked, tensors, [direction, *(g for _, g in heads.values())]
+        return stacked / scale if scale is not None else stacked, at, direction, heads
 
     def _norms(self, losses: Sequence[Tensor], shared: Tensor, scale: Tensor | None) -> Tensor:
         """n_i for each loss, on the unscaled gradients; float32."""
@@ -369,7 +365,9 @@ class GradNorm(StagedBalancer):
         norms, loss_values = self._reduce(own_norms, torch.stack([loss.detach().float() for loss in ordered]))
         metrics = self._update(self._mean("norms", norms), self._mean("losses", loss_values))
         if measured is not None:  # Σ_k w_k ∇L_k at the measured tensor and the heads, in ONE autograd call
-            torch.autograd.backward(measured[1], measured[2])
+            _, at, direction, heads = measured
+            roots, grads = ([at, leaf_grads_root(heads)], [direction, None]) if heads else ([at], [direction])
+            torch.autograd.backward(roots, grads)
         else:
             self.run_backward((weights * torch.stack(ordered)).sum(), ctx)
         self._end_joint()

@@ -22,9 +22,9 @@ rows are the g_i. So one step here is:
    the same weights.
 4. The method turns G into weights (most on the CPU: T×T problems, see `host_gramian`).
 5. d = Σ_i w_i g_i per block, and everything lands in `.grad` through ONE autograd call on the leaves
-   (`autograd.backward(params, grad_tensors)`): it adds to existing gradients (per-task mode and
-   gradient accumulation add up) and fires DDP's gradient hooks, so DDP all-reduces the direction as it
-   would a plain backward. With `shared_rep` the direction at `shared` goes back through the trunk instead.
+   (`write_leaf_grads`): it adds to existing gradients (per-task mode and gradient accumulation add up) and
+   fires DDP's gradient hooks, so DDP all-reduces the direction as it would a plain backward. With
+   `shared_rep` the direction at `shared` goes back through the trunk instead.
 
 The heads' parameters get the gradient of Σ_i c_i L_i with c_i = 1 (the papers; LibMTL and torchjd do the
 same) unless a method says otherwise (Nash-MTL: its weights; IMTL-L: the loss scales).
@@ -310,11 +310,41 @@ def gram_metrics(gram: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
     return metrics
 
 
-def write_leaf_grads(pairs: Sequence[tuple[Tensor, Tensor]]) -> None:
-    """Add each gradient to its leaf's `.grad` in one autograd call (DDP's gradient hooks fire)."""
+class _HandOver(torch.autograd.Function):
+    """A scalar whose backward returns, once, the gradients it was given for its inputs (the leaves)."""
+
+    @staticmethod
+    def forward(ctx: Any, box: list[list[Tensor]], *leaves: Tensor) -> Tensor:
+        ctx.box = box
+        return leaves[0].new_zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, *_: Tensor) -> tuple[Optional[Tensor], ...]:
+        grads, ctx.box = ctx.box.pop(), None
+        return (None, *grads)
+
+
+def leaf_grads_root(pairs: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """A scalar root whose backward adds each gradient of `pairs` to its leaf's `.grad`, as a plain backward would.
+
+    `pairs` is emptied: its gradients are handed over, and autograd keeps each one as the leaf's `.grad`
+    without a copy where the leaf has none and nothing else holds the gradient (a gradient handed to
+    `autograd.backward` for a leaf is copied, since the caller still holds it: 25 µs for a 100 x 512 weight).
+    So the gradients must be tensors made for this call, not views of tensors kept past it. The leaves'
+    hooks and DDP's reducer see an ordinary backward.
+    """
     leaves = [p for p, _ in pairs]
-    if leaves:
-        torch.autograd.backward(leaves, [g.to(p.dtype) for p, g in pairs])
+    box = [[g.to(p.dtype) for p, g in pairs]]
+    pairs.clear()
+    with torch.enable_grad():
+        return _HandOver.apply(box, *leaves)
+
+
+def write_leaf_grads(pairs: list[tuple[Tensor, Tensor]]) -> None:
+    """Add each gradient to its leaf's `.grad` in one autograd call (DDP's gradient hooks fire); `pairs` is
+    emptied (`leaf_grads_root`)."""
+    if pairs:
+        leaf_grads_root(pairs).backward()
 
 
 # ---------------------------------------------------------------------------------------------- base class
@@ -459,13 +489,12 @@ class GradientBalancer(StagedBalancer):
             for i, p, g in self._held
         ]
         self._held = []
-        directions = combine(blocks, solution.weights)
         if shared is not None:  # shared_rep: the direction at the representation goes back through the trunk
-            torch.autograd.backward(
-                [shared, *(p for p, _ in pairs)], [directions[0].to(shared.dtype), *(g.to(p.dtype) for p, g in pairs)]
-            )
-        else:
-            write_leaf_grads(list(zip(self._params, directions)) + pairs)
+            (direction,) = combine(blocks, solution.weights)
+            heads = [leaf_grads_root(pairs)] if pairs else []
+            torch.autograd.backward([shared, *heads], [direction.to(shared.dtype), *[None] * len(heads)])
+        else:  # the directions are made here: autograd keeps them as `.grad` without a copy
+            write_leaf_grads([*zip(self._params, combine(blocks, solution.weights)), *pairs])
         weights = solution.weights if solution.weights.dim() == 1 else solution.weights.mean(0)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
         if gram is not None and self.measuring:

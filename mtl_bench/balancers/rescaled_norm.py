@@ -10,7 +10,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context, stack_weights, task_weights
 from mtl_bench.balancers.distributed import average_by_name
-from mtl_bench.balancers.jacobian import task_params, upstream_leaves
+from mtl_bench.balancers.jacobian import leaf_grads_root, task_params, upstream_leaves
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 SMALL_HEAD_FACTOR = 4  # heads of up to this many times the shared features in parameters are small (_task_grads)
@@ -154,12 +154,12 @@ class RescaledNormBalancer(StagedBalancer):
         product = torch.empty_like(direction)  # one buffer for every g_k·scale_k (EnCodec's rounding: no FMA)
         for (grad, _), f in zip(parts[1:], scales[1:]):
             direction.add_(torch.mul(grad, f, out=product))
-        heads: dict[int, tuple[Tensor, Tensor]] = {}  # by id: a parameter two heads share gets the sum
-        for (_, pairs), f in zip(parts, factors.unbind()):
-            for p, g in pairs:
-                g = g * f.to(g.dtype)
-                heads[id(p)] = (p, heads[id(p)][1] + g if id(p) in heads else g)
-        torch.autograd.backward([shared, *(p for p, _ in heads.values())], [direction, *(g for _, g in heads.values())])
+        # factor_k ∇L_k at each head (a parameter two heads share gets the sum), made here and handed to autograd
+        heads = [(p, g * f.to(g.dtype)) for (_, pairs), f in zip(parts, factors.unbind()) for p, g in pairs]
+        if heads:
+            torch.autograd.backward([shared, leaf_grads_root(heads)], [direction, None])
+        else:
+            shared.backward(direction)
 
     def _count(self, shared: Tensor) -> int:
         return shared.shape[0] if self.per_batch_item and shared.dim() > 0 else 1

@@ -142,8 +142,9 @@ def test_update_equals_autograd_create_graph_gradient():
 
 
 # "skip": task a's loss also reads the trunk's first layer directly, so the gradient at the measured tensor
-# misses a path and the balancer must run the full backward of Σ w_i L_i.
-@pytest.mark.parametrize("case", ["last_shared", "shared_rep", "skip"])
+# misses a path and the balancer must run the full backward of Σ w_i L_i. "shared_head": task c's loss also reads
+# task a's head, whose parameters then get the sum of two tasks' weighted gradients.
+@pytest.mark.parametrize("case", ["last_shared", "shared_rep", "skip", "shared_head"])
 def test_network_gets_only_the_weighted_sum_gradient(case: str):
     model, (x, y) = make_model(), batch()
     if case == "shared_rep":
@@ -157,6 +158,8 @@ def test_network_gets_only_the_weighted_sum_gradient(case: str):
         out, losses = model_losses(model, x, y)
         if case == "skip":
             losses["a"] = losses["a"] + model.trunk[0].weight.square().sum()
+        if case == "shared_head":
+            losses["c"] = losses["c"] + model.heads["a"](out.shared).square().mean()
         return out, losses
 
     out, losses = losses_of_case()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from mtl_bench.balancers import IMTL, MGDA, BackwardContext, GradVac, PCGrad, UPGrad
 from mtl_bench.balancers.jacobian import (
@@ -21,6 +21,7 @@ from mtl_bench.balancers.jacobian import (
     param_jacobian,
     rows_like,
     task_jacobian,
+    write_leaf_grads,
 )
 from tests.helpers.balancer_kit import TASKS3, batch, make_model, no_host_sync, task_losses
 
@@ -88,6 +89,32 @@ def test_rows_laid_out_like_a_transposed_gradient():
     torch.testing.assert_close(gramian([block]), gramian([dense]))
     w = torch.tensor([0.5, -1.0, 2.0])
     torch.testing.assert_close(combine([block], w)[0], 0.5 * grads[0] - grads[1] + 2 * grads[2])
+
+
+def test_leaf_gradients_are_handed_over_without_a_copy_and_as_a_plain_backward():
+    """write_leaf_grads: a leaf without `.grad` keeps the handed tensor itself; one with `.grad` gets the sum in place;
+    a leaf twice gets both; a tensor hook changes what lands and a post-accumulate hook sees it, as with
+    autograd.backward; a gradient someone still holds is copied; fp16 gradients become the leaf's dtype."""
+    fresh, held, twice, hooked = (nn.Parameter(torch.zeros(4, 3)) for _ in range(4))
+    old = torch.ones(4, 3)
+    held.grad = old
+    mine, kept = torch.full((4, 3), 2.0), torch.full((4, 3), 3.0)
+    seen: list[Tensor] = []
+    hooked.register_hook(lambda g: g * 10)
+    hooked.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+    pairs = [(fresh, torch.full((4, 3), 5.0)), (held, kept), (twice, mine), (twice, mine.half()), (hooked, kept)]
+    pointer = pairs[0][1].data_ptr()
+    with torch.no_grad():
+        write_leaf_grads(pairs)
+    assert pairs == []  # handed over
+    assert fresh.grad is not None and fresh.grad.data_ptr() == pointer
+    assert torch.equal(fresh.grad, torch.full((4, 3), 5.0))
+    assert held.grad is old and torch.equal(old, torch.full((4, 3), 4.0))
+    assert twice.grad is not None and twice.grad.dtype == torch.float32
+    assert torch.equal(twice.grad, torch.full((4, 3), 4.0))
+    assert hooked.grad is not None and torch.equal(hooked.grad, torch.full((4, 3), 30.0))
+    assert hooked.grad.data_ptr() != kept.data_ptr() and len(seen) == 1 and torch.equal(seen[0], hooked.grad)
+    assert torch.equal(kept, torch.full((4, 3), 3.0))  # a held gradient is copied, never aliased
 
 
 def test_head_reading_the_trunk_elsewhere_is_refused():

@@ -315,6 +315,29 @@ def test_a_head_reading_the_trunk_directly_gets_the_full_backward():
         torch.testing.assert_close(g, ref)
 
 
+def test_a_head_two_losses_read_gets_both_scaled_gradients(monkeypatch):
+    """Each head's gradient from its per-task backward (factor 0), where loss b also reads head a: head a gets
+    scale_a ∇_a L_a + scale_b ∇_a L_b, as in the full backward of Σ scale_k L_k."""
+    monkeypatch.setattr(rescaled_norm, "SMALL_HEAD_FACTOR", 0)
+    model, (x, y) = make_model(), batch()
+    bal = rescaled({"a": 1.0, "b": 1.0})
+
+    def losses_sharing_head_a():
+        out, losses = model_losses(model, x, y)
+        losses["b"] = losses["b"] + model.heads["a"](out.shared).square().mean()
+        return out, losses
+
+    out, losses = losses_sharing_head_a()
+    metrics = bal.backward(losses, out.shared)
+    assert bal._small_heads is False
+    got = grads(model)
+    model.zero_grad()
+    _, losses = losses_sharing_head_a()
+    (metrics["weight/a"] * losses["a"] + metrics["weight/b"] * losses["b"]).backward()
+    for g, ref in zip(got, grads(model)):
+        torch.testing.assert_close(g, ref)
+
+
 def test_head_gradients_kept_or_a_second_head_backward_train_alike(monkeypatch):
     # heads of 5 and 10 parameters beside 4 shared features: small under the default factor (the full backward of
     # Σ scale_k L_k); with factor 0 each head's gradient comes from its per-task backward, then one write
