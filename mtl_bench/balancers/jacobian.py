@@ -493,8 +493,9 @@ class GradientBalancer(StagedBalancer):
             (direction,) = combine(blocks, solution.weights)
             heads = [leaf_grads_root(pairs)] if pairs else []
             torch.autograd.backward([shared, *heads], [direction.to(shared.dtype), *[None] * len(heads)])
-        else:  # the directions are made here: autograd keeps them as `.grad` without a copy
-            write_leaf_grads([*zip(self._params, combine(blocks, solution.weights)), *pairs])
+        else:  # the directions and heads' gradients are made here: autograd keeps them as `.grad` without a copy
+            pairs[:0] = zip(self._params, combine(blocks, solution.weights))
+            write_leaf_grads(pairs)
         weights = solution.weights if solution.weights.dim() == 1 else solution.weights.mean(0)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
         if gram is not None and self.measuring:

@@ -102,10 +102,10 @@ class MoCo(GradientBalancer):
         step = (gramian(tracked) + self.rho * torch.eye(t, device=gram.device)) @ self.lambdas
         lambdas = torch.softmax(self.lambdas - gamma_k * step, dim=-1)
         self._stage(lambdas=lambdas, steps=self.steps + 1, **{f"tracked_{i}": y for i, y in enumerate(tracked)})
-        directions = [(lambdas @ y.reshape(t, -1)).view(y.shape[1:]) for y in tracked]
-        if scale is not None:
-            directions = [d * scale for d in directions]  # .grad holds scaled gradients until the scaler unscales
-        write_leaf_grads(list(zip(self._params, directions)))
+        directions = [(p, (lambdas @ y.reshape(t, -1)).view(y.shape[1:])) for p, y in zip(self._params, tracked)]
+        if scale is not None:  # .grad holds scaled gradients until the scaler unscales
+            directions = [(p, d.mul_(scale)) for p, d in directions]
+        write_leaf_grads(directions)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, lambdas.unbind())}
         if self.measuring:
             metrics.update(gram_metrics(gram, self.task_names))

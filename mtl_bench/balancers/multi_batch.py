@@ -86,7 +86,7 @@ class MultiBatchBalancer(GradientBalancer):
         weights, direction = self._combine(jacobians)
         # .grad holds the loss scale times the step's gradient: each micro-batch's scale is factor·loss scale.
         factor = scale * k if scale is not None else None
-        write_leaf_grads(list(zip(self._params, [d * factor if factor is not None else d for d in direction])))
+        write_leaf_grads([(p, d.mul_(factor) if factor is not None else d) for p, d in zip(self._params, direction)])
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
         if self.measuring:
             metrics.update(gram_metrics(gram, self.task_names))

@@ -78,12 +78,12 @@ class TrimmedMean(GradientBalancer):
     ) -> dict[str, Tensor]:
         t, kept = len(self.task_names), len(self.task_names) - 2 * self.trim
         directions, counts, total = [], torch.zeros(t, device=blocks[0].device), 0
-        for block in blocks:  # the trimmed mean is homogeneous: scaled J, scaled result
+        for p, block in zip(self._params, blocks):  # the trimmed mean is homogeneous: scaled J, scaled result
             direction, kept_counts = block_drop_extremes(block) if self.trim == 1 else self._sorted_mean(block)
-            directions.append(direction)
+            directions.append((p, direction))
             counts += kept_counts.to(counts.dtype)
             total += block[0].numel()
-        write_leaf_grads(list(zip(self._params, directions)))
+        write_leaf_grads(directions)
         weights = counts / (total * kept)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
         if self.measuring:  # the trimmed mean has no state and does not read the Gramian: only for the metrics
