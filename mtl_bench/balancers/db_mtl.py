@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -10,7 +10,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import world_size
-from mtl_bench.balancers.jacobian import head_params, rank_mean, task_jacobian, write_leaf_grads
+from mtl_bench.balancers.jacobian import head_params, rank_mean, task_gradients, task_jacobian, write_leaf_grads
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
 
 GRAD_SOURCES = ("shared_params",)
@@ -28,7 +28,8 @@ class DualBalancing(StagedBalancer):
     not in LibMTL 1.1.5), defaults beta = 0.9, beta_sigma = 0 from its config. Like LibMTL, the
     representation-gradient mode (`rep_grad=True`) is not supported. LibMTL takes the T gradients with T
     backwards through the whole network and then overwrites the shared gradients; here the T backwards
-    (`jacobian.task_jacobian`, one per task through its head and the trunk) write each g_i into its row, and
+    (`jacobian.task_gradients`, one per task through its head and the trunk) each make row i of the new EMA from
+    g_i as it arrives (on one process without accumulation; otherwise from the (T, P) gradients, see below), and
     the shared gradients receive only Σ_i α_i m_i. A shared parameter the losses do not reach gets a zero
     row in g (LibMTL: zeros too) and still receives its part of Σ_i α_i m_i (LibMTL leaves a parameter
     without a `.grad` alone; the same whenever every shared parameter is used).
@@ -105,22 +106,29 @@ class DualBalancing(StagedBalancer):
     def _steps_per_update(self) -> int:
         return self._ctx.accumulation_steps if self._ctx is not None else 1
 
-    def _update(self, blocks: Sequence[Tensor], inv: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    def _update(self, rows: Iterable[Sequence[Tensor]], inv: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
         """Stage the EMA from the committed one and this step's g; return Σ α_i m_i (P,) and the metrics.
 
-        g is given as (T, n_k) or (T, *p.shape) blocks, one per shared parameter, times `inv` (None: 1): the
-        gradients of the scaled losses and 1/scale, so the unscaling costs no pass of its own. The new EMA is built
-        block by block in one (T, P) tensor, d·m + (1 − d)·g (LibMTL's g + d·(m − g), rounded differently).
+        g is given task by task: g_i's pieces, one per shared parameter ((n_k,) or p.shape), float32, times `inv`
+        (None: 1): the gradients of the scaled losses and 1/scale, so the unscaling costs no pass of its own. In
+        the common case they are what task i's backward returns (`task_gradients`): row i of the new EMA,
+        d·m_i + (1 − d)·g_i (LibMTL's g + d·(m − g), rounded differently), and its norm are made while g_i is in
+        cache, and no (T, P) copy of the gradients is made.
         """
         steps = self.steps + 1
         decay = (self.beta / steps.double().pow(self.beta_sigma)).float()  # LibMTL: a float64 Python number
         fresh = 1 - decay if inv is None else (1 - decay) * inv
         ema = self._staging_buffer("grad_ema", self.grad_ema)  # on the CPU it becomes the EMA by a swap
-        for g, old, new in zip(blocks, self.grad_ema.split(self._numels, dim=1), ema.split(self._numels, dim=1)):
-            new = new.view(g.shape)  # g's rows may be laid out transposed (a Linear's weight): read in place
-            torch.mul(old.view(g.shape), decay, out=new)
-            new.addcmul_(g, fresh)
-        norms = torch.linalg.vector_norm(ema, dim=1)
+        ema_norms, grad_norms = [], []
+        for i, g_i in enumerate(rows):
+            for g, old, new in zip(g_i, self.grad_ema[i].split(self._numels), ema[i].split(self._numels)):
+                new = new.view(g.shape)  # g may be laid out transposed (a Linear's weight): read in place
+                torch.mul(old.view(g.shape), decay, out=new)
+                new.addcmul_(g, fresh)
+            ema_norms.append(torch.linalg.vector_norm(ema[i]))
+            if self.measuring:  # the norms of g are only measured
+                grad_norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_i])))
+        norms = torch.stack(ema_norms)
         self._require_finite(norms)  # a non-finite element of g makes its row of the new EMA, and its norm, so
         alpha = norms.max() / (norms + self.eps)
         self._stage(grad_ema=ema, steps=steps)
@@ -128,20 +136,26 @@ class DualBalancing(StagedBalancer):
         for i, name in enumerate(self.task_names):
             metrics[tags.weight(name)] = alpha[i]
             metrics[f"db_mtl/ema_norm/{name}"] = norms[i]
-        if self.measuring:  # the norms of g are only measured: a pass over J of their own
-            squares = [torch.linalg.vector_norm(g, dim=tuple(range(1, g.dim())), dtype=torch.float32) for g in blocks]
-            grad_norms = torch.stack(squares).square().sum(0).sqrt()
-            grad_norms = grad_norms * inv if inv is not None else grad_norms
-            metrics.update({tags.grad_norm(name): grad_norms[i] for i, name in enumerate(self.task_names)})
+        if grad_norms:
+            unscaled = torch.stack(grad_norms) * inv if inv is not None else torch.stack(grad_norms)
+            metrics.update({tags.grad_norm(name): unscaled[i] for i, name in enumerate(self.task_names)})
         return alpha @ ema, metrics
 
-    def _write(self, blocks: Sequence[Tensor], inv: Tensor | None) -> dict[str, Tensor]:
-        """The step's update from g; Σ α_i m_i (times the loss scale) lands in the shared parameters' `.grad`."""
-        combined, metrics = self._update(blocks, inv)
+    def _write(
+        self, rows: Iterable[Sequence[Tensor]], inv: Tensor | None, heads: list[tuple[Tensor, Tensor]]
+    ) -> dict[str, Tensor]:
+        """The step's update from g (`_update`); Σ α_i m_i (times the loss scale) lands in the shared parameters'
+        `.grad`, with the heads' gradients (filled while the rows are read) in the same autograd call."""
+        combined, metrics = self._update(rows, inv)
         if self._loss_scale is not None:
             combined = combined * self._loss_scale
-        write_leaf_grads([(p, piece.view_as(p)) for p, piece in zip(self._params, combined.split(self._numels))])
+        pieces = combined.split(self._numels)
+        write_leaf_grads([*((p, piece.view_as(p)) for p, piece in zip(self._params, pieces)), *heads])
         return metrics
+
+    def _rows(self, flat: Tensor) -> list[list[Tensor]]:
+        """The (T, P) gradients as each task's pieces (`_update`)."""
+        return [list(row.split(self._numels)) for row in flat]
 
     def _check_open(self, expected: int) -> None:
         if self._backwards >= expected:
@@ -166,22 +180,33 @@ class DualBalancing(StagedBalancer):
         scale = self._begin(JOINT, ctx, shared)
         self._check_open(self._steps_per_update())
         logs = [self._log(losses[name]) for name in self.task_names]
-        spare = self.__dict__.pop("_spare_blocks", None)  # last step's J, written over (its pages stay mapped)
-        blocks, heads = task_jacobian(logs, shared, self._params, scale, self._param_ids, spare)
-        write_leaf_grads([pair for task_heads in heads for pair in task_heads])
         self._backwards += 1
         if world_size() == 1 and not self.accumulates:  # the common case: no (T, P) copy, unscaled in the EMA
             inv = 1 / scale if scale is not None else None
-            metrics = self._write([b.float() for b in blocks], inv)  # (T, *p.shape), in autograd's layout
-            self.__dict__["_spare_blocks"] = blocks
+            heads: list[tuple[Tensor, Tensor]] = []
+            metrics = self._write(self._task_rows(logs, shared, scale, heads), inv, heads)
         else:
+            blocks, task_heads = task_jacobian(logs, shared, self._params, scale, self._param_ids)
+            write_leaf_grads([pair for own in task_heads for pair in own])
             grads = self._mean("grads", self._flat(blocks, scale))
             del blocks
             if self._backwards < self._steps_per_update():
                 return {}
-            metrics = self._write(grads.split(self._numels, dim=1), None)
+            metrics = self._write(self._rows(grads), None, [])
         self._end_joint()
         return metrics
+
+    def _task_rows(
+        self, logs: list[Tensor], shared: Tensor, scale: Tensor | None, heads: list[tuple[Tensor, Tensor]]
+    ) -> Iterator[list[Tensor]]:
+        """Each task's gradients at the shared parameters (float32; zeros where it does not reach one) as its
+        backward returns them; its heads' gradients go into `heads`."""
+        for grads, own in task_gradients(logs, shared, self._params, scale, self._param_ids):
+            heads += own
+            yield [
+                g.float() if g is not None else torch.zeros_like(p, dtype=torch.float32)
+                for g, p in zip(grads, self._params)
+            ]
 
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         """Per-task mode: the task's g_i on its own batch; the shared gradient is written at the step's last
@@ -200,7 +225,7 @@ class DualBalancing(StagedBalancer):
         if self._backwards < len(self.task_names) * self._steps_per_update():
             return {}
         stacked = torch.stack([self._collected[name]["grad"] for name in self.task_names])
-        return self._write(stacked.split(self._numels, dim=1), None)
+        return self._write(self._rows(stacked), None, [])
 
     def step(self, skipped: bool | Tensor | None = None) -> dict[str, Tensor]:
         expected = (1 if self._mode == JOINT else len(self.task_names)) * self._steps_per_update()

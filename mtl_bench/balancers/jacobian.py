@@ -36,7 +36,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -165,19 +165,30 @@ def task_jacobian(
     page faults on every step: 30 ms against 4 ms for 37 MB on one CPU thread).
     """
     t = len(losses)
-    found = [task_params(loss, shared, shared_ids)[0] for loss in losses]
     blocks: list[Tensor] = []
     heads = []
-    for i, (loss, own) in enumerate(zip(losses, found)):
-        grads = scaled_grad(loss, [*params, *own], scale, retain_graph=i < t - 1, allow_unused=True)
+    for i, (grads, own) in enumerate(task_gradients(losses, shared, params, scale, shared_ids)):
         if not blocks:  # rows laid out as autograd returns them (a Linear's weight gradient is transposed)
             refs = [g if g is not None else p for p, g in zip(params, grads)]
             fits = reuse is not None and len(reuse) == len(refs) and all(_fits(b, r, t) for b, r in zip(reuse, refs))
             blocks = list(reuse) if fits and reuse is not None else [rows_like(r, t) for r in refs]
         for block, g in zip(blocks, grads):
             block[i].copy_(g) if g is not None else block[i].zero_()
-        heads.append([(p, g) for p, g in zip(own, grads[len(params) :]) if g is not None])
+        heads.append(own)
     return blocks, heads
+
+
+def task_gradients(
+    losses: Sequence[Tensor], shared: Tensor, params: Sequence[Tensor], scale: Optional[Tensor], shared_ids: set[int]
+) -> Iterator[tuple[list[Optional[Tensor]], list[tuple[Tensor, Tensor]]]]:
+    """Task by task, as its backward returns them: its gradients at `params` (None where it does not reach one) and
+    (parameter, gradient) at its own parameters. One backward per task through its head and the trunk; the graph is
+    freed by the last one."""
+    t = len(losses)
+    found = [task_params(loss, shared, shared_ids)[0] for loss in losses]  # before a backward frees a graph
+    for i, (loss, own) in enumerate(zip(losses, found)):
+        grads = scaled_grad(loss, [*params, *own], scale, retain_graph=i < t - 1, allow_unused=True)
+        yield list(grads[: len(params)]), [(p, g) for p, g in zip(own, grads[len(params) :]) if g is not None]
 
 
 def param_jacobian(shared: Tensor, params: Sequence[Tensor], rows: Tensor) -> list[Tensor]:
