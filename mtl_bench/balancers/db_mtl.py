@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -10,7 +10,13 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import world_size
-from mtl_bench.balancers.jacobian import head_params, rank_mean, task_gradients, task_jacobian, write_leaf_grads
+from mtl_bench.balancers.jacobian import (
+    float_task_rows,
+    head_params,
+    rank_mean,
+    task_jacobian,
+    write_leaf_grads,
+)
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
 
 GRAD_SOURCES = ("shared_params",)
@@ -28,7 +34,7 @@ class DualBalancing(StagedBalancer):
     not in LibMTL 1.1.5), defaults beta = 0.9, beta_sigma = 0 from its config. Like LibMTL, the
     representation-gradient mode (`rep_grad=True`) is not supported. LibMTL takes the T gradients with T
     backwards through the whole network and then overwrites the shared gradients; here the T backwards
-    (`jacobian.task_gradients`, one per task through its head and the trunk) each make row i of the new EMA from
+    (`jacobian.float_task_rows`, one per task through its head and the trunk) each make row i of the new EMA from
     g_i as it arrives (on one process without accumulation; otherwise from the (T, P) gradients, see below), and
     the shared gradients receive only Σ_i α_i m_i. A shared parameter the losses do not reach gets a zero
     row in g (LibMTL: zeros too) and still receives its part of Σ_i α_i m_i (LibMTL leaves a parameter
@@ -111,7 +117,7 @@ class DualBalancing(StagedBalancer):
 
         g is given task by task: g_i's pieces, one per shared parameter ((n_k,) or p.shape), float32, times `inv`
         (None: 1): the gradients of the scaled losses and 1/scale, so the unscaling costs no pass of its own. In
-        the common case they are what task i's backward returns (`task_gradients`): row i of the new EMA,
+        the common case they are what task i's backward returns (`float_task_rows`): row i of the new EMA,
         d·m_i + (1 − d)·g_i (LibMTL's g + d·(m − g), rounded differently), and its norm are made while g_i is in
         cache, and no (T, P) copy of the gradients is made.
         """
@@ -184,7 +190,8 @@ class DualBalancing(StagedBalancer):
         if world_size() == 1 and not self.accumulates:  # the common case: no (T, P) copy, unscaled in the EMA
             inv = 1 / scale if scale is not None else None
             heads: list[tuple[Tensor, Tensor]] = []
-            metrics = self._write(self._task_rows(logs, shared, scale, heads), inv, heads)
+            rows = float_task_rows(logs, shared, self._params, scale, self._param_ids, heads)
+            metrics = self._write(rows, inv, heads)
         else:
             blocks, task_heads = task_jacobian(logs, shared, self._params, scale, self._param_ids)
             write_leaf_grads([pair for own in task_heads for pair in own])
@@ -195,18 +202,6 @@ class DualBalancing(StagedBalancer):
             metrics = self._write(self._rows(grads), None, [])
         self._end_joint()
         return metrics
-
-    def _task_rows(
-        self, logs: list[Tensor], shared: Tensor, scale: Tensor | None, heads: list[tuple[Tensor, Tensor]]
-    ) -> Iterator[list[Tensor]]:
-        """Each task's gradients at the shared parameters (float32; zeros where it does not reach one) as its
-        backward returns them; its heads' gradients go into `heads`."""
-        for grads, own in task_gradients(logs, shared, self._params, scale, self._param_ids):
-            heads += own
-            yield [
-                g.float() if g is not None else torch.zeros_like(p, dtype=torch.float32)
-                for g, p in zip(grads, self._params)
-            ]
 
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         """Per-task mode: the task's g_i on its own batch; the shared gradient is written at the step's last

@@ -191,6 +191,22 @@ def task_gradients(
         yield list(grads[: len(params)]), [(p, g) for p, g in zip(own, grads[len(params) :]) if g is not None]
 
 
+def float_task_rows(
+    losses: Sequence[Tensor],
+    shared: Tensor,
+    params: Sequence[Tensor],
+    scale: Optional[Tensor],
+    shared_ids: set[int],
+    heads: list[tuple[Tensor, Tensor]],
+) -> Iterator[list[Tensor]]:
+    """`task_gradients` for a method that works on each task's gradient as it arrives, without a Jacobian: task by
+    task, its gradients at `params` as float32 (zeros where it does not reach one); its own parameters' (parameter,
+    gradient) pairs are added to `heads`."""
+    for grads, own in task_gradients(losses, shared, params, scale, shared_ids):
+        heads += own
+        yield [g.float() if g is not None else torch.zeros_like(p, dtype=torch.float32) for g, p in zip(grads, params)]
+
+
 def param_jacobian(shared: Tensor, params: Sequence[Tensor], rows: Tensor) -> list[Tensor]:
     """J as one (T, *p.shape) block per parameter: ONE batched vector-Jacobian product through the trunk.
 

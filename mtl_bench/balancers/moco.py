@@ -9,7 +9,17 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.jacobian import GradientBalancer, gram_metrics, gramian, rank_mean, write_leaf_grads
+from mtl_bench.balancers.base import BackwardContext, Context
+from mtl_bench.balancers.distributed import world_size
+from mtl_bench.balancers.jacobian import (
+    GradientBalancer,
+    float_task_rows,
+    gram_metrics,
+    gramian,
+    rank_mean,
+    write_leaf_grads,
+)
+from mtl_bench.balancers.staged import JOINT
 
 
 class MoCo(GradientBalancer):
@@ -80,33 +90,67 @@ class MoCo(GradientBalancer):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, beta={self.beta}, gamma={self.gamma}"
 
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        """On one process without accumulation each task's tracked gradient is updated from its gradient as the
+        task's backward returns it (`float_task_rows`): no Jacobian is copied, and no Gramian of it is needed (its
+        diagonal is the norms, taken while each gradient is in cache). Otherwise the Jacobian's path
+        (`_finish_solve`: DDP averages J, accumulation sums it), which runs the same arithmetic row by row."""
+        context = BackwardContext.of(ctx)
+        if world_size() > 1 or (context is not None and context.accumulation_steps > 1):
+            return super().backward(losses, shared, ctx)
+        self.check_losses(losses)
+        scale = self._begin(JOINT, ctx, shared)
+        ordered = [losses[name] for name in self.task_names]
+        loss_values = self._mean("losses", torch.stack([loss.detach().float() for loss in ordered]))
+        heads: list[tuple[Tensor, Tensor]] = []
+        rows = float_task_rows(ordered, shared, self._params, scale, self._param_ids, heads)
+        metrics = self._track(rows, scale, loss_values, heads)
+        self._end_joint()
+        return metrics
+
     def _finish_solve(
         self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
-        t = len(self.task_names)
         grads = [rank_mean(b.float()) for b in blocks]  # of the scaled losses: 1/scale goes into the factors below
-        losses = rank_mean(losses)
-        gram = gramian(grads)
-        if scale is not None:
-            gram = gram / (scale * scale)
-        self._require_finite(gram, losses)
-        factor = losses / (gram.diagonal().clamp_min(0).sqrt() + 1e-8)  # each gradient rescaled to norm L_i
+        return self._track(([g[i] for g in grads] for i in range(len(self.task_names))), scale, rank_mean(losses), [])
+
+    def _track(
+        self,
+        rows: Iterable[Sequence[Tensor]],
+        scale: Optional[Tensor],
+        losses: Tensor,
+        heads: list[tuple[Tensor, Tensor]],
+    ) -> dict[str, Tensor]:
+        """The step from the task gradients g_i (of the scaled losses), given task by task as one piece per shared
+        parameter: y_i − β_k (y_i − ĝ_i) as (1 − β_k) y_i + β_k ĝ_i into a kept buffer (it becomes the state by
+        trading places with it), then λ and d = Yᵀλ, written with the heads' gradients (filled while the rows are
+        read)."""
+        t = len(self.task_names)
         k = (self.steps + 1).to(torch.float32)
         beta_k, gamma_k = self.beta / k**self.beta_sigma, self.gamma / k**self.gamma_sigma
-        coefficient = beta_k * factor if scale is None else beta_k * factor / scale
-        tracked = []
-        for i, g in enumerate(grads):  # y − β_k (y − ĝ) as (1 − β_k) y + β_k ĝ, in two passes over a kept buffer
-            y = self._current(f"tracked_{i}")
-            new = torch.mul(y, 1 - beta_k, out=self._staging_buffer(f"tracked_{i}", y))
-            tracked.append(new.addcmul_(g, coefficient.view(-1, *([1] * (g.dim() - 1)))))
-        step = (gramian(tracked) + self.rho * torch.eye(t, device=gram.device)) @ self.lambdas
+        current = [self._current(f"tracked_{j}") for j in range(len(self._params))]
+        tracked = [self._staging_buffer(f"tracked_{j}", y) for j, y in enumerate(current)]
+        norms, kept = [], []
+        for i, g_i in enumerate(rows):
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(g_i))))  # ‖g_i‖ while g_i is in cache
+            norm = norm / scale if scale is not None else norm
+            coefficient = beta_k * (losses[i] / (norm + 1e-8))  # each gradient rescaled to norm L_i
+            coefficient = coefficient / scale if scale is not None else coefficient
+            for g, y, new in zip(g_i, current, tracked):
+                torch.mul(y[i], 1 - beta_k, out=new[i]).addcmul_(g, coefficient)
+            norms.append(norm)
+            if self.measuring:  # grad_norm/grad_cos need every pair of this batch's gradients
+                kept.append(g_i)
+        self._require_finite(torch.stack(norms), losses)
+        step = (gramian(tracked) + self.rho * torch.eye(t, device=losses.device)) @ self.lambdas
         lambdas = torch.softmax(self.lambdas - gamma_k * step, dim=-1)
-        self._stage(lambdas=lambdas, steps=self.steps + 1, **{f"tracked_{i}": y for i, y in enumerate(tracked)})
+        self._stage(lambdas=lambdas, steps=self.steps + 1, **{f"tracked_{j}": y for j, y in enumerate(tracked)})
         directions = [(p, (lambdas @ y.reshape(t, -1)).view(y.shape[1:])) for p, y in zip(self._params, tracked)]
         if scale is not None:  # .grad holds scaled gradients until the scaler unscales
             directions = [(p, d.mul_(scale)) for p, d in directions]
-        write_leaf_grads(directions)
+        write_leaf_grads([*directions, *heads])
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, lambdas.unbind())}
-        if self.measuring:
-            metrics.update(gram_metrics(gram, self.task_names))
+        if kept:
+            gram = gramian([torch.stack(pieces) for pieces in zip(*kept)])
+            metrics.update(gram_metrics(gram / (scale * scale) if scale is not None else gram, self.task_names))
         return metrics
