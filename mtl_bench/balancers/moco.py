@@ -128,6 +128,7 @@ class MoCo(GradientBalancer):
         t = len(self.task_names)
         k = (self.steps + 1).to(torch.float32)
         beta_k, gamma_k = self.beta / k**self.beta_sigma, self.gamma / k**self.gamma_sigma
+        keep = 1 - beta_k
         current = [self._current(f"tracked_{j}") for j in range(len(self._params))]
         tracked = [self._staging_buffer(f"tracked_{j}", y) for j, y in enumerate(current)]
         norms, kept = [], []
@@ -137,7 +138,7 @@ class MoCo(GradientBalancer):
             coefficient = beta_k * (losses[i] / (norm + 1e-8))  # each gradient rescaled to norm L_i
             coefficient = coefficient / scale if scale is not None else coefficient
             for g, y, new in zip(g_i, current, tracked):
-                torch.mul(y[i], 1 - beta_k, out=new[i]).addcmul_(g, coefficient)
+                torch.mul(y[i], keep, out=new[i]).addcmul_(g, coefficient)
             norms.append(norm)
             if self.measuring:  # grad_norm/grad_cos need every pair of this batch's gradients
                 kept.append(g_i)
