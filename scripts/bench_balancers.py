@@ -35,7 +35,7 @@ import copy
 import json
 import tempfile
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -91,24 +91,35 @@ class Runner:
         make: Callable[[MultiTaskModel, list[str]], Balancer | Callable],
         x: torch.Tensor,
         targets: dict[str, torch.Tensor],
+        micro: Sequence[tuple[torch.Tensor, dict[str, torch.Tensor]]] = (),
     ) -> None:
+        """`micro`: the micro-batches of a step with gradient accumulation (the independent draws of SDMGrad and
+        MoDo), instead of (x, targets); a peer that takes them all at once has `takes_batches`."""
         self.model = copy.deepcopy(model)
         made = make(self.model, list(targets))
         self.balancer = made.to(x.device) if isinstance(made, Balancer) else None
         self.peer = None if isinstance(made, Balancer) else made
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, fused=True)  # as the trainer's optim=adam
-        self.x, self.targets = x, targets
-        self.ctx = BackwardContext(factor=torch.ones((), device=x.device), measure=Runner.measure)
+        self.batches = list(micro) or [(x, targets)]
+        k = len(self.batches)  # the loop's context under accumulation: each micro-batch's loss times 1/k
+        self.ctx = BackwardContext(
+            factor=torch.full((), 1 / k, device=x.device), accumulation_steps=k, measure=Runner.measure
+        )
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
         if self.peer is not None:
-            self.peer(self.model, self.x, self.targets)
+            if getattr(self.peer, "takes_batches", False):
+                self.peer(self.model, self.batches)
+            else:
+                for x, targets in self.batches:
+                    self.peer(self.model, x, targets)
             self.opt.step()
             return
-        out = self.model(self.x)
-        losses = {name: F.mse_loss(out.preds[name], y) for name, y in self.targets.items()}
-        self.balancer.backward(losses, out.shared, self.ctx)
+        for x, targets in self.batches:
+            out = self.model(x)
+            losses = {name: F.mse_loss(out.preds[name], y) for name, y in targets.items()}
+            self.balancer.backward(losses, out.shared, self.ctx)
         self.opt.step()
         self.balancer.step()
 
@@ -241,6 +252,32 @@ def _torchjd(aggregator_name: str, **options) -> Callable:
     return make
 
 
+def _torchjd_two_batches(weighting_name: str, **options) -> Callable:
+    """torchjd's SDMGradWeighting / MoDoWeighting as their docstrings use them on three batches: the Jacobians of
+    the first two (`autojac.jac`, at the shared parameters), the weights from J₁J₂ᵀ, and the third batch's losses
+    backward with those weights."""
+
+    def make(model: MultiTaskModel, names: list[str]) -> Callable:
+        from torchjd import aggregation, autojac
+
+        weighting = getattr(aggregation, weighting_name)(**options)
+        shared = list(model.shared_parameters())
+
+        def losses(x: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+            out = model(x)
+            return torch.stack([F.mse_loss(out.preds[n], y) for n, y in targets.items()])
+
+        def backward(model: MultiTaskModel, batches: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> None:
+            (x1, t1), (x2, t2), (x3, t3) = batches
+            j1, j2 = (torch.cat([j.flatten(1) for j in autojac.jac(losses(x, t), shared)], 1) for x, t in batches[:2])
+            losses(x3, t3).backward(weighting(j1 @ j2.T))
+
+        backward.takes_batches = True  # type: ignore[attr-defined]
+        return backward
+
+    return make
+
+
 def _libmtl(name: str, rep_grad: bool = False, **kwargs) -> Callable:
     def make(model: MultiTaskModel, names: list[str]) -> Callable:
         weighting = libmtl_weighting(name, model, names, rep_grad)
@@ -306,9 +343,16 @@ PEERS: list[tuple[str, str, Callable]] = [
     ("trimmed_mean", "torchjd", _torchjd("TrimmedMean", trim_number=1)),
     ("moco", "ours", _ours("MoCo")),  # LibMTL main only (not the installed 1.1.5): no peer here
     ("db_mtl", "ours", _ours("DualBalancing")),  # likewise
+    ("sdmgrad", "ours", _ours("SDMGrad")),
+    ("sdmgrad", "torchjd", _torchjd_two_batches("SDMGradWeighting", lr=5.0)),
+    ("modo", "ours", _ours("MoDo")),
+    ("modo", "torchjd", _torchjd_two_batches("MoDoWeighting", gamma=0.001, rho=0.1)),
 ]
 # Methods with fewer valid task counts: Krum (f=0) and a trimmed mean with trim=1 need T >= 3.
 MIN_TASKS = {"krum": 3, "trimmed_mean": 3}
+# Methods whose step takes several independent batches (the micro-batches of gradient accumulation): every variant
+# of theirs, the fixed step and the floor included, runs that many micro-batches of the same size a step.
+MICRO_BATCHES = {"sdmgrad": 3, "modo": 3}
 
 
 def bench_peers(
@@ -325,25 +369,33 @@ def bench_peers(
         g = torch.Generator().manual_seed(0)
         x = torch.randn(256, 250, generator=g).to(device)
         targets = {n: torch.randn(256, 1, generator=g).to(device) for n in model.heads}
+        draws = [
+            (
+                torch.randn(256, 250, generator=g).to(device),
+                {n: torch.randn(256, 1, generator=g).to(device) for n in model.heads},
+            )
+            for _ in range(max(MICRO_BATCHES.values()) - 1)
+        ]
         methods = sorted({m for m, _, _ in PEERS}, key=[m for m, _, _ in PEERS].index)
         methods = [m for m in methods if only is None or m in only]
         for method in methods:
             if t < MIN_TASKS.get(method, 1):
                 continue
+            micro = [(x, targets), *draws][: MICRO_BATCHES.get(method, 0)]
             variants = {
-                "fixed": Runner(model, lambda mdl, names: FixedWeights(names), x, targets),
-                "floor": Runner(model, _floor, x, targets),
+                "fixed": Runner(model, lambda mdl, names: FixedWeights(names), x, targets, micro),
+                "floor": Runner(model, _floor, x, targets, micro),
             }
             for m, variant, make in PEERS:
                 if m == method:
-                    variants[variant] = Runner(model, make, x, targets)
+                    variants[variant] = Runner(model, make, x, targets, micro)
             for runner in variants.values():
                 time_steps(runner, 2, device)  # warm-up: allocator, lazy state, cvxpy's first compile
             med = medians(interleaved(timers(variants, steps, device), rounds))
             mem = {name: peak_step_memory(r, device) for name, r in variants.items()} if memory else {}
             base = med["fixed"]
             for name in variants:
-                if name in ("fixed", "floor") and (name == "fixed" or method != methods[0]):
+                if name in ("fixed", "floor") and (name == "fixed" or method != methods[0] or micro):
                     continue  # the floor's row once per T (it is timed again beside every method)
                 rows.append(
                     {

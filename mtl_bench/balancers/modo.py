@@ -22,7 +22,7 @@ class MoDo(MultiBatchBalancer):
     torchjd 0.18 `MoDoWeighting` is the same λ step (its defaults γ = 0.1, ρ = 0.1). The heads get the mean of
     their micro-batch gradients, as LibMTL (which divides their summed gradients by 3). λ is a buffer.
 
-    Metrics: `weight/<task>` (λ), `grad_norm/<task>`, `grad_cos/<a>/<b>` (of the last micro-batch's gradients).
+    Metrics: `weight/<task>` (λ), `grad_norm/<task>`, `grad_cos/<a>/<b>` (of the second micro-batch's gradients).
     """
 
     BATCHES = (2, 3)
@@ -55,9 +55,8 @@ class MoDo(MultiBatchBalancer):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, gamma={self.gamma}, rho={self.rho}"
 
-    def _combine(self, jacobians: list[list[Tensor]]) -> tuple[Tensor, list[Tensor]]:
+    def _weights(self, first: list[Tensor], second: list[Tensor]) -> Tensor:
         lam = self.lambdas
-        lam = project_to_simplex(lam - self.gamma * (cross_gramian(jacobians[0], jacobians[1]) @ lam + self.rho * lam))
+        lam = project_to_simplex(lam - self.gamma * (cross_gramian(first, second) @ lam + self.rho * lam))
         self._stage(lambdas=lam)
-        update = jacobians[2] if len(jacobians) == 3 else [(a + b) / 2 for a, b in zip(*jacobians)]
-        return lam, [(lam @ j.reshape(j.shape[0], -1)).view(j.shape[1:]) for j in update]
+        return lam

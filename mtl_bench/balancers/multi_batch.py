@@ -9,7 +9,19 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.jacobian import GradientBalancer, gram_metrics, gramian, rank_mean, write_leaf_grads
+from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.jacobian import (
+    GradientBalancer,
+    grads_at_shared,
+    gram_metrics,
+    gramian,
+    leaf_grads_root,
+    rank_mean,
+    task_jacobian,
+    task_params,
+    write_leaf_grads,
+)
+from mtl_bench.balancers.staged import JOINT
 
 
 def project_to_simplex(v: Tensor) -> Tensor:
@@ -33,14 +45,20 @@ def cross_gramian(left: list[Tensor], right: list[Tensor]) -> Tensor:
 
 
 class MultiBatchBalancer(GradientBalancer):
-    """Keeps each micro-batch's Jacobian of a step with gradient accumulation (`trainer.grad_accumulation_steps`
-    = k, one of `BATCHES`): the k micro-batches are the method's independent draws. A method implements
-    `_combine(jacobians) -> (weights, direction)` on the unscaled, rank-averaged Jacobians (one list of blocks per
-    micro-batch, in order); the direction lands in the shared parameters' `.grad` once per step, and the heads
-    get the mean of the micro-batches' head gradients (what accumulation gives). Joint steps only.
+    """Takes the k micro-batches of a step with gradient accumulation (`trainer.grad_accumulation_steps` = k, one of
+    `BATCHES`) as the method's independent draws. The weights come from the first two draws' Jacobians: a method
+    implements `_weights(first, second)` on them (unscaled, rank-averaged; blocks per shared parameter). The update
+    is d = Jᵀw on the third draw (k = 3), or on the mean of the two (k = 2); the heads get the mean of the
+    micro-batches' head gradients (what accumulation gives). Joint steps only.
 
-    Under DDP each micro-batch's Jacobian is averaged over the ranks first (one all-reduce of T times the shared
-    parameters per micro-batch), so every rank holds the same state and the draws are those of the global batch.
+    With k = 3 the weights are known before the third micro-batch's backward, so its Jacobian is never taken: each
+    task's gradient at `shared` through its head, then one backward of Σ w_i g_i through the trunk, which is w·J₃
+    (linearity) at the cost of one backward instead of T. Where a loss reads the shared parameters other than
+    through `shared`, J₃ is taken and combined.
+
+    Under DDP each draw's Jacobian is averaged over the ranks first (one all-reduce of T times the shared
+    parameters per micro-batch), so every rank holds the same state and weights; the third draw's direction goes
+    through DDP's all-reduce like any gradient, which makes it w·mean(J₃).
     """
 
     SOURCES = ("shared_params",)
@@ -48,17 +66,7 @@ class MultiBatchBalancer(GradientBalancer):
 
     def _clear_step(self) -> None:
         super()._clear_step()
-        self._micro: list[list[Tensor]] = []
-
-    def _add_blocks(self, blocks: list[Tensor]) -> None:
-        if self._steps() not in self.BATCHES:
-            needed = " or ".join(str(k) for k in self.BATCHES)
-            raise RuntimeError(
-                f"{type(self).__name__} needs trainer.grad_accumulation_steps={needed} (its independent batches "
-                f"per step), got {self._steps()}"
-            )
-        self._micro.append(blocks)
-        self._blocks = blocks if self._blocks is None else [a + b for a, b in zip(self._blocks, blocks)]
+        self._draws: list[list[Tensor]] = []  # the kept draws' Jacobians, of the scaled losses
 
     def accumulation_problem(self, steps: int) -> Optional[str]:
         if steps in self.BATCHES:
@@ -72,22 +80,72 @@ class MultiBatchBalancer(GradientBalancer):
             "joint step; use trainer.step_mode=joint"
         )
 
-    def _combine(self, jacobians: list[list[Tensor]]) -> tuple[Tensor, list[Tensor]]:
+    def _weights(self, first: list[Tensor], second: list[Tensor]) -> Tensor:
+        """The combination's weights (T,) from two draws' Jacobians (unscaled); stages the method's state."""
         raise NotImplementedError
 
-    def _finish_solve(
-        self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
-    ) -> dict[str, Tensor]:
-        k = len(self._micro)
-        jacobians = [[rank_mean(b.float() / scale if scale is not None else b.float()) for b in m] for m in self._micro]
-        self._micro = []
-        gram = gramian(jacobians[-1])
-        self._require_finite(gram, rank_mean(losses))
-        weights, direction = self._combine(jacobians)
-        # .grad holds the loss scale times the step's gradient: each micro-batch's scale is factor·loss scale.
-        factor = scale * k if scale is not None else None
-        write_leaf_grads([(p, d.mul_(factor) if factor is not None else d) for p, d in zip(self._params, direction)])
+    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        self.check_losses(losses)
+        scale = self._begin(JOINT, ctx, shared)
+        k = self._steps()
+        if k not in self.BATCHES:
+            needed = " or ".join(str(n) for n in self.BATCHES)
+            raise RuntimeError(
+                f"{type(self).__name__} needs trainer.grad_accumulation_steps={needed} (its independent batches "
+                f"per step), got {k}"
+            )
+        ordered = [losses[name] for name in self.task_names]
+        loss_values = torch.stack([loss.detach().float() for loss in ordered])
+        self._losses_sum = loss_values if self._losses_sum is None else self._losses_sum + loss_values
+        self._seen["joint"] = self._seen.get("joint", 0) + 1
+        found = [task_params(loss, shared, self._param_ids) for loss in ordered]
+        if k == 3 and self._seen["joint"] == k and all(cut for _, cut in found):
+            metrics = self._third_draw_at_shared(ordered, shared, scale, [own for own, _ in found])
+        else:
+            blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids)
+            write_leaf_grads([pair for task in heads for pair in task])
+            self._draws.append([rank_mean(b.float()) for b in blocks])
+            if self._seen["joint"] < k:
+                return {}
+            metrics = self._update_from_draws(scale)
+        self._end_joint()
+        return metrics
+
+    def _unscaled_weights(self, scale: Optional[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The weights from the first two draws; the finiteness check and the measurements (of the second draw)."""
+        first, second = self._draws[0], self._draws[1]
+        assert self._losses_sum is not None  # set by every backward of the step
+        if scale is not None:  # the draws hold the scaled gradients: one division of each (T, n) block
+            first, second = [b / scale for b in first], [b / scale for b in second]
+        self._require_finite(cross_gramian(first, second), rank_mean(self._losses_sum))
+        weights = self._weights(first, second)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
         if self.measuring:
-            metrics.update(gram_metrics(gram, self.task_names))
+            metrics.update(gram_metrics(gramian(second), self.task_names))
+        return weights, metrics
+
+    def _third_draw_at_shared(
+        self, losses: list[Tensor], shared: Tensor, scale: Optional[Tensor], own: list[list[Tensor]]
+    ) -> dict[str, Tensor]:
+        """d = w·J₃ as one backward of Σ w_i g_i (g_i: task i's gradient at `shared`) through the trunk; the heads'
+        gradients in the same autograd call. `.grad` holds the loss scale times d: each micro-batch's scale is
+        factor·loss scale, and the factor is 1/k."""
+        weights, metrics = self._unscaled_weights(scale)
+        self._draws = []
+        rows, heads = grads_at_shared(losses, shared, scale, self._param_ids, own)
+        direction = (weights.to(rows.dtype) @ rows.flatten(1)).view_as(shared) * self._steps()
+        pairs = [pair for task in heads for pair in task]
+        roots = [shared, leaf_grads_root(pairs)] if pairs else [shared]
+        torch.autograd.backward(roots, [direction, *[None] * (len(roots) - 1)])
+        return metrics
+
+    def _update_from_draws(self, scale: Optional[Tensor]) -> dict[str, Tensor]:
+        """d = w·J₃ (k = 3, a loss that reads the trunk other than through `shared`) or w·(J₁ + J₂)/2 (k = 2), from
+        the kept Jacobians of the scaled losses, times k: the loss scale times d."""
+        weights, metrics = self._unscaled_weights(scale)
+        update = self._draws[2] if len(self._draws) == 3 else [(a + b) / 2 for a, b in zip(*self._draws)]
+        self._draws = []
+        t, k = len(self.task_names), self._steps()
+        directions = [(p, (weights @ j.reshape(t, -1)).view(j.shape[1:]).mul_(k)) for p, j in zip(self._params, update)]
+        write_leaf_grads(directions)
         return metrics

@@ -14,15 +14,18 @@ from mtl_bench.balancers.multi_batch import MultiBatchBalancer, cross_gramian, p
 class SDMGrad(MultiBatchBalancer):
     """Stochastic direction-oriented MGDA: the weights w solve, by `n_iter` steps of projected SGD with momentum
     (learning rate `lr`, momentum 0.5, restarted every step from the last w), min_w ½ wᵀAw + λ wᵀA w̃ on the
-    simplex, A = J₂J₃ᵀ from two independent batches normalised by the squared mean of √diag(A), w̃ = 1/T; the
-    update on a first batch is d = J₁ᵀ(w + λ w̃)/(1 + λ), between the min-norm direction and the mean gradient.
-    The three batches are the micro-batches of gradient accumulation: trainer.grad_accumulation_steps=3.
+    simplex, A = J_ξ J_ξ'ᵀ from two independent batches normalised by the squared mean of √diag(A), w̃ = 1/T; the
+    update on a third batch ζ is d = J_ζᵀ(w + λ w̃)/(1 + λ), between the min-norm direction and the mean gradient.
+    The three batches are the micro-batches of gradient accumulation (trainer.grad_accumulation_steps=3): ξ, ξ', ζ
+    in that order, so that ζ's Jacobian is never taken (`MultiBatchBalancer`).
 
-    Reference: LibMTL main `SDMGrad` (commit 4336804; λ = 0.3, 20 iterations, SGD lr 5, momentum 0.5; batch 1 is
-    ζ, batches 2 and 3 are ξ, ξ'); torchjd 0.18 `SDMGradWeighting` is the same solve with lr 10. LibMTL sums
-    the three batches' head gradients; here the heads get their mean (what accumulation gives). w is a buffer.
+    Reference: LibMTL main `SDMGrad` (commit 4336804; λ = 0.3, 20 iterations, SGD lr 5, momentum 0.5); torchjd
+    0.18 `SDMGradWeighting` is the same solve with lr 10, and takes ζ last as here. LibMTL takes ζ first (its
+    batches ζ, ξ, ξ'): the draws are independent, so only the order of the data stream differs (the test feeds
+    LibMTL's). LibMTL sums the three batches' head gradients; here the heads get their mean (what accumulation
+    gives). w is a buffer.
 
-    Metrics: `weight/<task>` ((w + λ w̃)/(1 + λ)), `grad_norm/<task>`, `grad_cos/<a>/<b>` (last micro-batch).
+    Metrics: `weight/<task>` ((w + λ w̃)/(1 + λ)), `grad_norm/<task>`, `grad_cos/<a>/<b>` (of ξ''s gradients).
     """
 
     BATCHES = (3,)
@@ -63,8 +66,7 @@ class SDMGrad(MultiBatchBalancer):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lambda_={self.lambda_}, n_iter={self.n_iter}, lr={self.lr}"
 
-    def _combine(self, jacobians: list[list[Tensor]]) -> tuple[Tensor, list[Tensor]]:
-        zeta, xi1, xi2 = jacobians
+    def _weights(self, xi1: list[Tensor], xi2: list[Tensor]) -> Tensor:
         a = cross_gramian(xi1, xi2)
         scale = a.diagonal().clamp(min=0).sqrt().mean()
         a = a / (scale**2 + 1e-8)
@@ -75,6 +77,4 @@ class SDMGrad(MultiBatchBalancer):
             velocity = grad if velocity is None else self.momentum * velocity + grad
             w = project_to_simplex(w - self.lr * velocity)
         self._stage(w=w)
-        t = len(self.task_names)
-        weights = (w + self.lambda_ / t) / (1 + self.lambda_)
-        return weights, [(weights @ j.reshape(t, -1)).view(j.shape[1:]) for j in zeta]
+        return (w + self.lambda_ / len(self.task_names)) / (1 + self.lambda_)
