@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mtl_bench.balancers import BackwardContext, MoDo, SDMGrad
-from tests.helpers.balancer_kit import TASKS3, batch, make_model, task_losses
+from tests.helpers.balancer_kit import TASKS3, batch, make_model, run_ddp, task_losses
 
 
 def train_three_micro_batches(model, balancer, steps: int, lr: float = 0.1) -> list[dict]:
@@ -148,6 +148,18 @@ def test_the_third_draw_gives_the_trunk_w_times_its_jacobian(method, case: str):
         for name, p in model.heads[t].named_parameters():
             expected = sum(torch.autograd.grad(forward(seed)[1][t], p)[0] for seed in range(3)) / 3
             torch.testing.assert_close(got[f"heads.{t}.{name}"], expected, rtol=1e-5, atol=1e-6)
+
+
+def make_for_ranks(names, model):
+    return SDMGrad(names, list(model.trunk.parameters()))
+
+
+def test_ddp_ranks_hold_the_same_state_with_three_micro_batches(tmp_path):
+    """Two ranks, three accumulated micro-batches a step (the first two under `no_sync`): the third draw's backward
+    through the trunk carries DDP's all-reduce, and both ranks end with the same w and parameters."""
+    r0, _ = run_ddp(tmp_path, make_for_ranks, steps=2, micro=3)
+    w = r0["state"]["w"]
+    assert not torch.allclose(w, torch.full_like(w, 1 / len(w)))  # w moved
 
 
 def test_resume_continues_with_the_same_w():

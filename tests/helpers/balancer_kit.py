@@ -208,9 +208,10 @@ def metrics_without_host_sync(bal, monkeypatch: pytest.MonkeyPatch, per_task: bo
     return metrics
 
 
-def ddp_worker(rank: int, world: int, init_file: str, out_dir: str, make: Callable, steps: int) -> None:
+def ddp_worker(rank: int, world: int, init_file: str, out_dir: str, make: Callable, steps: int, micro: int = 1) -> None:
     """Each rank trains on its half of every batch, its tasks listed in its own order; `make(names, model)`
-    builds the balancer (a module-level function of the test, so the spawned process can unpickle it)."""
+    builds the balancer (a module-level function of the test, so the spawned process can unpickle it). `micro`
+    batches a step are accumulated as the engine does: every backward but the last under `no_sync`."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -218,11 +219,14 @@ def ddp_worker(rank: int, world: int, init_file: str, out_dir: str, make: Callab
         ddp = DistributedDataParallel(model)
         bal = make(list(TASKS) if rank == 0 else list(reversed(TASKS)), model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        ctx = BackwardContext(factor=1 / micro, accumulation_steps=micro) if micro > 1 else BackwardContext()
         for step in range(steps):
-            idx = pair_rows(step)[2 * rank : 2 * rank + 2]
             opt.zero_grad()
-            out = ddp(X[idx])
-            bal.backward({t: F.mse_loss(out.preds[t], Y[t][idx]) for t in TASKS}, out.shared, BackwardContext())
+            for j in range(micro):
+                idx = pair_rows(step * micro + j)[2 * rank : 2 * rank + 2]
+                with ddp.no_sync() if j < micro - 1 else contextlib.nullcontext():
+                    out = ddp(X[idx])
+                    bal.backward({t: F.mse_loss(out.preds[t], Y[t][idx]) for t in TASKS}, out.shared, ctx)
             opt.step()
             bal.step()
         torch.save(
@@ -233,11 +237,11 @@ def ddp_worker(rank: int, world: int, init_file: str, out_dir: str, make: Callab
         dist.destroy_process_group()
 
 
-def run_ddp(tmp_path: Path, make: Callable, steps: int) -> tuple[dict, dict]:
+def run_ddp(tmp_path: Path, make: Callable, steps: int, micro: int = 1) -> tuple[dict, dict]:
     """Two gloo ranks (`ddp_worker`): what each saved, after checking that both hold the same state and parameters."""
     spawn_and_wait(
         ddp_worker,
-        (2, str(tmp_path / "init"), str(tmp_path), make, steps),
+        (2, str(tmp_path / "init"), str(tmp_path), make, steps, micro),
         nprocs=2,
         timeout_s=120,
         what="DDP workers did not finish (a collective mismatch hangs)",
