@@ -8,7 +8,7 @@ from typing import Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.multi_batch import MultiBatchBalancer, cross_gramian, project_to_simplex
+from mtl_bench.balancers.multi_batch import MultiBatchBalancer, project_to_simplex
 
 
 class MoDo(MultiBatchBalancer):
@@ -55,8 +55,8 @@ class MoDo(MultiBatchBalancer):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, gamma={self.gamma}, rho={self.rho}"
 
-    def _weights(self, first: list[Tensor], second: list[Tensor]) -> Tensor:
+    def _weights(self, cross: Tensor) -> Tensor:
         lam = self.lambdas
-        lam = project_to_simplex(lam - self.gamma * (cross_gramian(first, second) @ lam + self.rho * lam))
+        lam = project_to_simplex(lam - self.gamma * (cross @ lam + self.rho * lam))
         self._stage(lambdas=lam)
         return lam

@@ -12,6 +12,7 @@ from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.jacobian import (
     GradientBalancer,
+    flat_rows,
     grads_at_shared,
     gram_metrics,
     gramian,
@@ -35,9 +36,11 @@ def project_to_simplex(v: Tensor) -> Tensor:
 
 
 def cross_gramian(left: list[Tensor], right: list[Tensor]) -> Tensor:
-    """J_left J_rightᵀ summed over the parameter blocks."""
+    """J_left J_rightᵀ summed over the parameter blocks (blocks laid out alike are read in memory order: no copy)."""
     total = None
     for a, b in zip(left, right):
+        if a.stride() == b.stride():
+            a, b = flat_rows(a), flat_rows(b)
         g = a.reshape(a.shape[0], -1).float() @ b.reshape(b.shape[0], -1).float().T
         total = g if total is None else total + g
     assert total is not None
@@ -47,7 +50,7 @@ def cross_gramian(left: list[Tensor], right: list[Tensor]) -> Tensor:
 class MultiBatchBalancer(GradientBalancer):
     """Takes the k micro-batches of a step with gradient accumulation (`trainer.grad_accumulation_steps` = k, one of
     `BATCHES`) as the method's independent draws. The weights come from the first two draws' Jacobians: a method
-    implements `_weights(first, second)` on them (unscaled, rank-averaged; blocks per shared parameter). The update
+    implements `_weights(cross)` on A = J₁J₂ᵀ (unscaled, rank-averaged). The update
     is d = Jᵀw on the third draw (k = 3), or on the mean of the two (k = 2); the heads get the mean of the
     micro-batches' head gradients (what accumulation gives). Joint steps only.
 
@@ -80,8 +83,9 @@ class MultiBatchBalancer(GradientBalancer):
             "joint step; use trainer.step_mode=joint"
         )
 
-    def _weights(self, first: list[Tensor], second: list[Tensor]) -> Tensor:
-        """The combination's weights (T,) from two draws' Jacobians (unscaled); stages the method's state."""
+    def _weights(self, cross: Tensor) -> Tensor:
+        """The combination's weights (T,) from A = J₁J₂ᵀ of the first two draws (unscaled); stages the method's
+        state."""
         raise NotImplementedError
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
@@ -102,7 +106,9 @@ class MultiBatchBalancer(GradientBalancer):
         if k == 3 and self._seen["joint"] == k and all(cut for _, cut in found):
             metrics = self._third_draw_at_shared(ordered, shared, scale, [own for own, _ in found])
         else:
-            blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids)
+            spares = self.__dict__.setdefault("_draw_spares", {})  # last step's draws, written over (not state)
+            reuse = spares.pop(len(self._draws), None)
+            blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids, reuse)
             write_leaf_grads([pair for task in heads for pair in task])
             self._draws.append([rank_mean(b.float()) for b in blocks])
             if self._seen["joint"] < k:
@@ -112,17 +118,24 @@ class MultiBatchBalancer(GradientBalancer):
         return metrics
 
     def _unscaled_weights(self, scale: Optional[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """The weights from the first two draws; the finiteness check and the measurements (of the second draw)."""
+        """The weights from the first two draws; the finiteness check and the measurements (of the second draw).
+        The draws hold the gradients of the scaled losses: A and G are divided by the scale squared."""
         first, second = self._draws[0], self._draws[1]
         assert self._losses_sum is not None  # set by every backward of the step
-        if scale is not None:  # the draws hold the scaled gradients: one division of each (T, n) block
-            first, second = [b / scale for b in first], [b / scale for b in second]
-        self._require_finite(cross_gramian(first, second), rank_mean(self._losses_sum))
-        weights = self._weights(first, second)
+        cross = cross_gramian(first, second)
+        cross = cross / (scale * scale) if scale is not None else cross
+        self._require_finite(cross, rank_mean(self._losses_sum))
+        weights = self._weights(cross)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
         if self.measuring:
-            metrics.update(gram_metrics(gramian(second), self.task_names))
+            gram = gramian(second)
+            metrics.update(gram_metrics(gram / (scale * scale) if scale is not None else gram, self.task_names))
         return weights, metrics
+
+    def _keep_draws(self) -> None:
+        """This step's draws become the next step's buffers (a fresh T x P buffer costs its page faults)."""
+        self.__dict__["_draw_spares"] = dict(enumerate(self._draws))
+        self._draws = []
 
     def _third_draw_at_shared(
         self, losses: list[Tensor], shared: Tensor, scale: Optional[Tensor], own: list[list[Tensor]]
@@ -131,7 +144,7 @@ class MultiBatchBalancer(GradientBalancer):
         gradients in the same autograd call. `.grad` holds the loss scale times d: each micro-batch's scale is
         factor·loss scale, and the factor is 1/k."""
         weights, metrics = self._unscaled_weights(scale)
-        self._draws = []
+        self._keep_draws()
         rows, heads = grads_at_shared(losses, shared, scale, self._param_ids, own)
         direction = (weights.to(rows.dtype) @ rows.flatten(1)).view_as(shared) * self._steps()
         pairs = [pair for task in heads for pair in task]
@@ -144,7 +157,7 @@ class MultiBatchBalancer(GradientBalancer):
         the kept Jacobians of the scaled losses, times k: the loss scale times d."""
         weights, metrics = self._unscaled_weights(scale)
         update = self._draws[2] if len(self._draws) == 3 else [(a + b) / 2 for a, b in zip(*self._draws)]
-        self._draws = []
+        self._keep_draws()
         t, k = len(self.task_names), self._steps()
         directions = [(p, (weights @ j.reshape(t, -1)).view(j.shape[1:]).mul_(k)) for p, j in zip(self._params, update)]
         write_leaf_grads(directions)

@@ -8,7 +8,7 @@ from typing import Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.multi_batch import MultiBatchBalancer, cross_gramian, project_to_simplex
+from mtl_bench.balancers.multi_batch import MultiBatchBalancer, project_to_simplex
 
 
 class SDMGrad(MultiBatchBalancer):
@@ -66,10 +66,9 @@ class SDMGrad(MultiBatchBalancer):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lambda_={self.lambda_}, n_iter={self.n_iter}, lr={self.lr}"
 
-    def _weights(self, xi1: list[Tensor], xi2: list[Tensor]) -> Tensor:
-        a = cross_gramian(xi1, xi2)
-        scale = a.diagonal().clamp(min=0).sqrt().mean()
-        a = a / (scale**2 + 1e-8)
+    def _weights(self, cross: Tensor) -> Tensor:
+        scale = cross.diagonal().clamp(min=0).sqrt().mean()  # cross: A = J_ξ J_ξ'ᵀ
+        a = cross / (scale**2 + 1e-8)
         pull = self.lambda_ * a.mean(dim=1)  # λ A w̃ with w̃ = 1/T
         w, velocity = self.w, None
         for _ in range(self.n_iter):
