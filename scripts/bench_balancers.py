@@ -10,7 +10,9 @@
 shared_rep, torchjd 0.18 (mtl_backward + jac_to_grad) and LibMTL 1.1.5 (its weighting modules loaded from
 the installed files); every ratio is to the fixed-weight step and to the floor of the same run. The floor
 is one forward, then one backward per task through heads and trunk, accumulated into `.grad`: the least
-work that yields T per-task gradients (what any exact gradient method must at least do).
+work that yields T per-task gradients (what any exact gradient method must at least do). SDMGrad and MoDo take
+three independent batches a step (the micro-batches of gradient accumulation): each of their variants, the fixed
+step and the floor included, runs three micro-batches a step; their torchjd peer is its docstrings' recipe.
 
 A step is what the trainer does between logging steps: zero_grad, forward, per-task MSE losses, the balancer's
 backward (with the loop's context; --measure: a logging step's, with the balancer's measurements), an Adam
