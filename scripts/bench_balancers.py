@@ -270,9 +270,8 @@ def _torchjd_two_batches(weighting_name: str, **options) -> Callable:
             return torch.stack([F.mse_loss(out.preds[n], y) for n, y in targets.items()])
 
         def backward(model: MultiTaskModel, batches: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> None:
-            (x1, t1), (x2, t2), (x3, t3) = batches
             j1, j2 = (torch.cat([j.flatten(1) for j in autojac.jac(losses(x, t), shared)], 1) for x, t in batches[:2])
-            losses(x3, t3).backward(weighting(j1 @ j2.T))
+            losses(*batches[2]).backward(weighting(j1 @ j2.T))
 
         backward.takes_batches = True  # type: ignore[attr-defined]
         return backward

@@ -13,6 +13,7 @@ from mtl_bench.balancers.distributed import world_size
 from mtl_bench.balancers.jacobian import (
     float_task_rows,
     head_params,
+    pieces_norm,
     rank_mean,
     task_jacobian,
     write_leaf_grads,
@@ -49,8 +50,8 @@ class DualBalancing(StagedBalancer):
     gradients per backward: the EMA must be that of the global gradient on every rank), so every rank holds
     the same EMA and writes the same gradient.
 
-    Metrics: `weight/<task>` (α_i), `grad_norm/<task>` (‖g_i‖, a pass over J of its own: only at steps whose
-    measurements are read, `BackwardContext.measure`), `db_mtl/ema_norm/<task>` (‖m_i‖), from the backward that
+    Metrics: `weight/<task>` (α_i), `grad_norm/<task>` (‖g_i‖, only at steps whose measurements are read,
+    `BackwardContext.measure`), `db_mtl/ema_norm/<task>` (‖m_i‖), from the backward that
     writes the shared gradient. The EMA (T × P floats) and the step count are buffers.
     """
 
@@ -133,7 +134,7 @@ class DualBalancing(StagedBalancer):
                 new.addcmul_(g, fresh)
             ema_norms.append(torch.linalg.vector_norm(ema[i]))
             if self.measuring:  # the norms of g are only measured
-                grad_norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_i])))
+                grad_norms.append(pieces_norm(g_i))
         norms = torch.stack(ema_norms)
         self._require_finite(norms)  # a non-finite element of g makes its row of the new EMA, and its norm, so
         alpha = norms.max() / (norms + self.eps)

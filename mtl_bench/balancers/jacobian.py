@@ -191,6 +191,11 @@ def task_gradients(
         yield list(grads[: len(params)]), [(p, g) for p, g in zip(own, grads[len(params) :]) if g is not None]
 
 
+def pieces_norm(pieces: Sequence[Tensor]) -> Tensor:
+    """The norm of a gradient given as pieces (one per parameter): ‖(‖g_1‖, ..., ‖g_K‖)‖."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(pieces))))
+
+
 def float_task_rows(
     losses: Sequence[Tensor],
     shared: Tensor,

@@ -16,6 +16,7 @@ from mtl_bench.balancers.jacobian import (
     float_task_rows,
     gram_metrics,
     gramian,
+    pieces_norm,
     rank_mean,
     write_leaf_grads,
 )
@@ -133,7 +134,7 @@ class MoCo(GradientBalancer):
         tracked = [self._staging_buffer(f"tracked_{j}", y) for j, y in enumerate(current)]
         norms, kept = [], []
         for i, g_i in enumerate(rows):
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(g_i))))  # ‖g_i‖ while g_i is in cache
+            norm = pieces_norm(g_i)  # ‖g_i‖ while g_i is in cache
             norm = norm / scale if scale is not None else norm
             coefficient = beta_k * (losses[i] / (norm + 1e-8))  # each gradient rescaled to norm L_i
             coefficient = coefficient / scale if scale is not None else coefficient
