@@ -107,9 +107,11 @@ class Balancer(nn.Module):
     NEEDS_VALIDATION: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Every balancer's first argument is its task names; a dict there is the constructor form before the
-        # plug-in design ({task: weight}), which list(...) would silently turn into names without weights. Each
-        # subclass's own __init__ checks it first (functools.wraps keeps its signature for the config checks).
+        # Every balancer's first argument is its task names. A balancer that takes `weights` also takes EnCodec's
+        # forms, `Balancer(weights, ...)` and `Balancer(weights=..., ...)`: the mapping's keys are the task names.
+        # Any other mapping where names are expected would become names without weights, so it is refused. Each
+        # subclass's own __init__ goes through this first (functools.wraps keeps its signature for the config
+        # checks; the engine always passes task_names=).
         super().__init_subclass__(**kwargs)
         init = cls.__dict__.get("__init__")
         if init is None:
@@ -117,9 +119,7 @@ class Balancer(nn.Module):
 
         @functools.wraps(init)
         def checked_init(self: Any, *args: Any, **kw: Any) -> None:
-            names = args[0] if args else kw.get("task_names")
-            if isinstance(names, Mapping):
-                raise TypeError(old_constructor_form(type(self), names))
+            args, kw = weights_first(type(self), args, kw)
             init(self, *args, **kw)
 
         cls.__init__ = checked_init  # type: ignore[method-assign]
@@ -169,6 +169,25 @@ class Balancer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}"
+
+
+def weights_first(cls: type, args: tuple[Any, ...], kw: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments with EnCodec's constructor forms spelled out: a mapping as the first argument of a balancer
+    that takes `weights` is the weights, and the task names are its keys (the arguments after it are the
+    options after `weights`, as in EnCodec's signature); `weights=` alone names the tasks the same way. A mapping
+    given as task names anywhere else is a TypeError naming what to pass."""
+    takes_weights = "weights" in inspect.signature(cls).parameters
+    if args and isinstance(args[0], Mapping):
+        if not takes_weights:
+            raise TypeError(old_constructor_form(cls, args[0]))
+        if "weights" in kw:
+            raise TypeError(f"{cls.__name__}: weights given twice (the first argument and weights=)")
+        return (list(args[0]), dict(args[0]), *args[1:]), kw
+    if isinstance(kw.get("task_names"), Mapping):
+        raise TypeError(old_constructor_form(cls, kw["task_names"]))
+    if not args and "task_names" not in kw and takes_weights and isinstance(kw.get("weights"), Mapping):
+        return (list(kw["weights"]),), kw
+    return args, kw
 
 
 def old_constructor_form(cls: type, names: Mapping[Any, Any]) -> str:

@@ -1,5 +1,5 @@
-"""The Balancer base class: a dict of weights where task names are expected (the constructor form before the
-plug-in design) is a TypeError naming what to pass, for every balancer class."""
+"""The Balancer base class: EnCodec's constructor forms (a mapping of weights first, or `weights=` alone) for every
+balancer that takes weights; a dict where task names are expected elsewhere is a TypeError naming what to pass."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import inspect
 import pickle
 
 import pytest
+import torch
 
 import mtl_bench.balancers as balancers
 from mtl_bench.balancers import Balancer, FixedWeights
@@ -21,23 +22,57 @@ def test_every_exported_balancer_is_checked() -> None:
     assert len(CLASSES) >= 18 and Balancer in CLASSES
 
 
-@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
-def test_a_dict_of_weights_as_task_names_is_a_type_error_naming_the_fix(cls: type[Balancer]) -> None:
-    takes_weights = "weights" in inspect.signature(cls).parameters
-    fix = (
-        rf"pass {cls.__name__}\(\['a', 'b'\], weights=\{{'a': 1, 'b': 2\}}\)"
-        if takes_weights
-        else rf"pass {cls.__name__}\(\['a', 'b'\]\) \({cls.__name__} takes no per-task weights\)"
-    )
+WEIGHTED = [c for c in CLASSES if "weights" in inspect.signature(c).parameters]
+UNWEIGHTED = [c for c in CLASSES if c not in WEIGHTED]
+
+
+def test_the_weighted_balancers_are_found() -> None:
+    assert {c.__name__ for c in WEIGHTED} >= {"FixedWeights", "RescaledNormBalancer", "ScaleInvariant"}
+
+
+@pytest.mark.parametrize("cls", UNWEIGHTED, ids=lambda c: c.__name__)
+def test_a_dict_as_task_names_of_a_balancer_without_weights_is_a_type_error_naming_the_fix(
+    cls: type[Balancer],
+) -> None:
+    fix = rf"pass {cls.__name__}\(\['a', 'b'\]\) \({cls.__name__} takes no per-task weights\)"
     with pytest.raises(TypeError, match=rf"^{cls.__name__}: the first argument is the task names .*; {fix}$"):
         cls({"a": 1, "b": 2})
     with pytest.raises(TypeError, match="the first argument is the task names"):
         cls(task_names={"a": 1, "b": 2})
 
 
-def test_the_old_form_of_the_weighted_balancers_suggests_the_weights_option() -> None:
-    with pytest.raises(TypeError, match=r"RescaledNormBalancer\(\['a', 'b'\], weights=\{'a': 1, 'b': 2\}\)"):
-        balancers.RescaledNormBalancer({"a": 1, "b": 2})
+@pytest.mark.parametrize("cls", WEIGHTED, ids=lambda c: c.__name__)
+def test_encodecs_constructor_forms_take_the_task_names_from_the_weights(cls: type[Balancer]) -> None:
+    """EnCodec's `Balancer(weights, ...)` and `Balancer(weights=...)`: the mapping's keys are the tasks, its values
+    the weights; the same balancer as the explicit form."""
+    weights = {"a": 1.0, "b": 3.0}
+    explicit = cls(["a", "b"], weights=weights)
+    for built in (cls(weights), cls(weights=weights), cls({"a": 1, "b": 3})):
+        assert built.task_names == ["a", "b"]
+        state, expected = built.state_dict(), explicit.state_dict()
+        assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in state)
+        assert repr(built) == repr(explicit)
+    with pytest.raises(TypeError, match="weights given twice"):
+        cls(weights, weights=weights)
+    with pytest.raises(TypeError, match=rf"the first argument is the task names .*pass {cls.__name__}\(\['a', 'b'\]"):
+        cls(task_names=weights)
+
+
+def test_encodecs_positional_options_follow_the_weights() -> None:
+    """EnCodec's signature is (weights, rescale_grads, total_norm, ...): positional options after the mapping keep
+    their meaning."""
+    bal = balancers.RescaledNormBalancer({"a": 1, "b": 1}, False, 2.0)
+    assert (bal.rescale_grads, bal.total_norm) == (False, 2.0)
+
+
+def test_the_engines_build_with_task_names_and_weights_from_config_is_unchanged() -> None:
+    from omegaconf import OmegaConf
+
+    weights = OmegaConf.create({"b": 2.0, "a": 1.0})  # the task set's order wins over the mapping's
+    bal = balancers.RescaledNormBalancer(task_names=["a", "b"], weights=weights)
+    assert bal.task_names == ["a", "b"] and bal.weights.tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match=r"weights: no weight for tasks \['c'\]"):
+        balancers.FixedWeights(task_names=["a", "b", "c"], weights=weights)
 
 
 def test_task_names_as_a_list_still_build_copy_and_pickle() -> None:

@@ -48,6 +48,40 @@ def grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
+def test_seed_test_verbatim():
+    """The seed's `test()` (seeds/000, EnCodec's balancer) word for word, its Balancer being ours: the constructor
+    form `Balancer(weights={...}, rescale_grads=...)` and `balancer.backward(losses, x)`."""
+    Balancer = RescaledNormBalancer
+
+    from torch.nn import functional as F
+
+    x = torch.zeros(1, requires_grad=True)
+    one = torch.ones_like(x)
+    loss_1 = F.l1_loss(x, one)
+    loss_2 = 100 * F.l1_loss(x, -one)
+    losses = {"1": loss_1, "2": loss_2}
+    balancer = Balancer(weights={"1": 1, "2": 1}, rescale_grads=False)
+    balancer.backward(losses, x)
+    assert torch.allclose(x.grad, torch.tensor(99.0)), x.grad
+    loss_1 = F.l1_loss(x, one)
+    loss_2 = 100 * F.l1_loss(x, -one)
+    losses = {"1": loss_1, "2": loss_2}
+    x.grad = None
+    balancer = Balancer(weights={"1": 1, "2": 1}, rescale_grads=True)
+    balancer.backward({"1": loss_1, "2": loss_2}, x)
+    assert torch.allclose(x.grad, torch.tensor(0.0)), x.grad
+
+
+def test_seed_docs_positional_form():
+    """The seed's docstring: `weights = {'loss_a': 1, 'loss_b': 4}; balancer = Balancer(weights, ...)`."""
+    x = torch.zeros(2, 1, requires_grad=True)
+    weights = {"loss_a": 1, "loss_b": 4}
+    balancer = RescaledNormBalancer(weights, rescale_grads=False, monitor=False)
+    losses = {"loss_a": (3 * x).sum(), "loss_b": (5 * x).sum()}
+    balancer.backward(losses, x)
+    assert torch.equal(x.grad, torch.full((2, 1), 1 * 3 + 4 * 5.0))
+
+
 def test_seed_upstream_test_through_public_api():
     x = torch.zeros(1, requires_grad=True)
     one = torch.ones_like(x)
