@@ -106,7 +106,8 @@ def _is_family(path: Path) -> bool:
 
 def reference(cls: type[Balancer]) -> str:
     doc = " ".join(line.strip() for line in inspect.getdoc(cls).splitlines())
-    found = re.search(r"References?: (.*?)(?:\.\s|\.$)", doc)
+    # the sentence ends at a full stop, not at the one of "e.g." or "i.e." inside it
+    found = re.search(r"References?: (.*?)(?<!\be\.g)(?<!\bi\.e)\.(?:\s|$)", doc)
     return found.group(1) if found else "none stated"
 
 

@@ -31,3 +31,13 @@ def test_every_option_has_a_row_with_its_test_file():
     for row in rows:
         assert (ROOT / "tests" / "balancers" / row["test"]).is_file(), row["option"]
         assert row["kind"] in ("loss weighting", "gradient", "bilevel")
+
+
+def test_each_reference_is_a_whole_sentence():
+    """The `Reference:` sentence is cut at its full stop, not at an abbreviation's ("e.g." in CR-MOGM's)."""
+    script = load_script()
+    for row in script.rows():
+        text = row["reference"]
+        assert text.count("(") == text.count(")") and text.count("`") % 2 == 0, (row["option"], text)
+        assert not text.endswith(("e.g", "i.e")), (row["option"], text)
+    assert "(e.g. `UPGradWeighting`)" in next(r["reference"] for r in script.rows() if r["option"] == "cr_mogm")
