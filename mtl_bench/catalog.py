@@ -25,6 +25,16 @@ def group_keys() -> dict[str, str]:
     return {group: group.replace("/", ".") for group in GROUPS}
 
 
-def format_config_options() -> str:
-    """One line per group, as in `mtl-bench train --help` and `mtl-bench list`."""
-    return "\n".join(f"{group}: {', '.join(choices)}" for group, choices in config_options().items())
+def format_config_options(width: int | None = None) -> str:
+    """One line per group, as in `mtl-bench list`; with `width`, each wrapped within it (`mtl-bench train --help`)."""
+    import textwrap
+
+    lines = [f"{group}: {', '.join(choices)}" for group, choices in config_options().items()]
+    if width is None:
+        return "\n".join(lines)
+    return "\n".join(
+        textwrap.fill(
+            line, width, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False, break_long_words=False
+        )
+        for line in lines
+    )

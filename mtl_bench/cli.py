@@ -71,14 +71,26 @@ def list_options(group: str = typer.Argument(None, help="Only this group (model,
         raise typer.Exit(2)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def prepare(ctx: typer.Context) -> None:
-    """Build a task set's cached data ahead of a sweep, from train's overrides (e.g. `mtl-bench prepare tasks=qm9`)."""
+@app.command(context_settings={"ignore_unknown_options": True})
+def prepare(
+    overrides: Optional[list[str]] = typer.Argument(
+        None,
+        metavar="OVERRIDES",
+        help="GROUP=OPTION and KEY=VALUE, as the sweep's runs give them to `mtl-bench train` (tasks=... at least).",
+        show_default=False,
+    ),
+) -> None:
+    """Build a task set's cached data once, ahead of a sweep whose jobs would otherwise each build it.
+
+    Composes the config as `mtl-bench train` does and builds only its task set (no model, no training).
+
+    Examples: mtl-bench prepare tasks=qm9 ; mtl-bench prepare experiment=qm9_small tasks.cache_dir=/shared
+    """
     from mtl_bench.errors import ConfigError
     from mtl_bench.prepare import prepare as prepare_tasks
 
     try:
-        typer.echo(prepare_tasks(list(ctx.args)))
+        typer.echo(prepare_tasks(list(overrides or [])))
     except ConfigError as err:
         typer.echo(f"mtl-bench: error: {err}", err=True)
         raise typer.Exit(2) from None

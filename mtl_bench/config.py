@@ -351,6 +351,38 @@ def options_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+# The keys `mtl-bench train --help` describes (the rest: docs/configuration.md, and --cfg job for every value).
+HELP_KEYS = (
+    "seed",
+    "tag",
+    "trainer.max_steps",
+    "trainer.epochs",
+    "trainer.batch_size",
+    "trainer.device",
+    "trainer.num_threads",
+    "trainer.resume",
+    "trainer.select",
+)
+
+
+def options_summary(width: int = 100) -> str:
+    """HELP_KEYS as `key=default  help`, the help wrapped within `width` columns."""
+    declared = dict(options(RunConf))
+    items = []
+    for key in HELP_KEYS:
+        default = declared[key].default
+        shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+        items.append((f"{key}={shown}", " ".join(declared[key].metadata["help"].split())))
+    pad = max(len(name) for name, _ in items) + 2
+    indent = " " * (pad + 2)
+    return "\n".join(
+        textwrap.fill(
+            text, width, initial_indent=f"  {name.ljust(pad)}", subsequent_indent=indent, break_on_hyphens=False
+        )
+        for name, text in items
+    )
+
+
 def register_configs() -> None:
     """The run-level schema (trainer, seed, tag); the parts are checked against their classes' signatures."""
     ConfigStore.instance().store(name="schema_run", node=RunConf)

@@ -21,11 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 
 import mtl_bench.config  # noqa: F401  (registers the structured-config schemas before Hydra composes)
 from mtl_bench.catalog import conf_root, format_config_options
+from mtl_bench.config import options_summary
 from mtl_bench.errors import ConfigError, Interrupted
 from mtl_bench.hydra_errors import describe
 
-# The help template lists our groups through this resolver, so the schema/* groups stay out of it.
-OmegaConf.register_new_resolver("mtl_bench_config_groups", format_config_options, replace=True)
+HELP_WIDTH = 100
+
+# The help template (conf/config.yaml, hydra.help) lists our groups and the most used keys through these
+# resolvers, so the schema/* groups stay out of it and every line fits 100 columns.
+OmegaConf.register_new_resolver("mtl_bench_config_groups", lambda: format_config_options(HELP_WIDTH), replace=True)
+OmegaConf.register_new_resolver("mtl_bench_help_keys", lambda: options_summary(HELP_WIDTH), replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_root()), config_name="config")
