@@ -4,7 +4,7 @@
 
 J has one (T, *shape) block per shared parameter of the HPS trunk of scripts/bench_balancers.py (250 -> 4x512:
 weights 512x250 and 3 x 512x512, biases 512), laid out as task_jacobian writes it. Rows: the Gramian Σ J_b J_bᵀ
-through `jacobian.gramian` (the C++ kernel for the large blocks) against torch.mm on every block, TrimmedMean's
+through `gramian.gramian` (the C++ kernel for the large blocks) against torch.mm on every block, TrimmedMean's
 trim=1 direction against the sort it replaces, in torch (`drop_extremes`) and as the method runs it
 (`block_drop_extremes`: the C++ kernel for the large blocks), and ExcessMTL's excess risk (S' = S + g², e) by its
 C++ kernel, writing S' into a kept buffer, against the torch ops it replaces (and its commit, S' copied into S, as
@@ -18,7 +18,9 @@ import argparse
 import torch
 
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.balancers import excess_mtl, jacobian, trimmed_mean
+from mtl_bench.balancers import excess_mtl, trimmed_mean
+from mtl_bench.balancers.blocks import flat_rows
+from mtl_bench.balancers.gramian import gramian, gramian_kernel
 from mtl_bench.balancers.trimmed_mean import block_drop_extremes, drop_extremes
 from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
 
@@ -33,14 +35,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if jacobian.gramian_kernel() is None or excess_mtl.excess_kernel() is None or trimmed_mean.trim_kernel() is None:
+    if gramian_kernel() is None or excess_mtl.excess_kernel() is None or trimmed_mean.trim_kernel() is None:
         raise SystemExit("bench_gramian: a C++ kernel cannot be built here (see the warning above)")
     generator = torch.Generator().manual_seed(0)
     # a Linear's weight gradient comes transposed: rows laid out as autograd returns them, as task_jacobian keeps
     blocks = [torch.randn(args.tasks, *reversed(s), generator=generator).transpose(1, -1) for s in SHAPES]
 
     def mm_gramian() -> torch.Tensor:
-        return sum(m @ m.T for m in map(jacobian.flat_rows, blocks))
+        return sum(m @ m.T for m in map(flat_rows, blocks))
 
     sums = [torch.rand_like(b) for b in blocks]  # S, laid out as the blocks (ExcessMTL keeps it so)
     kept = [torch.empty_like(b) for b in blocks]  # S', kept from step to step
@@ -55,7 +57,7 @@ def main() -> None:
     def kernel_excess() -> None:
         module = excess_mtl.excess_kernel()
         for block, s, out in zip(blocks, sums, kept):
-            module.excess(jacobian.flat_rows(block), jacobian.flat_rows(s), jacobian.flat_rows(out), 1.0)
+            module.excess(flat_rows(block), flat_rows(s), flat_rows(out), 1.0)
 
     def sorted_trim() -> None:
         for block in blocks:
@@ -65,7 +67,7 @@ def main() -> None:
 
     variants = {
         "Gramian: torch.mm": mm_gramian,
-        "Gramian: jacobian.gramian (kernel)": lambda: jacobian.gramian(blocks),
+        "Gramian: gramian.gramian (kernel)": lambda: gramian(blocks),
         "TrimmedMean trim=1: sort": sorted_trim,
         "TrimmedMean trim=1: drop_extremes": lambda: [drop_extremes(block) for block in blocks],
         "TrimmedMean trim=1: kernel": lambda: [block_drop_extremes(block) for block in blocks],

@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mtl_bench.balancers.base import Balancer
-from mtl_bench.balancers.jacobian import GradientBalancer
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.scalarization import ScalarizedBalancer
 from mtl_bench.catalog import conf_root
 

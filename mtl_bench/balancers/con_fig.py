@@ -7,7 +7,9 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.host import host_solution
+from mtl_bench.balancers.weighting import Solution
 
 
 def config_weights(gram: np.ndarray) -> tuple[np.ndarray, float]:

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 import mtl_bench.balancers as balancers
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.weighting import Solution
 
 
 def stateless_base(name: str) -> type[GradientBalancer]:

@@ -9,16 +9,11 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.distributed import world_size
-from mtl_bench.balancers.jacobian import (
-    float_task_rows,
-    head_params,
-    pieces_norm,
-    rank_mean,
-    task_jacobian,
-    write_leaf_grads,
-)
+from mtl_bench.balancers.distributed import rank_mean, world_size
+from mtl_bench.balancers.graph import head_params
+from mtl_bench.balancers.leaf_grads import write_leaf_grads
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
+from mtl_bench.balancers.task_grads import float_task_rows, pieces_norm, task_jacobian
 
 GRAD_SOURCES = ("shared_params",)
 
@@ -35,7 +30,7 @@ class DualBalancing(StagedBalancer):
     not in LibMTL 1.1.5), defaults beta = 0.9, beta_sigma = 0 from its config. Like LibMTL, the
     representation-gradient mode (`rep_grad=True`) is not supported. LibMTL takes the T gradients with T
     backwards through the whole network and then overwrites the shared gradients; here the T backwards
-    (`jacobian.float_task_rows`, one per task through its head and the trunk) each make row i of the new EMA from
+    (`task_grads.float_task_rows`, one per task through its head and the trunk) each make row i of the new EMA from
     g_i as it arrives (on one process without accumulation; otherwise from the (T, P) gradients, see below), and
     the shared gradients receive only Σ_i α_i m_i. A shared parameter the losses do not reach gets a zero
     row in g (LibMTL: zeros too) and still receives its part of Σ_i α_i m_i (LibMTL leaves a parameter

@@ -16,6 +16,16 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def rank_mean(value: Tensor) -> Tensor:
+    """The mean over DDP ranks (every rank gets the same bits); unchanged on one process."""
+    n = world_size()
+    if n == 1:
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value)
+    return value / n
+
+
 def _check_same_names(names: tuple[str, ...], device: torch.device) -> None:
     """Once per set of names: every rank must reduce the same names (else the means would mix tasks)."""
     digest = zlib.crc32("\0".join(names).encode())

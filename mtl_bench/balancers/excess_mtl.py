@@ -9,8 +9,11 @@ import torch
 from torch import Tensor
 
 from mtl_bench import cpp_kernels
-from mtl_bench.balancers.distributed import world_size
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, flat_rows, rank_mean, takes_kernel
+from mtl_bench.balancers.blocks import flat_rows
+from mtl_bench.balancers.distributed import rank_mean, world_size
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.gramian import takes_kernel
+from mtl_bench.balancers.weighting import Solution
 
 TOTALS = ("tasks", "one")
 HEAD_WEIGHTS = ("weights", "ones")

@@ -8,7 +8,9 @@ import numpy as np
 from scipy.optimize import least_squares
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.host import host_solution
+from mtl_bench.balancers.weighting import Solution
 
 HEAD_WEIGHTS = ("weights", "ones")
 

@@ -10,15 +10,13 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.jacobian import (
-    GradientBalancer,
-    grads_at_shared,
-    gram_metrics,
-    rank_mean,
-    write_leaf_grads,
-)
+from mtl_bench.balancers.distributed import rank_mean
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.gramian import gram_metrics
+from mtl_bench.balancers.leaf_grads import write_leaf_grads
 from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.balancers.staged import JOINT
+from mtl_bench.balancers.task_grads import grads_at_shared
 
 
 class GradDrop(SeededGenerator, GradientBalancer):

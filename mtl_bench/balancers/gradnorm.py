@@ -12,7 +12,8 @@ from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.distributed import average_by_name
-from mtl_bench.balancers.jacobian import leaf_grads_root, task_params, upstream_leaves
+from mtl_bench.balancers.graph import task_params, upstream_leaves
+from mtl_bench.balancers.leaf_grads import leaf_grads_root
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
 GRAD_SOURCES = ("last_shared", "shared_rep")

@@ -9,8 +9,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, nan_weights, to_device
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.host import nan_weights, to_device
 from mtl_bench.balancers.seeded import SeededGenerator
+from mtl_bench.balancers.weighting import Solution
 
 GROUPS = ("whole_model", "all_matrix")
 

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.weighting import Solution
 
 
 class Krum(GradientBalancer):

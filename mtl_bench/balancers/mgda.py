@@ -8,8 +8,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
 from mtl_bench.balancers.solvers import min_norm_simplex
+from mtl_bench.balancers.weighting import Solution
 
 NORMALIZATIONS = ("none", "l2", "loss", "loss+")
 

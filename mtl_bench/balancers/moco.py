@@ -10,17 +10,12 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import BackwardContext, Context
-from mtl_bench.balancers.distributed import world_size
-from mtl_bench.balancers.jacobian import (
-    GradientBalancer,
-    float_task_rows,
-    gram_metrics,
-    gramian,
-    pieces_norm,
-    rank_mean,
-    write_leaf_grads,
-)
+from mtl_bench.balancers.distributed import rank_mean, world_size
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.gramian import gram_metrics, gramian
+from mtl_bench.balancers.leaf_grads import write_leaf_grads
 from mtl_bench.balancers.staged import JOINT
+from mtl_bench.balancers.task_grads import float_task_rows, pieces_norm
 
 
 class MoCo(GradientBalancer):

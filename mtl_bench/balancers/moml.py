@@ -11,7 +11,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import BackwardContext, Context
-from mtl_bench.balancers.jacobian import host_gramian
+from mtl_bench.balancers.host import host_gramian
 from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
 from mtl_bench.balancers.solvers import min_norm_simplex
 from mtl_bench.balancers.staged import JOINT, current_scale

@@ -9,7 +9,9 @@ import torch
 from scipy.sparse import csc_matrix
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
+from mtl_bench.balancers.weighting import Solution
 
 HEAD_WEIGHTS = ("alpha", "ones")
 

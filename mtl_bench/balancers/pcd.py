@@ -9,8 +9,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_gramian, nan_weights, to_device
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
 from mtl_bench.balancers.solvers import nonneg_qp
+from mtl_bench.balancers.weighting import Solution
 
 PRECISION = 10 * float(np.finfo(np.float32).eps)  # the relative precision of a float32 Gramian (torchjd's bound)
 

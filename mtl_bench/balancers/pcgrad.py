@@ -8,8 +8,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.host import host_solution
 from mtl_bench.balancers.seeded import SeededGenerator
+from mtl_bench.balancers.weighting import Solution
 
 
 def pcgrad_weights(gram: np.ndarray, orders: Sequence[Sequence[int]]) -> tuple[np.ndarray, int]:

@@ -9,15 +9,10 @@ import torch
 from torch import Tensor
 
 from mtl_bench import cpp_kernels, tags
-from mtl_bench.balancers.jacobian import (
-    GRAMIAN_CFLAGS,
-    GradientBalancer,
-    flat_rows,
-    gram_metrics,
-    takes_kernel,
-    unflatten_row,
-    write_leaf_grads,
-)
+from mtl_bench.balancers.blocks import flat_rows, unflatten_row
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.gramian import GRAMIAN_CFLAGS, gram_metrics, takes_kernel
+from mtl_bench.balancers.leaf_grads import write_leaf_grads
 
 TRIM_SOURCE = Path(__file__).with_name("trimmed_mean_cpu.cpp")
 

@@ -7,8 +7,10 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from torch import Tensor
 
-from mtl_bench.balancers.jacobian import GradientBalancer, Solution, host_solution
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.host import host_solution
 from mtl_bench.balancers.solvers import dual_cone_weights
+from mtl_bench.balancers.weighting import Solution
 
 
 def upgrad_weights(gram: np.ndarray, norm_eps: float, reg_eps: float) -> tuple[np.ndarray, int]:

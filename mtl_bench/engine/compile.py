@@ -10,7 +10,7 @@ Three things the balancers do constrain what is compiled and how:
   run eagerly.
 - A balancer may take all T task gradients through the trunk in one batched vector-Jacobian product
   (`autograd.grad(..., is_grads_batched=True)`, i.e. under vmap; the zoo's gradient methods take T backwards
-  instead, `balancers.jacobian.param_jacobian` still offers the product). Inductor's
+  instead, tests/helpers/param_jacobian.py still offers the product). Inductor's
   compiled kernels cannot read vmap's batched tensors ("Cannot access storage of BatchedTensorImpl"). So the
   region is compiled through AOTAutograd with inductor for the forward and for the backward, and a backward
   called with batched gradients runs the same backward graph eagerly (ATen ops, which vmap batches).

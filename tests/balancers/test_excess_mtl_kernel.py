@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from mtl_bench.balancers import ExcessMTL, excess_mtl, jacobian
-from mtl_bench.balancers.jacobian import KERNEL_MIN_NUMEL
+from mtl_bench.balancers import ExcessMTL, excess_mtl
+from mtl_bench.balancers import gramian as gramian_module
+from mtl_bench.balancers.gramian import KERNEL_MIN_NUMEL
 from tests.balancers import test_excess_mtl
 from tests.helpers.balancer_kit import built_kernel_or_skip, on_one_and_two_threads
 
@@ -149,7 +150,7 @@ def one_step(param: torch.nn.Parameter, bal: ExcessMTL, seed: int = 0, nan: bool
 
 @pytest.fixture
 def no_gramian_kernel(monkeypatch):
-    monkeypatch.setattr(jacobian, "gramian_kernel", lambda: None)  # torch.mm: these tests build nothing
+    monkeypatch.setattr(gramian_module, "gramian_kernel", lambda: None)  # torch.mm: these tests build nothing
 
 
 def test_large_float32_cpu_blocks_take_the_kernel_with_s_prime_kept(monkeypatch, no_gramian_kernel):

@@ -7,13 +7,14 @@ import logging
 import pytest
 import torch
 
-from mtl_bench.balancers import PCGrad, jacobian
-from mtl_bench.balancers.jacobian import KERNEL_MIN_NUMEL, block_gramian
+from mtl_bench.balancers import PCGrad
+from mtl_bench.balancers import gramian as gramian_module
+from mtl_bench.balancers.gramian import KERNEL_MIN_NUMEL, block_gramian
 from tests.helpers.balancer_kit import built_kernel_or_skip, on_one_and_two_threads
 
 
 def kernel_or_skip():
-    return built_kernel_or_skip(jacobian.gramian_kernel, "Gramian kernel")
+    return built_kernel_or_skip(gramian_module.gramian_kernel, "Gramian kernel")
 
 
 @pytest.mark.slow
@@ -47,7 +48,7 @@ def test_large_float32_cpu_blocks_take_the_kernel(monkeypatch):
             calls.append(m.shape)
             return m @ m.T
 
-    monkeypatch.setattr(jacobian, "gramian_kernel", lambda: Fake())
+    monkeypatch.setattr(gramian_module, "gramian_kernel", lambda: Fake())
     large = torch.randn(4, KERNEL_MIN_NUMEL // 4)
     block_gramian(large)
     block_gramian(torch.randn(4, 100))  # small: torch.mm
@@ -57,8 +58,8 @@ def test_large_float32_cpu_blocks_take_the_kernel(monkeypatch):
 
 
 def test_without_a_kernel_mm_computes_it_and_it_is_said_once(monkeypatch, caplog):
-    monkeypatch.setattr(jacobian.cpp_kernels, "build", lambda *args: (None, "RuntimeError: Ninja is required"))
-    monkeypatch.setattr(jacobian.cpp_kernels, "_said", set())
+    monkeypatch.setattr(gramian_module.cpp_kernels, "build", lambda *args: (None, "RuntimeError: Ninja is required"))
+    monkeypatch.setattr(gramian_module.cpp_kernels, "_said", set())
     large = torch.randn(2, KERNEL_MIN_NUMEL // 2)
     with caplog.at_level(logging.WARNING, logger="mtl_bench"):
         first = block_gramian(large)
@@ -73,7 +74,7 @@ def test_without_a_kernel_mm_computes_it_and_it_is_said_once(monkeypatch, caplog
 
 def test_the_kernel_is_built_with_the_balancer_when_its_blocks_will_take_it(monkeypatch):
     built = []
-    monkeypatch.setattr(jacobian, "gramian_kernel", lambda: built.append(1))
+    monkeypatch.setattr(gramian_module, "gramian_kernel", lambda: built.append(1))
     PCGrad(["a", "b"], [torch.nn.Parameter(torch.zeros(100))])  # small blocks: torch.mm, nothing to build
     PCGrad(["a", "b"], [torch.nn.Parameter(torch.zeros(KERNEL_MIN_NUMEL // 2, dtype=torch.float64))])
     assert built == []

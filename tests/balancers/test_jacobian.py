@@ -1,5 +1,5 @@
-"""The gradient methods' shared machinery (mtl_bench.balancers.jacobian); the helpers their tests share are in
-balancer_kit."""
+"""The gradient methods' shared machinery (mtl_bench.balancers.gradient_balancer and the modules it uses); the
+helpers their tests share are in balancer_kit."""
 
 from __future__ import annotations
 
@@ -12,18 +12,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtl_bench.balancers import IMTL, MGDA, BackwardContext, GradVac, PCGrad, UPGrad
-from mtl_bench.balancers.jacobian import (
-    combine,
-    flat_rows,
-    grads_at_shared,
-    gramian,
-    head_params,
-    param_jacobian,
-    rows_like,
-    task_jacobian,
-    write_leaf_grads,
-)
+from mtl_bench.balancers.blocks import combine, flat_rows, rows_like
+from mtl_bench.balancers.gramian import gramian
+from mtl_bench.balancers.graph import head_params
+from mtl_bench.balancers.leaf_grads import write_leaf_grads
+from mtl_bench.balancers.task_grads import grads_at_shared, task_jacobian
 from tests.helpers.balancer_kit import TASKS3, batch, make_model, no_host_sync, task_losses
+from tests.helpers.param_jacobian import param_jacobian
 
 # ---------------------------------------------------------------------------------------------- the machinery
 

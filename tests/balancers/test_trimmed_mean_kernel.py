@@ -7,8 +7,9 @@ import logging
 import pytest
 import torch
 
-from mtl_bench.balancers import TrimmedMean, jacobian, trimmed_mean
-from mtl_bench.balancers.jacobian import KERNEL_MIN_NUMEL
+from mtl_bench.balancers import TrimmedMean, trimmed_mean
+from mtl_bench.balancers import gramian as gramian_module
+from mtl_bench.balancers.gramian import KERNEL_MIN_NUMEL
 from mtl_bench.balancers.trimmed_mean import block_drop_extremes, drop_extremes
 from tests.balancers import test_trimmed_mean
 from tests.helpers.balancer_kit import TASKS3, built_kernel_or_skip, on_one_and_two_threads
@@ -91,7 +92,7 @@ class Spy:
 def test_the_method_tests_pass_on_the_kernel_path(monkeypatch, tasks):
     spy = Spy(kernel_or_skip())
     monkeypatch.setattr(trimmed_mean, "trim_kernel", lambda: spy)
-    monkeypatch.setattr(jacobian, "KERNEL_MIN_NUMEL", 1)  # every block takes the kernels
+    monkeypatch.setattr(gramian_module, "KERNEL_MIN_NUMEL", 1)  # every block takes the kernels
     test_trimmed_mean.test_matches_torchjd(tasks, 1)
     test_trimmed_mean.test_direction_and_shares_by_hand()
     test_trimmed_mean.test_per_task_mode_with_scaler_matches_the_joint_step()
@@ -135,7 +136,7 @@ def test_without_a_kernel_torch_computes_it_and_it_is_said_once(monkeypatch, cap
 def test_the_kernel_is_built_with_the_balancer_when_its_blocks_will_take_it(monkeypatch):
     built = []
     monkeypatch.setattr(trimmed_mean, "trim_kernel", lambda: built.append(1))
-    monkeypatch.setattr(jacobian, "gramian_kernel", lambda: None)  # not this test's build
+    monkeypatch.setattr(gramian_module, "gramian_kernel", lambda: None)  # not this test's build
     tasks = ["a", "b", "c"]
     TrimmedMean(tasks, [torch.nn.Parameter(torch.zeros(100))])  # small blocks: torch, nothing to build
     TrimmedMean(tasks, [torch.nn.Parameter(torch.zeros(KERNEL_MIN_NUMEL // 2, dtype=torch.float64))])

@@ -9,8 +9,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtl_bench.balancers import MGDA, BackwardContext, GradDrop, NashMTL, PCGrad, UPGrad
-from mtl_bench.balancers.jacobian import GradientBalancer, combine, gramian, param_jacobian, task_params
+from mtl_bench.balancers.blocks import combine
+from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.gramian import gramian
+from mtl_bench.balancers.graph import task_params
 from mtl_bench.models import SegNet, SegNetMTAN
+from tests.helpers.param_jacobian import param_jacobian
 
 TASKS = {"segmentation": 5, "depth": 1, "normal": 3}
 SHAPE = (3, 32, 32)
