@@ -198,6 +198,7 @@ class ScaledAdam(torch.optim.Optimizer):
         size_update_period: int = 4,
         clipping_update_period: int = 100,
         compile: CompileMode = "auto",
+        diagnostics: bool = False,
     ) -> None:
         """One line per option (the signature is the options' one declaration; the class docstring explains them).
 
@@ -213,6 +214,8 @@ class ScaledAdam(torch.optim.Optimizer):
         size_update_period: steps (>= 1) between RMS refreshes and learned-scale steps.
         clipping_update_period: steps (>= 1) between clipping thresholds, each the median of that many norms.
         compile: True: the C++ kernel or an error; False: eager, same math; "auto": kernel from 2^20 elements.
+        diagnostics: icefall's clipping lines (each threshold's norm quartiles at INFO, a gradient scaled below 0.1
+            with its dominant tensor at WARNING); False: both at DEBUG. Skipped non-finite steps are always WARNING.
         """
         if not lr >= 0:
             raise ValueError(f"lr: must be >= 0, got {lr}")
@@ -236,6 +239,8 @@ class ScaledAdam(torch.optim.Optimizer):
         ):
             if isinstance(period, bool) or not isinstance(period, int) or period < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {period!r}")
+        if not isinstance(diagnostics, bool):
+            raise ValueError(f"diagnostics: must be true or false, got {diagnostics!r}")
         if compile not in ("auto", True, False) or not isinstance(compile, (bool, str)):
             raise ValueError(f"compile: must be 'auto', True or False, got {compile!r}")
         defaults = dict(
@@ -251,6 +256,9 @@ class ScaledAdam(torch.optim.Optimizer):
             clipping_update_period=clipping_update_period,
         )
         self.compile = compile
+        # icefall's clipping diagnostics: their log levels (DEBUG unless asked for: a default run stays quiet)
+        self.diagnostics = bool(diagnostics)
+        self._info, self._warning = (logging.INFO, logging.WARNING) if diagnostics else (logging.DEBUG, logging.DEBUG)
         self.stack_max_numel = STACK_MAX_NUMEL  # tests and benchmarks change it to force a layout
         self.skipped_steps = 0
         self._plans: list[tuple[tuple[int, ...], list[_Bucket], _NativeSet | None]] | None = None
@@ -610,7 +618,8 @@ class ScaledAdam(torch.optim.Optimizer):
             first["model_norm_threshold"] = threshold
             clipped = first.get("num_clipped", 0) * 100.0 / k
             first["num_clipped"] = 0
-            log.info(
+            log.log(
+                self._info,
                 "ScaledAdam group %d: clipping_scale=%s, grad-norm quartiles %s, threshold=%.3e, percent-clipped=%.1f",
                 gi,
                 group["clipping_scale"],
@@ -624,8 +633,9 @@ class ScaledAdam(torch.optim.Optimizer):
         factor = min(1.0, threshold / (norm + 1e-20))
         if factor < 1.0:
             first["num_clipped"] = first.get("num_clipped", 0) + 1
-        if factor < 0.1:
-            log.warning(
+        if factor < 0.1 and log.isEnabledFor(self._warning):  # _dominant reads every tensor's statistics
+            log.log(
+                self._warning,
                 "ScaledAdam group %d: scaling gradients by %.3g, model_norm_threshold=%.3e%s",
                 gi,
                 factor,

@@ -313,16 +313,39 @@ def test_nonfinite_step_is_skipped_and_logged(caplog):
     assert all(torch.isfinite(p).all() for p in params)
 
 
-def test_strong_clipping_names_the_dominant_parameter(caplog):
+def strongly_clipped_step(caplog, level: int, **options) -> list[logging.LogRecord]:
+    """Five steps, then one whose gradient is scaled far below 0.1 by clipping; the records logged at `level`+."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    opt = ScaledAdam(model.named_parameters(), clipping_scale=1.0, clipping_update_period=4, compile=False)
+    opt = ScaledAdam(model.named_parameters(), clipping_scale=1.0, clipping_update_period=4, compile=False, **options)
     params = list(model.parameters())
-    run(opt, params, 5)
-    set_grads(params, 5)
-    params[2].grad *= 1e4
-    with caplog.at_level(logging.WARNING, logger="mtl_bench.optim.scaled_adam"):
+    with caplog.at_level(level, logger="mtl_bench.optim.scaled_adam"):
+        run(opt, params, 5)
+        set_grads(params, 5)
+        params[2].grad *= 1e4
         opt.step()
-    assert "scaling gradients" in caplog.text and "dominated by 1.weight" in caplog.text
+    return [r for r in caplog.records if r.name == "mtl_bench.optim.scaled_adam"]
+
+
+def test_strong_clipping_names_the_dominant_parameter_when_asked(caplog):
+    records = strongly_clipped_step(caplog, logging.INFO, diagnostics=True)
+    warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert any("scaling gradients" in m and "dominated by 1.weight" in m for m in warned)
+    assert any("grad-norm quartiles" in r.getMessage() for r in records if r.levelno == logging.INFO)
+
+
+def test_icefalls_diagnostics_are_debug_lines_by_default(caplog):
+    """A default run prints none of icefall's clipping lines; they are there at DEBUG."""
+    assert strongly_clipped_step(caplog, logging.INFO) == []
+    caplog.clear()
+    records = strongly_clipped_step(caplog, logging.DEBUG)
+    messages = [r.getMessage() for r in records]
+    assert any("scaling gradients" in m and "dominated by 1.weight" in m for m in messages)
+    assert any("grad-norm quartiles" in m for m in messages) and {r.levelno for r in records} == {logging.DEBUG}
+
+
+def test_diagnostics_must_be_a_bool():
+    with pytest.raises(ValueError, match="diagnostics: must be true or false, got 'yes'"):
+        ScaledAdam(torch.nn.Linear(2, 2).parameters(), diagnostics="yes")
 
 
 def test_accepts_params_groups_and_names():
