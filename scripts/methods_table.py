@@ -137,6 +137,7 @@ def rows() -> list[dict[str, str]]:
                 "AMP": covered(tests, r"GradScaler|scaler"),
                 "DDP": covered(tests, r"ddp|DDP"),
                 "test": tests[0].name if tests else "none",
+                "host_solve": cls.HOST_SOLVE,
                 "paper": paper(cls),
                 "reference": reference(cls),
             }
@@ -162,6 +163,20 @@ def render() -> str:
     ]
     for row in table:
         lines.append("| " + " | ".join(f"`{row[c]}`" if c == "option" else row[c] for c in columns) + " |")
+    lines += [
+        "",
+        "## On a GPU: each step's one host synchronisation",
+        "",
+        "A step never reads the device (no `.item()`, no shape that depends on values, no linalg error check) except",
+        "where a method solves its small T×T problem on the host: that solve's copy of the Gramian (or the program's",
+        "data) is the step's one synchronisation; the device queue is empty after it, so the few reads that follow",
+        "cost no wait. tests/engine/test_host_sync.py checks every option on the CPU (tests/helpers/host_sync.py).",
+        "The other methods step without one. Methods with a host solve:",
+        "",
+    ]
+    for row in table:
+        if row["host_solve"]:
+            lines.append(f"- `{row['option']}`: {row['host_solve']}")
     lines += ["", "## Papers and references", ""]
     for row in table:
         text = (

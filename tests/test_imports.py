@@ -29,6 +29,7 @@ LAYERS = (
             "hydra_errors",
             "optional",
             "cpp_kernels",
+            "devices",
         ),
     ),
     ("rooms", ("tasks", "models", "balancers", "optim", "run_logger", "analysis", "report")),

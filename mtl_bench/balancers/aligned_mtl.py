@@ -46,6 +46,8 @@ class AlignedMTL(GradientBalancer):
     of the kept eigenvalues: how unbalanced the gradients were).
     """
 
+    HOST_SOLVE = "the Gramian's eigendecomposition (numpy `eigh`)"
+
     SOURCES = ("shared_params", "shared_rep")
 
     def __init__(

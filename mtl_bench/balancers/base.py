@@ -105,6 +105,12 @@ class Balancer(nn.Module):
     # True for a bilevel method: the loop then fills BackwardContext's validation(), task_losses, params and
     # learning_rate (see trainer.validation_source for where the validation batches come from).
     NEEDS_VALIDATION: bool = False
+    # What the method computes on the host, where it does: on a GPU that solve's read of the device (one copy of
+    # the Gramian or the program's data, after which the device queue is empty) is the step's one host
+    # synchronisation. It happens inside the method named by HOST_SOLVE_IN; every other method never reads the
+    # device in a step (tests/engine/test_host_sync.py checks both on the CPU; docs/methods.md lists them).
+    HOST_SOLVE: str = ""
+    HOST_SOLVE_IN: str = "_solve"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Every balancer's first argument is its task names. A balancer that takes `weights` also takes EnCodec's

@@ -59,6 +59,8 @@ class CAGrad(GradientBalancer):
     Metrics: `weight/<task>`, `grad_norm/<task>`, `grad_cos/<a>/<b>`, `cagrad/lambda`.
     """
 
+    HOST_SOLVE = "scipy's SLSQP on the T×T Gramian"
+
     SOURCES = ("shared_params",)
 
     def __init__(

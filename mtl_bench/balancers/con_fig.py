@@ -46,6 +46,8 @@ class ConFIG(GradientBalancer):
     the sum of the unit gradients).
     """
 
+    HOST_SOLVE = "a T×T pseudo-inverse (numpy)"
+
     SOURCES = ("shared_params",)
 
     def __init__(

@@ -44,6 +44,8 @@ class CRMOGM(GradientBalancer):
     Metrics: the base's metrics, with `weight/<task>` the smoothed λ and `cr_mogm/raw/<task>` the base's λ̂.
     """
 
+    HOST_SOLVE = "the wrapped method's host solve (UPGrad's QPs by default)"
+
     lambdas: Tensor
     started: Tensor
 

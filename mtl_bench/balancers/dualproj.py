@@ -35,6 +35,8 @@ class DualProj(GradientBalancer):
     whose constraint the projection made active: 0 when the mean gradient conflicts with none).
     """
 
+    HOST_SOLVE = "an active-set QP on the T×T Gramian (numpy)"
+
     SOURCES = ("shared_params",)
 
     def __init__(

@@ -14,6 +14,7 @@ from mtl_bench.balancers.distributed import rank_mean, world_size
 from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.gramian import takes_kernel
 from mtl_bench.balancers.weighting import Solution
+from mtl_bench.devices import cpu_value
 
 TOTALS = ("tasks", "one")
 HEAD_WEIGHTS = ("weights", "ones")
@@ -150,7 +151,7 @@ class ExcessMTL(GradientBalancer):
         if committed.stride() != block.stride():  # S laid out as J's rows (once): one order for both
             committed = self._buffers[name] = torch.empty_like(block).copy_(committed)
         spare = self._staging_buffer(name, block)  # S' becomes S by trading places with it (StagedBalancer._commit)
-        scale_sq = 1.0 if scale is None else float((scale * scale).item())  # CPU: no device sync
+        scale_sq = 1.0 if scale is None else float(cpu_value(scale * scale))
         e = module.excess(rows, flat_rows(committed), flat_rows(spare), scale_sq)
         self._stage(**{name: spare})
         return e

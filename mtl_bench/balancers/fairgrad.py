@@ -47,6 +47,8 @@ class FairGrad(GradientBalancer):
     cost: near 0 when the fairness condition holds).
     """
 
+    HOST_SOLVE = "scipy's bounded least squares on the T×T Gramian"
+
     SOURCES = ("shared_params",)
 
     def __init__(

@@ -70,6 +70,9 @@ class FORUM(SoftmaxLogitsBalancer):
     Metrics: `weight/<task>` (softmax(α) used this step). α, its Adam moments and λ are buffers.
     """
 
+    HOST_SOLVE = "scipy's SLSQP on the (T+1)×(T+1) program"
+    HOST_SOLVE_IN = "backward"
+
     ONE_BATCH_WORK = "its inner steps"
     VALIDATION_WORK = "validation gradients"
     STEP_WORK = "its inner steps"

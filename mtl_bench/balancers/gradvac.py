@@ -67,6 +67,8 @@ class GradVac(SeededGenerator, GradientBalancer):
     `gradvac/corrections`.
     """
 
+    HOST_SOLVE = "the pairwise corrections on the T×T Gramian (numpy; the orders from a CPU generator)"
+
     SOURCES = ("shared_params",)
 
     targets: Tensor

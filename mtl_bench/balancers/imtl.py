@@ -48,6 +48,8 @@ class IMTL(GradientBalancer):
     `imtl/loss_scale/<task>` (s_i used this step).
     """
 
+    HOST_SOLVE = "a T×T pseudo-inverse (numpy)"
+
     SOURCES = ("shared_params", "shared_rep")
 
     loss_scale: Tensor

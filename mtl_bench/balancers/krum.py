@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from mtl_bench.balancers.gradient_balancer import GradientBalancer
@@ -60,5 +59,6 @@ class Krum(GradientBalancer):
         nearest, _ = torch.topk(distances, k=t - self.n_byzantine - 1, largest=False)
         scores = nearest[:, 1:].sum(dim=1)  # the smallest distance of each row is to itself
         _, selected = torch.topk(scores, k=self.n_selected, largest=False)
-        weights = F.one_hot(selected, num_classes=t).sum(dim=0).to(gram.dtype) / self.n_selected
+        # scatter, not F.one_hot: one_hot checks the indices' range on the host on a CPU
+        weights = gram.new_zeros(t).scatter_(0, selected, 1.0 / self.n_selected)
         return Solution(weights + 0 * scores.sum())  # NaN weights when G is not finite (a skipped step)

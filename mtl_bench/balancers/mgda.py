@@ -37,6 +37,8 @@ class MGDA(GradientBalancer):
     (‖Σ α_i g_i/n_i‖, 0 at a Pareto-stationary point).
     """
 
+    HOST_SOLVE = "Frank-Wolfe min-norm on the simplex (numpy)"
+
     SOURCES = ("shared_params", "shared_rep")
 
     def __init__(

@@ -55,6 +55,9 @@ class MOML(SoftmaxLogitsBalancer):
     Metrics: `weight/<task>` (λ_i used this step). α and Adam's moments are buffers.
     """
 
+    HOST_SOLVE = "Frank-Wolfe min-norm on the simplex (numpy)"
+    HOST_SOLVE_IN = "_min_norm_weights"
+
     ONE_BATCH_WORK = "its look-ahead step"
     VALIDATION_WORK = "the validation losses"
     STEP_WORK = "one look-ahead step"

@@ -26,8 +26,9 @@ def project_to_simplex(v: Tensor) -> Tensor:
     u, _ = torch.sort(v, descending=True)
     css = torch.cumsum(u, dim=0) - 1
     j = torch.arange(1, len(v) + 1, device=v.device, dtype=v.dtype)
-    rho = (u > css / j).to(v.dtype).cumsum(0).argmax()  # the last index where the condition holds
-    return torch.clamp(v - css[rho] / (rho + 1).to(v.dtype), min=0)
+    rho = (u > css / j).to(v.dtype).cumsum(0).argmax(0, keepdim=True)  # the last index where the condition holds
+    # gather, not css[rho]: indexing by a 0-d tensor reads it on the host (a device sync on a GPU)
+    return torch.clamp(v - css.gather(0, rho) / (rho + 1).to(v.dtype), min=0)
 
 
 def cross_gramian(left: list[Tensor], right: list[Tensor]) -> Tensor:

@@ -129,6 +129,8 @@ class NashMTL(GradientBalancer):
     (α before clipping), `nash_mtl/update_norm` (‖d‖ before clipping).
     """
 
+    HOST_SOLVE = "the Nash bargaining program (ECOS, or any solver through cvxpy)"
+
     SOURCES = ("shared_params",)
 
     alpha: Tensor

@@ -64,6 +64,8 @@ class PCD(GradientBalancer):
     constraint could be met, else 0 and d follows the primary gradient alone).
     """
 
+    HOST_SOLVE = "a non-negative QP on the T×T Gramian (numpy)"
+
     SOURCES = ("shared_params",)
 
     sq_norm_ema: Tensor

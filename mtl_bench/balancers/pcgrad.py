@@ -54,6 +54,8 @@ class PCGrad(SeededGenerator, GradientBalancer):
     `pcgrad/projections` (pairs projected this step).
     """
 
+    HOST_SOLVE = "the projections on the T×T Gramian (numpy; the orders from a CPU generator)"
+
     SOURCES = ("shared_params",)
 
     def __init__(

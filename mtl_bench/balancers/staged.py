@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.base import BackwardContext, Balancer, Context
+from mtl_bench.devices import cpu_value
 
 JOINT, PER_TASK = "joint", "per_task"
 
@@ -164,7 +165,7 @@ class StagedBalancer(Balancer):
                 if value is spares.get(name) and value.device.type == "cpu" and buf.stride() == value.stride():
                     # a CPU spare trades places with the buffer: no pass over its values (and reading the flags
                     # is no device sync on the CPU)
-                    if keep is None or bool(keep):
+                    if keep is None or cpu_value(keep):
                         spares[name], self._buffers[name] = buf, value
                 elif keep is None:
                     buf.copy_(value)

@@ -39,6 +39,8 @@ class UPGrad(GradientBalancer):
     cone constraints were active: 0 when no two gradients conflict).
     """
 
+    HOST_SOLVE = "T active-set QPs on the T×T Gramian (numpy)"
+
     SOURCES = ("shared_params",)
 
     def __init__(

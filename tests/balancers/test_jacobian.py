@@ -129,7 +129,7 @@ def test_head_reading_the_trunk_elsewhere_is_refused():
 def test_no_host_sync_on_cpu(method, options: dict, monkeypatch: pytest.MonkeyPatch):
     model, (x, y) = make_model(), batch()
     bal = method(list(TASKS3), list(model.trunk.parameters()), **options)
-    with no_host_sync(monkeypatch):
+    with no_host_sync(host_solve_of=bal):  # each names its host solve: that is its one sync
         out, losses = task_losses(model, x, y)
         bal.backward(losses, out.shared, BackwardContext(scaler=torch.amp.GradScaler("cpu")))
         bal.step()

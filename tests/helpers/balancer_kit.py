@@ -28,22 +28,10 @@ from torch.nn.parallel import DistributedDataParallel
 from mtl_bench.balancers import BackwardContext
 from mtl_bench.bench import peers
 from mtl_bench.models.base import MultiTaskModel
+from tests.helpers.host_sync import no_host_sync  # noqa: F401  (the balancer tests import it from here)
 from tests.helpers.processes import spawn_and_wait
 
 Metrics = dict[str, torch.Tensor]
-
-
-@contextlib.contextmanager
-def no_host_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Any tensor -> Python value conversion (a device sync on GPU) raises inside the block."""
-
-    def boom(*args, **kwargs):
-        raise AssertionError("host sync in the hot path")
-
-    with monkeypatch.context() as m:
-        for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
-            m.setattr(torch.Tensor, name, boom)
-        yield
 
 
 def sgd_train(model: nn.Module, bal, steps: range, losses_at: Callable, scaler=None, lr: float = 0.05) -> Metrics:

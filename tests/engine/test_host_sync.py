@@ -1,0 +1,51 @@
+"""No host synchronisation in a training step on a GPU, checked on the CPU: every balancer option steps through the
+engine (the loop, the GradScaler or the non-finite check, the optimizer, the balancer's commit) under the guard of
+tests/helpers/host_sync.py. The only reads allowed are a method's named host solve (`HOST_SOLVE`, listed in
+docs/methods.md) and reads through `cpu_value` (CPU-only paths); a method that names a host solve must have one."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtl_bench.catalog import config_options
+from mtl_bench.engine.recipe import Recipe
+from tests.helpers.host_sync import allowed, host_syncs
+
+BALANCERS = config_options()["balancer"]
+TOY10 = ["tasks=toy10", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32", "model.widths=[16,16]"]
+RUN = ["trainer=smoke", "trainer.batch_size=32", "trainer.num_threads=1"]
+# As tests/balancers/test_zoo.py: draws on micro-batches, a validation split for the bilevel methods.
+EXTRA = {"modo": ["trainer.grad_accumulation_steps=3"], "sdmgrad": ["trainer.grad_accumulation_steps=3"]}
+EXTRA["auto_lambda"] = EXTRA["moml"] = EXTRA["forum"] = ["trainer.validation_holdout=0.2"]
+
+
+def steps_syncs(cfg, run_dir, steps: int = 2):
+    """(the balancer, the host syncs of `steps` steps between log points after one warm-up step)."""
+    recipe = Recipe(cfg, run_dir)
+    recipe.setup()
+    try:
+        recipe.optimizer_step(False)  # first-step work (lazy buffers, a kernel build) is not the hot path
+        recipe.step += 1
+        with host_syncs() as found:
+            for _ in range(steps):
+                recipe.optimizer_step(False)
+                recipe.step += 1
+    finally:
+        recipe.cleanup()
+    return recipe.balancer, found
+
+
+# fp16 for every method (the GradScaler's path: scaled backward, unscale, skip on the device); bf16 for three kinds.
+CASES = [(b, "fp16") for b in BALANCERS] + [(b, "bf16") for b in ("fixed", "famo", "nash_mtl")]
+
+
+@pytest.mark.parametrize(("balancer", "precision"), CASES)
+def test_a_step_reads_the_device_only_in_a_named_host_solve(compose_cfg, tmp_path, balancer, precision):
+    cfg = compose_cfg(f"balancer={balancer}", f"precision={precision}", *TOY10, *RUN, *EXTRA.get(balancer, []))
+    bal, found = steps_syncs(cfg, tmp_path)
+    unexplained = [str(s) for s in found if not allowed(s, bal)]
+    assert not unexplained, f"{balancer}: host syncs outside a named host solve: {sorted(set(unexplained))}"
+    if type(bal).HOST_SOLVE:
+        assert any(not allowed(s) for s in found), (
+            f"{balancer} names a host solve ({type(bal).HOST_SOLVE}) it never runs"
+        )
