@@ -1,0 +1,66 @@
+"""The C++ CPU kernels (mtl_bench/cpp_kernels.py) are never chosen for a tensor off the CPU. Without a GPU this is
+checked by a fake device dispatch (CPU data whose `device` reads cuda:0, which is all the selection looks at) and
+by meta tensors: the selection functions refuse both, and the paths that would call a kernel compute with torch
+without building one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtl_bench import cpp_kernels
+from mtl_bench.balancers.gramian import block_gramian, takes_kernel
+from mtl_bench.balancers.trimmed_mean import block_drop_extremes, drop_extremes
+from mtl_bench.optim.scaled_adam import ScaledAdam, kernel_takes
+
+TASKS = 4
+SHAPE = (512, 512)  # with 4 tasks, 2^20 elements: a block the CPU path hands to its kernel
+
+
+class FakeCuda(torch.Tensor):
+    """A CPU tensor that says it lives on cuda:0; ops on it return FakeCuda (torch's default __torch_function__)."""
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+
+def fake_cuda(t: torch.Tensor) -> torch.Tensor:
+    return t.as_subclass(FakeCuda)
+
+
+@pytest.fixture
+def no_kernel_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(name, *args, **kwargs):
+        raise AssertionError(f"the C++ CPU kernel {name} was chosen")
+
+    monkeypatch.setattr(cpp_kernels, "build", refuse)
+
+
+def test_the_selection_takes_large_float32_cpu_tensors_only():
+    cpu = torch.zeros(SHAPE)
+    assert takes_kernel(cpu, TASKS) and kernel_takes(cpu)  # else the refusals below would prove nothing
+    for off_cpu in (fake_cuda(cpu), torch.zeros(SHAPE, device="meta")):
+        assert off_cpu.device.type != "cpu"
+        assert not takes_kernel(off_cpu, TASKS)
+        assert not kernel_takes(off_cpu)
+
+
+def test_gramian_and_trim_of_a_cuda_block_go_through_torch(no_kernel_build):
+    g = torch.Generator().manual_seed(0)
+    block = torch.randn(TASKS, *SHAPE, generator=g)
+    rows = block.reshape(TASKS, -1)
+    gram = block_gramian(fake_cuda(rows))
+    torch.testing.assert_close(gram.as_subclass(torch.Tensor), rows @ rows.T)
+    direction, kept = block_drop_extremes(fake_cuda(block))
+    want_direction, want_kept = drop_extremes(block)
+    assert torch.equal(direction.as_subclass(torch.Tensor), want_direction)
+    assert torch.equal(kept.as_subclass(torch.Tensor), want_kept)
+    meta = block_gramian(torch.empty(TASKS, SHAPE[0] * SHAPE[1], device="meta"))
+    assert meta.device.type == "meta" and meta.shape == (TASKS, TASKS)
+
+
+def test_scaled_adam_on_meta_parameters_is_eager_without_a_build(no_kernel_build):
+    params = [torch.nn.Parameter(torch.empty(SHAPE, device="meta")) for _ in range(2)]
+    opt = ScaledAdam(params, lr=0.01)
+    assert opt.implementation == "eager"
