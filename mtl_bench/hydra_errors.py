@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from typing import Callable, Optional
 
 from hydra.errors import MissingConfigException, OverrideParseException
 
@@ -20,10 +21,10 @@ PLUGIN_GROUPS = {
 _NOISE = re.compile(r"^(Config search path:|\s*provider=|See https://hydra\.cc|To append to your config)")
 
 
-def closest(name: str, allowed: list[str]) -> str:
-    """'; did you mean x?' for the closest allowed name, or ''."""
+def closest(name: str, allowed: list[str], prefix: str = "") -> str:
+    """' (did you mean x?)' for the closest allowed name (shown after `prefix`: the full key), or ''."""
     match = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
-    return f" (did you mean {match[0]}?)" if match else ""
+    return f" (did you mean {prefix}{match[0]}?)" if match else ""
 
 
 def _first_lines(text: str) -> str:
@@ -43,7 +44,12 @@ def _as_choice(path: str) -> str:
     return f"{group}={option}"
 
 
-def describe(err: BaseException) -> str:
+# A part's keys (its YAML's and its class's options), given the part's config key and the bad key; None when they
+# cannot be found. The caller supplies it (engine/compose.py part_keys): finding them builds the config again.
+PartKeys = Callable[[str, str], Optional[list[str]]]
+
+
+def describe(err: BaseException, part_keys: Optional[PartKeys] = None) -> str:
     """One line for an error Hydra raised while parsing the overrides or composing the config."""
     if isinstance(err, MissingConfigException):
         found = re.search(r"Could not find '([^']+)'", str(err))
@@ -80,8 +86,18 @@ def describe(err: BaseException) -> str:
         if last == "name" and section in groups:
             choices = ", ".join(config_options()[groups[section]])
             message += f"; choose an option with {groups[section]}=<option> ({choices})"
-        elif section in groups:  # a part: its class may take an option its YAML does not set
-            # a part's class may take an option its YAML does not set: check_part checks such a key against it
-            message += f" (a new key needs a plus: +{full_key}=...; see the keys with mtl-bench train --cfg job)"
+        elif section in groups and section != "trainer":  # a part: its keys are its YAML's and its class's
+            keys = part_keys(section, full_key) if part_keys is not None else None
+            if keys is None:
+                message += f" (a new key needs a plus: +{full_key}=...; see the keys with mtl-bench train --cfg job)"
+            elif last in keys:  # an option of the class that the YAML does not set
+                message = (
+                    f"{full_key}: not set by the {groups[section]} option's YAML; add it with a plus: +{full_key}=..."
+                )
+            else:
+                message = (
+                    f"{full_key}: no such key{closest(last, keys, prefix=section + '.')}; keys of {section}: "
+                    + ", ".join(keys)
+                )
         return message
     return f"{full_key}: {reason}"

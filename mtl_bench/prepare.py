@@ -28,7 +28,9 @@ def prepare(overrides: list[str]) -> str:
         with initialize_config_dir(str(conf_root()), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(describe(err)) from None
+        from mtl_bench.engine.compose import part_keys
+
+        raise ConfigError(describe(err, part_keys(overrides))) from None
     start = time.perf_counter()
     taskset = build("tasks", cfg.tasks, TaskSet)
     sizes = ", ".join(f"{name} {_size(getattr(taskset, name))}" for name in ("train", "val", "test"))

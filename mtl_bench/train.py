@@ -119,6 +119,10 @@ def run_hydra_app() -> None:
             "hydra/job_logging=disabled",
             "hydra/hydra_logging=disabled",
         ]
+    problem = flags_after_overrides(sys.argv[1:])
+    if problem:
+        print(f"mtl-bench: error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     saved = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
@@ -133,7 +137,9 @@ def run_hydra_app() -> None:
         )
         exit_now(128 + signal.SIGINT)
     except CompactHydraException as err:  # composition and override-parsing errors
-        print(f"mtl-bench: error: {describe(err)}", file=sys.stderr)
+        from mtl_bench.engine.compose import part_keys
+
+        print(f"mtl-bench: error: {describe(err, part_keys(hydra_overrides(sys.argv[1:])))}", file=sys.stderr)
         raise SystemExit(2) from None
     except ConfigError as err:  # a sweep's failed job, raised by Hydra after every job of the sweep ran
         print(
@@ -159,6 +165,31 @@ def run_hydra_app() -> None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = saved
+
+
+def hydra_overrides(argv: list[str]) -> list[str]:
+    """The overrides among Hydra's command-line arguments (its flags and their values left out)."""
+    from hydra._internal.utils import get_args_parser
+
+    known, rest = get_args_parser().parse_known_args(argv)
+    return [*known.overrides, *rest]
+
+
+def flags_after_overrides(argv: list[str]) -> str | None:
+    """Hydra's parser takes its flags before the overrides only (`balancer=fixed -m seed=0,1` leaves `seed=0,1`
+    unrecognized): the line that says so and gives the command in order, or None."""
+    from hydra._internal.utils import get_args_parser
+
+    known, rest = get_args_parser().parse_known_args(argv)
+    if not rest or any(item.startswith("-") for item in rest):  # an unknown flag: Hydra's own error names it
+        return None
+    overrides = {*known.overrides, *rest}
+    flags = [item for item in argv if item not in overrides]
+    ordered = " ".join([*flags, *(item for item in argv if item in overrides)])
+    return (
+        f"{rest[0]} comes after Hydra's flag{'s' if len(flags) > 1 else ''} {' '.join(flags)}: Hydra's flags go "
+        f"before the overrides: mtl-bench train {ordered}"
+    )
 
 
 def exit_now(code: int) -> None:

@@ -60,6 +60,27 @@ def test_prepare_help_says_what_it_takes():
     assert "[OVERRIDES]..." in text and "GROUP=OPTION and KEY=VALUE" in text and "mtl-bench prepare tasks=qm9" in text
 
 
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["balancer=fixed", "-m", "seed=0,1"],
+            "seed=0,1 comes after Hydra's flag -m: Hydra's flags go before the overrides: "
+            "mtl-bench train -m balancer=fixed seed=0,1",
+        ),
+        (
+            ["balancer=fixed", "--cfg", "job", "seed=1"],
+            "seed=1 comes after Hydra's flags --cfg job: Hydra's flags go before the overrides: "
+            "mtl-bench train --cfg job balancer=fixed seed=1",
+        ),
+    ],
+)
+def test_hydras_flags_after_an_override_are_named_with_the_command_in_order(args, expected):
+    result = cli("train", *args)
+    assert result.returncode == 2 and result.stderr.strip() == f"mtl-bench: error: {expected}", result.stderr
+    assert "unrecognized arguments" not in result.stderr
+
+
 def test_cfg_job_prints_the_composed_config():
     result = cli("train", "--cfg", "job", "optim=sgd", "optim.lr=0.05", "optim/schedule=cosine")
     assert result.returncode == 0
@@ -75,7 +96,7 @@ def test_cfg_job_prints_the_composed_config():
             "mtl-bench: error: optim=nope: no such option; allowed: adam, adamw, custom, scaled_adam, sgd",
         ),
         (["optim.lr=abc"], "mtl-bench: error: optim.lr: expected float | torch.Tensor, got 'abc'"),
-        (["optim.lrr=1"], "mtl-bench: error: optim.lrr: no such key (a new key needs a plus: +optim.lrr=..."),
+        (["optim.lrr=1"], "mtl-bench: error: optim.lrr: no such key (did you mean optim.lr?); keys of optim: "),
         (["optim"], "mtl-bench: error: cannot parse the override"),
         (["optim.lr=-1"], "mtl-bench: error: optim.lr: Invalid learning rate: -1"),
         (["balancer.weights={t0:1.0,t7:2.0}"], "mtl-bench: error: balancer.weights: weights for unknown tasks"),

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.errors import ConfigError
+from mtl_bench.hydra_errors import closest
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 # Each part's config key and the arguments the engine passes it by name at build time (engine/compose.py): these
@@ -134,6 +135,22 @@ def matches(value: Any, annotation: Any) -> bool:
     return True
 
 
+def _wants_mapping(annotation: Any) -> bool:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_wants_mapping(arg) for arg in typing.get_args(annotation))
+    mappings = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+    return annotation is dict or typing.get_origin(annotation) in mappings
+
+
+def _as_mapping(key: str, value: Any, annotation: Any) -> str:
+    """For a list given where a mapping (by task name) is wanted: the same values written as a mapping, with the
+    default task set's names (t0, t1, ...) standing in for the user's."""
+    if not isinstance(value, (list, tuple)) or not _wants_mapping(annotation):
+        return ""
+    shown = ", ".join(f"t{i}: {v}" for i, v in enumerate(value))
+    return f"; give it by task name: '{key}={{{shown}}}' (t0, t1, ...: tasks=toy's names; use your task set's)"
+
+
 def check_part(
     key: str, node: Mapping[str, Any], supplied: Iterable[str] = (), ignore: Iterable[str] = ()
 ) -> Callable[..., Any]:
@@ -160,11 +177,15 @@ def check_part(
                 continue
             hint = f"; choose the option with {key.replace('.', '/')}=<option>" if name == "name" else ""
             raise ConfigError(
-                f"{key}.{name}: not an option of {node['_target_']}; options: {', '.join(options) or '(none)'}{hint}"
+                f"{key}.{name}: not an option of {node['_target_']}{closest(name, options, prefix=key + '.')}; "
+                f"options: {', '.join(options) or '(none)'}{hint}"
             )
         annotation = params[name].annotation
         if not matches(value, annotation):
-            raise ConfigError(f"{key}.{name}: expected {_type_name(annotation)}, got {value!r}")
+            raise ConfigError(
+                f"{key}.{name}: expected {_type_name(annotation)}, got {value!r}"
+                + _as_mapping(f"{key}.{name}", value, annotation)
+            )
     for name, p in params.items():
         required = p.default is inspect.Parameter.empty and p.kind in (
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -173,6 +194,16 @@ def check_part(
         if required and name not in node and name not in supplied:
             raise ConfigError(f"{key}.{name}: {node['_target_']} needs it; add +{key}.{name}=<value>")
     return target
+
+
+def option_names(key: str, node: Mapping[str, Any]) -> list[str]:
+    """The keys a part's node may hold: those its YAML sets, then its class's other options (not the arguments the
+    engine supplies at build time)."""
+    params = parameters(target_of(key, node))
+    supplied = set(SUPPLIED.get(key, ()))
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    taken = [name for name, p in params.items() if name not in supplied and p.kind not in variadic]
+    return list(dict.fromkeys([*(k for k in node if k not in HYDRA_KEYS), *taken]))
 
 
 def build(key: str, node: Any, kind: type | None = None, ignore: Iterable[str] = (), **supplied: Any) -> Any:

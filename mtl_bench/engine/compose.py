@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -21,7 +21,7 @@ from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.catalog import conf_root
 from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf, section_schema
-from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, parameters, target_of
+from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, option_names, parameters, target_of
 from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.engine.data import hold_out
 from mtl_bench.engine.precision import Precision
@@ -136,6 +136,34 @@ def check_validation_keys(cfg: DictConfig, typed: dict[str, str]) -> None:
             f"trainer.validation_holdout: read only with trainer.validation_source=holdout, not "
             f"{cfg.trainer.validation_source}"
         )
+
+
+def part_keys(overrides: list[str]) -> Callable[[str, str], Optional[list[str]]]:
+    """For a composition error's hint (hydra_errors.describe): the keys of the part at `section`, from the config
+    composed again without the bad key's override (a sweep's overrides at their first value). None when that
+    config does not compose either (another bad override, a user's --config-dir)."""
+
+    def keys(section: str, bad_key: str) -> Optional[list[str]]:
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        try:
+            typed = [o for o in overrides if override_key(o) != bad_key]
+            parsed = OverridesParser.create().parse_overrides(typed)
+            kept = [
+                f"{text.split('=', 1)[0]}={next(o.sweep_string_iterator())}" if o.is_sweep_override() else text
+                for text, o in zip(typed, parsed)
+            ]
+            GlobalHydra.instance().clear()  # the failed composition's
+            with initialize_config_dir(str(conf_root()), version_base="1.3"):
+                cfg = compose("config", overrides=kept)
+            node = OmegaConf.select(cfg, section)
+            return option_names(section, node_dict(node)) if isinstance(node, DictConfig) else None
+        except Exception:  # noqa: BLE001  (a hint only: the error line is written without it)
+            return None
+
+    return keys
 
 
 @dataclass

@@ -77,6 +77,52 @@ def test_misspelled_groups_and_options_suggest_the_closest(tmp_path, args, expec
     assert result.returncode == 2 and result.stderr.startswith(expected), result.stderr
 
 
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["balancer=gradnorm", "balancer.alpa=1"],
+            "balancer.alpa: no such key (did you mean balancer.alpha?); keys of balancer: alpha, lr, grad_source,",
+        ),
+        (
+            ["model/arch=mmoe", "model.arch.num_expert=3"],
+            "model.arch.num_expert: no such key (did you mean model.arch.num_experts?); keys of model.arch: "
+            "num_experts",
+        ),
+        (
+            ["-m", "optim/schedule=step", "optim.schedule.stepsize=3", "seed=0,1"],
+            "optim.schedule.stepsize: no such key (did you mean optim.schedule.step_size?)",
+        ),
+        # an option of the class that its YAML does not set: the plus is the right advice
+        (
+            ["optim.amsgrad=true"],
+            "optim.amsgrad: not set by the optim option's YAML; add it with a plus: +optim.amsgrad=",
+        ),
+    ],
+)
+def test_misspelled_keys_of_every_part_suggest_the_closest(tmp_path, args, expected):
+    result = cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2 and result.stderr.startswith(f"mtl-bench: error: {expected}"), result.stderr
+    assert "+balancer.alpa" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_key_added_with_a_plus_gets_the_closest_option_too(checked):
+    with pytest.raises(ConfigError) as err:
+        checked("balancer=gradnorm", "+balancer.alpa=1")
+    assert str(err.value).startswith(
+        "balancer.alpa: not an option of mtl_bench.balancers.GradNorm (did you mean balancer.alpha?); options: alpha,"
+    )
+
+
+def test_a_list_where_a_mapping_by_task_is_wanted_is_shown_as_that_mapping(checked):
+    with pytest.raises(ConfigError) as err:
+        checked("balancer.weights=[1,100]")
+    assert "got [1, 100]; give it by task name: 'balancer.weights={t0: 1, t1: 100}'" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        checked("optim.lr=[1,100]")  # a number is wanted: no mapping to suggest
+    assert str(err.value) == "optim.lr: expected float | torch.Tensor, got [1, 100]"
+
+
 def test_schedule_lengths_in_epochs_and_percent_follow_the_run():
     assert to_steps("step_size", "2 epochs", steps_per_epoch=16) == 32
     assert to_steps("step_size", "1.5ep", steps_per_epoch=10) == 15
