@@ -101,6 +101,24 @@ class GradClipConf:
         _positive("trainer.grad_clip.norm_type", self.norm_type)
 
 
+@dataclass
+class FrontConf:
+    """Evaluation of a preference-conditioned model (model/front=...) at preferences spread on the simplex."""
+
+    rays: int = option(
+        0,
+        "evaluate a model/front=... at K preferences spread evenly on the simplex, on val at every evaluation and on "
+        "val and test at the end (metrics.json `front`); 0: none",
+    )
+    preferences: list[Any] = option(
+        help="more preferences to evaluate at, each [r_1, ..., r_T] (>= 0, task order; scaled to sum 1) or {task: r_i}",
+        factory=list,
+    )
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.rays, int) and self.rays >= 0, "trainer.front.rays", self.rays, "an integer >= 0")
+
+
 SELECTIONS = ("final", "best_val", "last_k")
 
 
@@ -171,6 +189,7 @@ class TrainerConf:
         "auto", "auto (a bar on a terminal, log lines otherwise) | bar | log", resumable=True, training=False
     )
     grad_clip: GradClipConf = option(help="gradient clipping (mmcv's grad_clip)", factory=GradClipConf)
+    front: FrontConf = option(help="a preference-conditioned model's front (docs/pareto_front.md)", factory=FrontConf)
     detect_anomalous_params: bool = option(
         False, "name, once, every trainable parameter that does not reach the loss", training=False
     )
@@ -275,7 +294,11 @@ class OptimEngineKeys:
 
 
 # Per part: the keys of its node that the engine reads itself.
-ENGINE_KEYS: dict[str, tuple[str, ...]] = {"optim": tuple(f.name for f in dataclasses.fields(OptimEngineKeys))}
+ENGINE_KEYS: dict[str, tuple[str, ...]] = {
+    "optim": tuple(f.name for f in dataclasses.fields(OptimEngineKeys)),
+    "model": ("front",),  # the preference-conditioned model around the model (model/front=<option>)
+    "tasks": ("front_reference",),  # {task: loss}: the hypervolume's reference point (engine/front.py)
+}
 # Part options that are labels: the task set's published reference numbers are read by the report, never by training.
 PART_LABELS = ("tasks.reference",)
 

@@ -21,6 +21,7 @@ from mtl_bench.balancers.gradnorm import GradNorm
 from mtl_bench.balancers.gradvac import GradVac
 from mtl_bench.balancers.imtl import IMTL
 from mtl_bench.balancers.krum import Krum
+from mtl_bench.balancers.linear import LinearScalarization
 from mtl_bench.balancers.mgda import MGDA
 from mtl_bench.balancers.moco import MoCo
 from mtl_bench.balancers.modo import MoDo
@@ -68,6 +69,7 @@ __all__ = [
     "ConFIG",
     "DualProj",
     "Krum",
+    "LinearScalarization",
     "FairGrad",
     "TrimmedMean",
     "ExcessMTL",

@@ -33,6 +33,7 @@ SUPPLIED: dict[str, tuple[str, ...]] = {
     "tasks": (),
     "model": ("input_shape", "heads"),
     "model.arch": ("backbone",),
+    "model.front": ("model", "input_shape", "heads"),
     "balancer": tuple(BUILD_ARGUMENTS),
     "optim": ("params",),
     "precision": ("device",),

@@ -24,6 +24,7 @@ from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf, section_schema
 from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, option_names, parameters, target_of
 from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.engine.data import hold_out
+from mtl_bench.engine.front import build_front_model
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import optimizer_steps_per_epoch, samples_per_epoch
 from mtl_bench.errors import ConfigError
@@ -98,7 +99,7 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
     _unknown_keys(cfg, RunConf, "")
     for key, supplied in SUPPLIED.items():
         node = OmegaConf.select(cfg, key)
-        if node is None and key == "model.arch":  # a model without architectures (the user's own class)
+        if node is None and key in ("model.arch", "model.front"):  # no architecture (the user's own class), no front
             continue
         if f"{key}._target_" in given and isinstance(node, DictConfig):
             params = parameters(target_of(key, node_dict(node)))
@@ -182,7 +183,7 @@ class Parts:
 
 
 def build_tasks(cfg: DictConfig, conf: TrainerConf, device: torch.device) -> TaskSet:
-    taskset: TaskSet = build("tasks", cfg.tasks, TaskSet).to(device)
+    taskset: TaskSet = build("tasks", cfg.tasks, TaskSet, ignore=ENGINE_KEYS["tasks"]).to(device)
     if taskset.multi_input and conf.step_mode != "per_task":
         raise ConfigError(
             f"trainer.step_mode={conf.step_mode}: tasks={type(taskset).__name__} is multi-input (each task its own "
@@ -193,7 +194,12 @@ def build_tasks(cfg: DictConfig, conf: TrainerConf, device: torch.device) -> Tas
 
 def build_model(cfg: DictConfig, taskset: TaskSet, device: torch.device) -> MultiTaskModel:
     heads = {t.name: t.out_dim for t in taskset.tasks}
-    return build("model", cfg.model, MultiTaskModel, input_shape=taskset.input_shape, heads=heads).to(device)
+    front = build_front_model(cfg, taskset.input_shape, heads)  # model/front=...: builds the model inside it
+    if front is not None:
+        return front.to(device)
+    return build(
+        "model", cfg.model, MultiTaskModel, ignore=ENGINE_KEYS["model"], input_shape=taskset.input_shape, heads=heads
+    ).to(device)
 
 
 def build_balancer(

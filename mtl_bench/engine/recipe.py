@@ -42,6 +42,7 @@ from mtl_bench.engine.distributed import (
     wrap_ddp,
 )
 from mtl_bench.engine.evaluate import evaluate
+from mtl_bench.engine.front import FrontRun, front_run
 from mtl_bench.engine.gradients import clip_gradients
 from mtl_bench.engine.nonfinite import NonFinitePolicy, nonfinite_flag, step_unless
 from mtl_bench.engine.profile import maybe_profile
@@ -115,6 +116,7 @@ class Recipe:
         self.stop_signal: int | None = None  # set by SIGINT, SIGTERM, SIGUSR1 or SIGUSR2 (preemption)
         self.stopped_together = False  # every rank stopped after the same step (an agreed stop signal)
         self.previous_handlers: dict[int, Any] = {}
+        self.front_record: dict[str, Any] | None = None  # metrics.json's `front` (trainer.front.rays)
         self.saved_step: int | None = None  # the step of checkpoints/last.pt, once this run wrote or read one
 
     # ------------------------------------------------------------------ setup
@@ -138,6 +140,7 @@ class Recipe:
         self.every = parts.every
         self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
         self.total_steps = parts.total_steps
+        self.front: FrontRun | None = front_run(self.model, self.balancer, cfg, conf, self.taskset.task_names)
         threads, why = choose_threads(
             conf.num_threads,
             model_numel=sum(p.numel() for p in self.model.parameters()),
@@ -318,6 +321,11 @@ class Recipe:
     # ------------------------------------------------------------------ the loop
 
     def evaluate(self, split: str) -> Metrics:
+        if self.front is not None:  # a front model's ordinary metrics are at the simplex's centre
+            self.front.centre()
+        return self._evaluate(split)
+
+    def _evaluate(self, split: str) -> Metrics:
         return evaluate(
             self.model,
             self.taskset.tasks,
@@ -380,6 +388,10 @@ class Recipe:
         val, test = self._evaluate_and_select()
         assert test is not None  # the last evaluation always tests
         val, test = self._selected(val, test)
+        if self.front is not None and self.front.rays:  # the final model's front, on val and test
+            fronts = {split: self.front.evaluate(lambda: self._evaluate(split)) for split in ("val", "test")}
+            self.front.log(fronts["val"], self.logger, self.step)
+            self.front_record = self.front.record(fronts)
         summary = {"test_loss_ratio_sum": loss_ratio_sum(test, self.initial_test)}
         if self.logger is not None:
             self.logger.scalars({tags.TEST_LOSS_RATIO_SUM: summary["test_loss_ratio_sum"]}, self.step)
@@ -400,6 +412,8 @@ class Recipe:
             self.scheduler.validation_step(
                 self.selection.score(val, self.scheduler.criterion, "optim.schedule.criterion")
             )
+        if self.front is not None and self.front.rays and self.step < self.total_steps:
+            self.front.log(self.front.evaluate(lambda: self._evaluate("val")), self.logger, self.step)
         test = None
         if self.selection.wants_test(self.step) or self.step == self.total_steps:
             test = self.evaluate("test")
@@ -507,6 +521,8 @@ class Recipe:
         conf, scaler = self.conf, self.precision.scaler
         self.optimizer.zero_grad(set_to_none=True)
         diagnose = self.diagnostics is not None and logging_now and (self.step + 1) % conf.diagnostics_every == 0
+        if self.front is not None:  # the model sees the preference the balancer weighs this step's losses by
+            self.front.before_step()
         result = self.runner.run(self.step, self.diagnostics if diagnose else None, measure=logging_now)
         measured = result.measurements
         if logging_now:
@@ -621,6 +637,7 @@ class Recipe:
             "model_selection": self.selection.record(),
             "implementations": self.implementations,
             "reference": self.taskset.reference,
+            **({"front": self.front_record} if self.front_record is not None else {}),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 
