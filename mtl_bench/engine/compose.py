@@ -24,7 +24,7 @@ from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf, section_schema
 from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, option_names, parameters, target_of
 from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.engine.data import hold_out
-from mtl_bench.engine.front import build_front_model
+from mtl_bench.engine.front import build_front_model, check_front
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import optimizer_steps_per_epoch, samples_per_epoch
 from mtl_bench.errors import ConfigError
@@ -216,6 +216,7 @@ def build_balancer(
     assert set(supplied) == set(BUILD_ARGUMENTS)
     balancer: Balancer = build("balancer", cfg.balancer, Balancer, **supplied).to(device)
     check_model_balancer(model, node_dict(cfg.balancer))
+    check_front(model, balancer, cfg, conf)
     problem = balancer.per_task_problem() if conf.step_mode == "per_task" else None
     if problem is not None:
         raise ConfigError(f"trainer.step_mode=per_task: {problem}")

@@ -204,7 +204,7 @@ def check_reference(reference: Optional[Mapping[str, float]], tasks: Sequence[st
 def front_run(
     model: MultiTaskModel, balancer: Balancer, cfg: DictConfig, conf: TrainerConf, tasks: Sequence[str]
 ) -> Optional[FrontRun]:
-    check_front(model, balancer, cfg, conf)
+    """The recipe's helper for a front model (None without one); build_parts checked the combination."""
     if not isinstance(model, PreferenceModel):
         return None
     assert isinstance(balancer, PreferenceScalarization)
