@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-GROUPS = ("model", "model/arch", "tasks", "balancer", "optim", "optim/schedule", "precision", "trainer", "experiment")
+GROUPS = (
+    "model",
+    "model/arch",
+    "model/front",
+    "tasks",
+    "balancer",
+    "optim",
+    "optim/schedule",
+    "precision",
+    "trainer",
+    "experiment",
+)
 
 
 def conf_root() -> Path:

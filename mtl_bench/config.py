@@ -109,10 +109,14 @@ class FrontConf:
         0,
         "evaluate a model/front=... at K preferences spread evenly on the simplex, on val at every evaluation and on "
         "val and test at the end (metrics.json `front`); 0: none",
+        resumable=True,
+        training=False,
     )
-    preferences: list[Any] = option(
-        help="more preferences to evaluate at, each [r_1, ..., r_T] (>= 0, task order; scaled to sum 1) or {task: r_i}",
-        factory=list,
+    preferences: Optional[list[Any]] = option(
+        None,
+        "more preferences to evaluate at, each [r_1, ..., r_T] (>= 0, task order; scaled to sum 1) or {task: r_i}",
+        resumable=True,
+        training=False,
     )
 
     def __post_init__(self) -> None:

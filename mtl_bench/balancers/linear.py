@@ -14,7 +14,9 @@ class LinearScalarization(PreferenceScalarization):
     """Trains on Σ_i r_i L_i with the preference r fixed by config or, with `preference: dirichlet`, drawn from
     Dir(alpha) each optimizer step (uniform on the simplex when `alpha` is null): the objective of a
     preference-conditioned model (`model/front=...`) that sees the same r. With a fixed r it is `balancer=fixed`
-    with weights r. No per-task mode with `dirichlet` (the step's r is drawn once for every task).
+    with weights r. No per-task mode (the preference scalarizations' draw is shared by the step's tasks).
+
+    Reference: PHN's `LinearScalarizationSolver`, `(losses * ray).sum()`, with a ray ~ Dir(alpha) per batch.
 
     Metrics: `weight/<task>` (r_i); with `dirichlet`, `preference/<task>`.
     """

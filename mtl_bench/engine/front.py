@@ -131,7 +131,7 @@ class FrontRun:
     ) -> None:
         self.model, self.balancer, self.tasks = model, balancer, list(tasks)
         self.rays = (simplex_rays(conf.front.rays, len(tasks)) if conf.front.rays else []) + parse_preferences(
-            conf.front.preferences, self.tasks
+            conf.front.preferences or [], self.tasks
         )
         self.reference = check_reference(reference, self.tasks)
         self.warned = False

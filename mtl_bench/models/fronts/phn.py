@@ -97,8 +97,11 @@ class PHN(PreferenceModel):
         heads: each task's output width (given by the engine from the task set).
         trunk_layers: how many of the trunk's last layers with parameters are generated (0: the heads only); null:
             all of them.
-        preference_embedding_dim, chunk_embedding_dim, hidden_dim: the hypernetwork's widths (PHN's 32, 64, 100).
-        num_ws, w_dim: each chunk is num_ws * w_dim generated numbers (PHN's ResNet-18: 11 of 10000).
+        preference_embedding_dim: width of the preference's embedding (PHN's 32).
+        chunk_embedding_dim: width of each chunk's embedding (PHN's 64).
+        hidden_dim: width of the hypernetwork's MLP (PHN's 100).
+        num_ws: matrices W per chunk (PHN's 11).
+        w_dim: rows of each W: a chunk is num_ws * w_dim generated numbers (PHN's ResNet-18: 10000).
         """
         super().__init__(list(heads))
         for key, value in (
