@@ -19,6 +19,18 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `cuda` are collected everywhere and skipped where no CUDA device is present."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (pytest -m cuda on a GPU machine)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def compose_cfg() -> Callable[..., DictConfig]:
     def _compose(*overrides: str) -> DictConfig:

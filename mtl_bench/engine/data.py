@@ -27,6 +27,7 @@ class StepSampler:
             raise ConfigError(f"trainer.batch_size={batch_size} is larger than the training split ({n} samples)")
         self.n, self.batch_size, self.seed, self.stream = n, batch_size, seed, stream
         self.steps_per_epoch = n // batch_size
+        self.pin = False  # set by a BatchSource on CUDA: the indices' copy to the device then never waits
         self._epoch = -1
         self._perm = torch.empty(0, dtype=torch.long)
 
@@ -37,6 +38,8 @@ class StepSampler:
             offset = (self.stream * 0x9E3779B1) % 2**32
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + offset)
             self._perm = torch.randperm(self.n, generator=generator)
+            if self.pin:  # once an epoch; a step's indices are a view of it, so pinned too
+                self._perm = self._perm.pin_memory()
             self._epoch = epoch
         start = position * self.batch_size
         return self._perm[start : start + self.batch_size]
@@ -80,7 +83,9 @@ class BatchSource:
 
     A `Split` (tensor-resident) is indexed directly on the device. Any other dataset is served by a
     DataLoader (workers, pinned memory on CUDA) over a batch sampler that replays the same indices from the
-    requested step on, so a resumed run reads exactly the batches the uninterrupted one would have.
+    requested step on, so a resumed run reads exactly the batches the uninterrupted one would have. On CUDA every
+    host-to-device copy of the step (the indices, a loaded batch) is from pinned memory and non-blocking, so the
+    loop never waits for the device there (tests/engine/test_data.py).
     """
 
     def __init__(
@@ -88,6 +93,8 @@ class BatchSource:
     ) -> None:
         self.split, self.sampler, self.device, self.num_workers = split, sampler, device, num_workers
         self.rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        if device.type == "cuda":
+            sampler.pin = True
         self._batches: Iterator[Any] | None = None
         self._next_step = -1
 

@@ -1,4 +1,5 @@
-"""engine/data.py's held-out rows: the seeded split a bilevel balancer's validation stream is drawn from."""
+"""engine/data.py: the held-out rows a bilevel balancer's validation stream is drawn from; on CUDA, pinned memory and
+non-blocking copies."""
 
 from __future__ import annotations
 
@@ -82,3 +83,52 @@ def test_a_bilevel_run_holds_out_rows_of_a_task_set_read_from_disk(compose_cfg, 
     assert result.step == 2
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["balancer"]
     assert state["opt_step"].item() == 2 and torch.isfinite(state["logits"]).all()
+
+
+class Moved:
+    """A batch part that records how it was moved."""
+
+    def __init__(self) -> None:
+        self.moves: list[tuple[torch.device, bool]] = []
+
+    def to(self, device, non_blocking=False):
+        self.moves.append((torch.device(device), non_blocking))
+        return self
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_on_cuda_the_data_path_pins_memory_and_copies_without_blocking(monkeypatch, device):
+    """No GPU needed: the loader is replaced by one that records its options, and pinning by a recorder."""
+    from mtl_bench.engine import data
+    from mtl_bench.engine.data import BatchSource, StepSampler, eval_batches
+
+    device = torch.device(device)
+    loaders: list[dict] = []
+    parts: list[Moved] = []
+
+    def loader(dataset, **options):
+        loaders.append(options)
+        while True:
+            inputs, target = Moved(), Moved()
+            parts.extend([inputs, target])
+            yield inputs, {"t": target}
+
+    pinned: list[int] = []
+    monkeypatch.setattr(data, "DataLoader", lambda dataset, **options: loader(dataset, **options))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self.numel()) or self)
+
+    class Disk(Dataset):
+        def __len__(self) -> int:
+            return 8
+
+    BatchSource(Disk(), StepSampler(8, 4, seed=0), 0, 4, device).batch(0)
+    next(eval_batches(Disk(), 4, device))
+    cuda = device.type == "cuda"
+    assert [options["pin_memory"] for options in loaders] == [cuda, cuda]
+    assert all(part.moves == [(device, True)] for part in parts)  # every copy non-blocking
+    # A tensor-resident split: the step's indices come from a permutation pinned once an epoch on CUDA.
+    split = numbered_split(8)
+    source = BatchSource(split, StepSampler(8, 4, seed=0), 0, 4, device)
+    inputs, targets = source.batch(0)
+    assert pinned == ([8] if cuda else [])
+    assert torch.equal(inputs[:, 0].long(), targets["t"])

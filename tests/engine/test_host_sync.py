@@ -19,6 +19,10 @@ EXTRA = {"modo": ["trainer.grad_accumulation_steps=3"], "sdmgrad": ["trainer.gra
 EXTRA["auto_lambda"] = EXTRA["moml"] = EXTRA["forum"] = ["trainer.validation_holdout=0.2"]
 
 
+def overrides(balancer: str, precision: str) -> list[str]:
+    return [f"balancer={balancer}", f"precision={precision}", *TOY10, *RUN, *EXTRA.get(balancer, [])]
+
+
 def steps_syncs(cfg, run_dir, steps: int = 2):
     """(the balancer, the host syncs of `steps` steps between log points after one warm-up step)."""
     recipe = Recipe(cfg, run_dir)
@@ -41,7 +45,7 @@ CASES = [(b, "fp16") for b in BALANCERS] + [(b, "bf16") for b in ("fixed", "famo
 
 @pytest.mark.parametrize(("balancer", "precision"), CASES)
 def test_a_step_reads_the_device_only_in_a_named_host_solve(compose_cfg, tmp_path, balancer, precision):
-    cfg = compose_cfg(f"balancer={balancer}", f"precision={precision}", *TOY10, *RUN, *EXTRA.get(balancer, []))
+    cfg = compose_cfg(*overrides(balancer, precision))
     bal, found = steps_syncs(cfg, tmp_path)
     unexplained = [str(s) for s in found if not allowed(s, bal)]
     assert not unexplained, f"{balancer}: host syncs outside a named host solve: {sorted(set(unexplained))}"
@@ -49,3 +53,28 @@ def test_a_step_reads_the_device_only_in_a_named_host_solve(compose_cfg, tmp_pat
         assert any(not allowed(s) for s in found), (
             f"{balancer} names a host solve ({type(bal).HOST_SOLVE}) it never runs"
         )
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("balancer", BALANCERS)
+def test_on_cuda_a_step_syncs_only_in_a_named_host_solve(compose_cfg, tmp_path, balancer):
+    """The same on a GPU, by CUDA's own sync detector: steps of a method without a host solve raise on any sync."""
+    import torch
+
+    cfg = compose_cfg(*overrides(balancer, "fp16"), "trainer.device=cuda")
+    recipe = Recipe(cfg, tmp_path)
+    recipe.setup()
+    try:
+        recipe.optimizer_step(False)
+        recipe.step += 1
+        torch.cuda.synchronize()
+        host_solve = bool(type(recipe.balancer).HOST_SOLVE)
+        torch.cuda.set_sync_debug_mode("warn" if host_solve else "error")
+        try:
+            for _ in range(2):
+                recipe.optimizer_step(False)
+                recipe.step += 1
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    finally:
+        recipe.cleanup()
