@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
+from mtl_bench.files import atomic_write
 from mtl_bench.tasks.qm9_molecules import FEATURES, molecule, qm9pack_files, read_rows, require_chem
 
 log = logging.getLogger("mtl_bench")
@@ -97,16 +97,9 @@ def build(files: list[Path], features: str, limit: Optional[int]) -> dict[str, A
 
 
 def _write(path: Path, graphs: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(graphs, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: readers see the old state or the whole file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomic (readers see the old state or the whole file), with the mode the user's umask gives a new file, so a
+    group sharing tasks.cache_dir can read it (mkstemp alone makes it 0600)."""
+    atomic_write(path, lambda f: torch.save(graphs, f))
 
 
 def _read(path: Path, meta: dict[str, Any]) -> Optional[dict[str, Any]]:

@@ -105,6 +105,24 @@ def test_cache_is_reused_and_a_damaged_one_rebuilt(cache_dir, monkeypatch, caplo
     assert torch.equal(rebuilt["y"], first["y"][:20])
 
 
+def test_the_cache_file_takes_its_mode_from_the_umask(tmp_path):
+    """A group sharing tasks.cache_dir reads the cache: its mode is 0666 less the umask, as any new file's (mkstemp
+    alone made it 0600)."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        load_graphs("pyg", 20, str(tmp_path / "umask022"))
+        os.umask(0o077)
+        load_graphs("pyg", 20, str(tmp_path / "umask077"))
+    finally:
+        os.umask(old)
+    for folder, mode in (("umask022", 0o644), ("umask077", 0o600)):
+        path = cache_path(qm9_cache.cache_root(str(tmp_path / folder)), qm9pack_files()[0], "pyg", 20)
+        assert stat.S_IMODE(path.stat().st_mode) == mode, folder
+
+
 def test_two_processes_build_once(tmp_path):
     script = textwrap.dedent(
         f"""
