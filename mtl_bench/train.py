@@ -57,12 +57,7 @@ def run_experiment(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from mtl_bench.engine.compose import check_config
-    from mtl_bench.engine.progress import use_bar
-    from mtl_bench.engine.recipe import loss_ratio_sum, train
-    from mtl_bench.engine.threads import cores_of, parallel_runs_of
     from mtl_bench.records import METRICS_FILE, record_failure
-    from mtl_bench.report.run_summary import format_run_summary
 
     hydra_cfg = HydraConfig.get()
     choices = {
@@ -74,6 +69,9 @@ def run_experiment(cfg: DictConfig) -> float:
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
+        check_data_root(cfg, choices.get("tasks"))  # before torch is imported: a mistyped path costs no import
+        from mtl_bench.engine.compose import check_config
+
         check_config(cfg, overrides)
         OmegaConf.to_object(cfg.trainer)  # the trainer's value checks
     except Exception as err:
@@ -82,6 +80,11 @@ def run_experiment(cfg: DictConfig) -> float:
         else:
             remove_if_only_hydras(run_dir)  # nothing was built: a typo leaves no run directory behind
         raise
+    from mtl_bench.engine.progress import use_bar
+    from mtl_bench.engine.recipe import loss_ratio_sum, train
+    from mtl_bench.engine.threads import cores_of, parallel_runs_of
+    from mtl_bench.report.run_summary import format_run_summary
+
     result = train(
         cfg,
         run_dir,
@@ -95,6 +98,20 @@ def run_experiment(cfg: DictConfig) -> float:
         record = json.loads((run_dir / METRICS_FILE).read_text())
         print(format_run_summary(record, run_dir), end="", flush=True)
     return loss_ratio_sum(result.val, result.initial_test) / len(result.val)
+
+
+def check_data_root(cfg: DictConfig, option: str | None) -> None:
+    """A `tasks.root` that is set but is no folder, as one line, before the engine (and torch) is imported: the
+    task set's own check says the same, with its layout, 10+ s later (a null root is left to it: whether a task set
+    needs one is its signature's to say)."""
+    root = cfg.tasks.get("root") if isinstance(cfg.get("tasks"), DictConfig) else None
+    if root is None or str(root).strip() == "":
+        return
+    path = Path(str(root)).expanduser()
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        reads = f"tasks={option}" if option else "the task set"
+        raise ConfigError(f"tasks.root: {path} {what}; {reads} reads its data from this folder")
 
 
 def remove_if_only_hydras(run_dir: Path) -> None:
