@@ -232,6 +232,24 @@ def test_paper_cross_stitch_units_mix_each_column_by_its_row():
     assert measured["arch/stitch1/b/a"].item() == pytest.approx(-0.2)
 
 
+@pytest.mark.parametrize("mixing", ["paper", "libmtl"])
+def test_cross_stitch_logs_the_units_of_the_forward_not_after_the_optimizer_step(mixing):
+    """The loop reads measurements after the optimizer step: they must be the forward's values, as the other
+    architectures' (a view of the parameter would read the stepped values)."""
+    torch.manual_seed(0)
+    model = ours(MLP, (3,), CrossStitch, mixing=mixing)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    out = model(torch.randn(4, 3))
+    before = {k: v.clone() for k, v in model.measurements().items()}
+    sum(p.sum() for p in out.preds.values()).backward()
+    optimizer.step()
+    assert model.trunk.cross_unit.grad.abs().sum() > 0
+    measured = model.measurements()
+    assert all(torch.equal(measured[k], before[k]) for k in before)
+    model(torch.randn(4, 3))
+    assert any(not torch.equal(model.measurements()[k], before[k]) for k in before)  # the next forward's
+
+
 def test_mmoe_measures_each_tasks_mean_gate_weights_and_mixes_by_them():
     torch.manual_seed(0)
     model = ours(MLP, (3,), MMoE, num_experts=3)
@@ -464,9 +482,44 @@ def test_ltb_evaluates_with_each_tasks_most_likely_parent_and_needs_the_progress
     model = TinyResNet((3, 8, 8), OUT, arch=LTB)
     with torch.no_grad():
         model.trunk.alpha.copy_(torch.tensor([[0.0, 1.0], [2.0, -1.0]]).expand(6, 2, 2))
+    model.set_progress(5, 100)  # past the warm-up (the first epoch of 100)
     model.eval()
     a = model.trunk.branching()
     torch.testing.assert_close(a[1], torch.tensor([[0.0, 1.0], [1.0, 0.0]]))  # a reads b's column, b reads a's
     model.train()
+    model.trunk.epoch = model.trunk.epochs = None
     with pytest.raises(RuntimeError, match=r"model.set_progress\(epoch, epochs\)"):
         model(torch.randn(2, 3, 8, 8))
+
+
+@pytest.mark.parametrize("progress", [None, (0, 1), (0, 50), (1, 200)])
+def test_ltb_evaluates_the_network_it_trains_during_the_warm_up(progress):
+    """In the warm-up training sums every column; evaluation must too (alpha gets no gradient then, so its argmax
+    picks column 0 for every task: a network never trained). A run of one epoch or less is all warm-up."""
+    torch.manual_seed(0)
+    model = TinyResNet((3, 8, 8), OUT, arch=LTB)
+    model.trunk.alpha.data[..., 0] += 0.5  # an argmax that is not a tie
+    if progress is not None:
+        model.set_progress(*progress)
+    x = torch.randn(3, 3, 8, 8)
+    model.eval()
+    with torch.no_grad():
+        evaluated = model(x)
+        a = model.trunk.branching()
+        assert torch.equal(a, torch.ones_like(a))
+        model.trunk.alpha.data.normal_()  # the warm-up network does not depend on alpha
+        again = model(x)
+    for task in TASKS:
+        torch.testing.assert_close(evaluated.preds[task], again.preds[task], rtol=0, atol=0)
+    if progress is not None:
+        model.train()
+        trained = model.trunk.branching()
+        assert torch.equal(trained, a)  # the one network both use
+
+
+def test_ltb_after_the_warm_up_evaluates_one_parent_per_task():
+    model = TinyResNet((3, 8, 8), OUT, arch=LTB)
+    model.set_progress(1, 100)
+    model.eval()
+    a = model.trunk.branching()
+    assert torch.equal(a.sum(-1), torch.ones(a.shape[:-1]))  # one parent each

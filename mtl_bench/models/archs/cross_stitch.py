@@ -81,7 +81,9 @@ class CrossStitch(Architecture):
         return shared, {task: shared[self.tasks.index(task)] for task in tasks}
 
     def _measure_units(self) -> None:
-        coefficients = self.cross_unit.detach()
+        # a copy: the parameter changes in place at the optimizer step, and the loop reads these values later, as
+        # the other architectures' measurements, the values this forward used
+        coefficients = self.cross_unit.detach().clone()
         for s, row in enumerate(coefficients[:-1] if self.mixing == "libmtl" else coefficients):
             if self.mixing == "libmtl":
                 self._measured.update({f"arch/stitch{s}/{j}": v for j, v in zip(self.tasks, row.unbind())})

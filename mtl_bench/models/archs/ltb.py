@@ -17,13 +17,14 @@ class LTB(Architecture):
     """One column per task, each a copy of the trunk cut into levels (the stem, if any, then each stage); before
     level i >= 1, task t's column reads sum_j a[i, t, j] h_j (h_j: column j's level i - 1), where a[i, t] is a hard
     Gumbel-softmax sample (straight-through) of the learned branching logits `alpha[i, t]` at temperature
-    tau = epochs / 20 / sqrt(epoch + 1); during the first epochs / 100 epochs (warm-up) every a is 1.
+    tau = epochs / 20 / sqrt(epoch + 1); during the first epochs / 100 epochs (warm-up) every a is 1, in training
+    and in evaluation.
 
     As LibMTL's: `alpha` has (levels + 1, T, T) entries, initialised to ones, of which rows 1 .. levels - 1 are used
-    (LibMTL: 6 rows for ResNets' 5 levels); the warm-up sums the columns. Difference, following the paper: in
-    evaluation each task reads its most likely parent (LibMTL samples in evaluation as well, so its test numbers
-    vary run to run). The training progress comes from the engine (`set_progress(epoch, epochs)`, LibMTL's
-    trainer sets `epoch` and `epochs` on the model); a training forward before it raises.
+    (LibMTL: 6 rows for ResNets' 5 levels); the warm-up sums the columns. Difference, following the paper: after
+    the warm-up, evaluation takes each task's most likely parent (LibMTL samples in evaluation as well, so its
+    test numbers vary run to run). The training progress comes from the engine (`set_progress(epoch, epochs)`,
+    LibMTL's trainer sets `epoch` and `epochs` on the model); a training forward before it raises.
 
     Shared parameters: every column and `alpha` (LibMTL's: the whole encoder). Shared representation: the columns'
     last outputs stacked (T, N, ...), each read by its own task only, so methods at `shared_rep` are refused.
@@ -56,14 +57,23 @@ class LTB(Architecture):
     def shared_parameters(self) -> Iterator[nn.Parameter]:
         return self.parameters()
 
+    def warming_up(self) -> bool:
+        """In the warm-up (the first epochs / 100 epochs: a run of one epoch or less never leaves it), or before any
+        progress was given (an evaluation before the first step: the network the first steps train)."""
+        return self.epoch is None or self.epochs is None or self.epoch < self.epochs / 100
+
     def branching(self) -> Tensor:
-        """The mixing weights a (levels + 1, T, T) of this forward."""
+        """The mixing weights a (levels + 1, T, T) of this forward. The warm-up's sum of every column is the network
+        that training and evaluation both use then (alpha gets no gradient in the warm-up: its argmax would pick
+        column 0 for every task, a network never trained); after it, evaluation takes each task's most likely
+        parent."""
+        if self.training and (self.epoch is None or self.epochs is None):
+            raise RuntimeError("LTB: training needs the progress first: model.set_progress(epoch, epochs)")
+        if self.warming_up():
+            return torch.ones_like(self.alpha)
+        assert self.epoch is not None and self.epochs is not None  # warming_up() otherwise
         if not self.training:
             return F.one_hot(self.alpha.argmax(-1), len(self.tasks)).to(self.alpha.dtype)
-        if self.epoch is None or self.epochs is None:
-            raise RuntimeError("LTB: training needs the progress first: model.set_progress(epoch, epochs)")
-        if self.epoch < self.epochs / 100:  # warm-up
-            return torch.ones_like(self.alpha)
         tau = self.epochs / 20 / math.sqrt(self.epoch + 1)
         return F.gumbel_softmax(self.alpha, dim=-1, tau=tau, hard=True)
 
