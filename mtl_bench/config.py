@@ -174,7 +174,8 @@ class TrainerConf:
     device: str = option("auto", "auto | cpu | cuda | cuda:N", resumable=True, training=False)
     num_threads: Any = option(
         "auto",
-        "torch intra-op threads: auto (1 for a small model, else the cores over the runs started at once) | N | "
+        "torch intra-op threads: auto (1 for a small model, else the cores over the runs started at once, at most "
+        "the cores idle at the start) | N | "
         "null (torch's default)",
         resumable=True,
         training=False,

@@ -2,6 +2,7 @@
 
     python scripts/bench_threads.py [--repeats 2] [--max-steps 1000] [--copies 1 2 4]
     python scripts/bench_threads.py --sizes [--repeats 5] [--steps 40]
+    python scripts/bench_threads.py --auto [--repeats 7] [--steps 10]
     python scripts/bench_threads.py --table-from STDERR_LOG --max-steps N   (the table again from a run's log)
 
 Default mode: starts 1, 2 and 4 copies at once of `mtl-bench train` (the default experiment) and of
@@ -15,6 +16,13 @@ channels), one process times training steps of the real recipe (model, balancer,
 with every core, alternating blocks of --steps steps, and prints the median step time of each and their
 ratio, for the median block and for the best one (the least disturbed by other processes). A model whose
 step is no faster with all cores even in its best block is "small".
+
+--auto: whether `auto` is ever slower than one thread. For models above the small-model threshold (MMoE with
+UPGrad and with fixed weights, a 4x400 MLP with UPGrad), one process times blocks of --steps real steps with 1
+thread, with every core this process may use (what `auto` chose for these models before it looked at the load),
+and with what `choose_threads("auto", ...)` chooses just before the block (as a run starting then would: it
+watches the cores for 0.25 s, untimed), alternating; prints the median ms of each, what auto chose, the load
+average, and the ratios to one thread.
 """
 
 from __future__ import annotations
@@ -44,6 +52,14 @@ SIZES = [
     ("lenet [10,20] h50, digits (digits_lenet)", ["experiment=digits_lenet"]),
     ("lenet [32,64] h256, digits", ["experiment=digits_lenet", "model.channels=[32,64]", "model.hidden=256"]),
     ("lenet [64,128] h512, digits", ["experiment=digits_lenet", "model.channels=[64,128]", "model.hidden=512"]),
+]
+
+
+# --auto: models above SMALL_MODEL_NUMEL, the issue's cases first
+AUTO_CASES = [
+    ("mmoe, upgrad", ["model/arch=mmoe", "balancer=upgrad"]),
+    ("mmoe, fixed", ["model/arch=mmoe"]),
+    ("mlp 4x400, upgrad", ["model.widths=[400,400,400,400]", "balancer=upgrad"]),
 ]
 
 
@@ -256,11 +272,68 @@ def sizes_table(args: argparse.Namespace) -> None:
     print(markdown_table(header, cells))
 
 
+def auto_table(args: argparse.Namespace) -> None:
+    import collections
+
+    import torch
+
+    from mtl_bench.analysis.machine import machine_description
+    from mtl_bench.bench.runs import recipe as set_up
+    from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio
+    from mtl_bench.engine.threads import available_cores, choose_threads
+
+    cores = available_cores()
+    loads = [os.getloadavg()[0]]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, overrides in AUTO_CASES:
+            run_overrides = [*overrides, "trainer.max_steps=100000", "trainer.progress=log", "trainer.num_threads=1"]
+            with set_up(run_overrides, Path(tmp) / label.replace(" ", "_").replace(",", "")) as recipe:
+                numel = sum(p.numel() for p in recipe.model.parameters())
+                recipe.model.train()
+                for threads in (cores, 1):  # warm-up: allocator, first-call costs
+                    torch.set_num_threads(threads)
+                    time_steps(recipe, max(2, args.steps // 4))
+                chosen: collections.Counter[int] = collections.Counter()
+
+                def timer(threads: int | None) -> Callable[[], float]:
+                    def timed() -> float:
+                        n = threads
+                        if n is None:  # auto, as a run starting now: it watches the cores first (untimed)
+                            n = choose_threads("auto", model_numel=numel)[0]
+                            chosen[n] += 1
+                        torch.set_num_threads(n)
+                        return time_steps(recipe, args.steps)
+
+                    return timed
+
+                per = interleaved({"1": timer(1), "all": timer(cores), "auto": timer(None)}, args.repeats)
+            loads.append(os.getloadavg()[0])
+            mid = medians(per)
+            picks = ", ".join(f"{n} x{c}" for n, c in sorted(chosen.items()))
+            rows.append(
+                [label, f"{numel:,}", f"{mid['1'] * 1e3:.1f}", f"{mid['all'] * 1e3:.1f}", f"{mid['auto'] * 1e3:.1f}"]
+                + [picks, ratio(mid["all"], mid["1"]), ratio(mid["auto"], mid["1"])]
+            )
+            print(f"{label}: {rows[-1]}", file=sys.stderr)
+    print(f"machine: {machine_description()}, Python {platform.python_version()}")
+    print(f"load average (1 min) at the start and after each model: {', '.join(f'{x:.1f}' for x in loads)}")
+    print(
+        f"ms per optimizer step, median of {args.repeats} blocks of {args.steps} steps; 1 thread, all {cores} cores "
+        "(auto before it looked at the load), and auto now (chosen before each block; 'n xk': n threads in k "
+        "blocks)\n"
+    )
+    header = ["model", "parameters", "1 thread ms", f"{cores} threads ms", "auto ms", "auto chose"]
+    header += [f"{cores} / 1", "auto / 1"]
+    print(markdown_table(header, rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", action="store_true", help="time 1 thread against all cores by model size")
+    parser.add_argument("--auto", action="store_true", help="time auto's choice against 1 thread, big models")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=40, help="--sizes: steps per timed block")
+    parser.add_argument("--steps", type=int, default=None, help="--sizes (40), --auto (10): steps per timed block")
     parser.add_argument("--match", nargs="+", help="--sizes: only the models whose label contains one of these")
     parser.add_argument("--max-steps", type=int, default=1000, help="trainer.max_steps of each run")
     parser.add_argument("--copies", type=int, nargs="+", default=[1, 2, 4])
@@ -269,8 +342,11 @@ def main() -> None:
     if args.table_from:
         table_from_log(args.table_from, args.max_steps)
     elif args.sizes:
-        args.repeats = args.repeats or 5
+        args.repeats, args.steps = args.repeats or 5, args.steps or 40
         sizes_table(args)
+    elif args.auto:
+        args.repeats, args.steps = args.repeats or 7, args.steps or 10
+        auto_table(args)
     else:
         args.repeats = args.repeats or 2
         copies_table(args)

@@ -5,12 +5,17 @@ parameters) runs each op in microseconds, so a second thread buys little on one 
 costs a lot as soon as anything else runs on the box: each op's threads wait for each other's cores (measured:
 two copies of gradnorm_toy at once took 137 s each with torch's default, 52 s each with one thread).
 `trainer.num_threads=auto` therefore gives a small model one thread, and a larger one the cores this process
-may use divided by the number of runs its launcher starts at once.
+may use divided by the number of runs its launcher starts at once, but no more than the cores that are idle when
+the run starts (other processes' load; measured: on a 2-core machine under load 4-6, two threads made an MMoE step
+20x slower than one). The choice is made once, at the start: load that comes later is not seen, and two runs of
+the same config that start under different load may use different thread counts (whose float reductions may
+differ in the last bits); an integer setting fixes it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional
 
 from mtl_bench.settings import Setting, check_setting
@@ -33,6 +38,46 @@ def available_cores() -> int:
         except OSError:
             pass
     return max(1, os.cpu_count() or 1)
+
+
+IDLE_WINDOW_S = 0.25  # how long auto watches the cores before choosing (this process sleeps meanwhile)
+
+
+def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
+    """{cpu: (idle jiffies, all jiffies)} of the given CPUs from /proc/stat (Linux); {} where it cannot be read."""
+    times = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *values = line.split()
+                if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+                    continue
+                jiffies = [int(v) for v in values[:8]]  # user nice system idle iowait irq softirq steal
+                times[int(name[3:])] = (jiffies[3] + jiffies[4], sum(jiffies))
+    except (OSError, ValueError, IndexError):
+        return {}
+    return times
+
+
+def idle_cores(window: float = IDLE_WINDOW_S) -> Optional[float]:
+    """How many of the cores this process may use sat idle over the next `window` seconds (this process sleeps
+    meanwhile, so what keeps them busy is other processes): from the per-CPU counters of /proc/stat, else the
+    machine's cores less its one-minute load average; None where neither can be read."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    cpus = set(getaffinity(0)) if getaffinity is not None else set(range(os.cpu_count() or 1))
+    before = _cpu_times(cpus)
+    if before:
+        time.sleep(window)
+        after = _cpu_times(cpus)
+        idle = 0.0
+        for cpu, (idle0, total0) in before.items():
+            idle1, total1 = after.get(cpu, (idle0, total0))
+            idle += (idle1 - idle0) / (total1 - total0) if total1 > total0 else 1.0
+        return idle
+    try:
+        return max(0.0, (os.cpu_count() or 1) - os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
 
 
 def _launcher_kind(launcher_cfg: Any) -> str:
@@ -98,7 +143,8 @@ def choose_threads(
     setting: an int (or its string) wins; None keeps torch's default (torch.get_num_threads()); "auto": 1 for
     a model below SMALL_MODEL_NUMEL parameters, else the cores this process may use (`cores`, capped by
     its affinity; the affinity when None) divided among the `parallel_runs` runs started at once and the
-    ranks of a torchrun job on this machine (LOCAL_WORLD_SIZE), at least 1.
+    ranks of a torchrun job on this machine (LOCAL_WORLD_SIZE), capped by the cores idle now (`idle_cores`,
+    rounded), at least 1.
     """
     setting = check_setting(setting)
     if setting is None:
@@ -118,7 +164,13 @@ def choose_threads(
     runs = max(1, int(parallel_runs)) * _local_processes()
     n = max(1, usable // runs)
     shared = f" shared by {runs} processes at once" if runs > 1 else ""
+    idle = idle_cores() if n > 1 else None
+    busy = ""
+    if idle is not None:
+        free = max(1, int(idle + 0.5))  # a core at least half idle counts as free
+        busy = f", {idle:.1f} of them idle now" + (" (other processes keep the rest busy)" if free < n else "")
+        n = min(n, free)
     return n, (
-        f"{_threads(n)} (trainer.num_threads=auto: {usable} cores this process may use{shared}; "
+        f"{_threads(n)} (trainer.num_threads=auto: {usable} cores this process may use{busy}{shared}; "
         f"{model_numel:,} parameters)"
     )

@@ -1,5 +1,5 @@
 """trainer.num_threads=auto: threads from the cores this process may use, the runs its launcher
-starts at once and the model's size; an explicit number wins; null keeps torch's default."""
+starts at once, the cores idle now and the model's size; an explicit number wins; null keeps torch's default."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from mtl_bench.engine import threads
 from mtl_bench.engine.threads import (
     SMALL_MODEL_NUMEL,
     available_cores,
@@ -28,11 +29,12 @@ BASIC = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 @pytest.fixture
 def cores(monkeypatch):
-    """Fake the CPU affinity of this process: cores(8) means 8 cores allowed."""
+    """Fake the CPU affinity of this process on a quiet machine: cores(8) means 8 cores allowed, all idle."""
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
 
     def fake(n: int) -> None:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(n)), raising=False)
+        monkeypatch.setattr(threads, "idle_cores", lambda: float(n))
 
     return fake
 
@@ -93,6 +95,7 @@ def test_auto_reads_the_affinity_not_the_machine(cores, monkeypatch):
 
 def test_without_an_affinity_call_auto_counts_the_machines_cores(monkeypatch):
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(threads, "idle_cores", lambda: 6.0)
     monkeypatch.setattr(os, "cpu_count", lambda: 6)
     assert available_cores() == 6
     assert choose_threads("auto", model_numel=BIG, parallel_runs=2)[0] == 3
@@ -110,6 +113,78 @@ def test_torchrun_ranks_on_one_machine_share_its_cores(cores, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     n, reason = choose_threads("auto", model_numel=BIG, parallel_runs=1)
     assert n == 4 and "shared by 2 processes" in reason
+
+
+# ----------------------------------------------------------------------------- load
+
+
+@pytest.mark.parametrize("idle, expected", [(0.0, 1), (0.4, 1), (0.6, 1), (1.4, 1), (1.6, 2), (2.0, 2)])
+def test_auto_gives_a_big_model_no_more_threads_than_cores_idle_now(cores, monkeypatch, idle, expected):
+    """The issue's case: 2 cores under load 4-6 (none idle) gave an MMoE step 2 threads, 20x slower than 1."""
+    cores(2)
+    monkeypatch.setattr(threads, "idle_cores", lambda: idle)
+    n, reason = choose_threads("auto", model_numel=BIG, parallel_runs=1)
+    assert n == expected and f"{idle:.1f} of them idle now" in reason
+    assert ("other processes keep the rest busy" in reason) == (expected < 2)
+
+
+def test_the_idle_cap_comes_after_the_division_among_runs(cores, monkeypatch):
+    cores(16)
+    monkeypatch.setattr(threads, "idle_cores", lambda: 9.7)
+    assert choose_threads("auto", model_numel=BIG, parallel_runs=1)[0] == 10
+    assert choose_threads("auto", model_numel=BIG, parallel_runs=4)[0] == 4
+
+
+def test_unknown_load_leaves_the_cores_as_they_are(cores, monkeypatch):
+    cores(4)
+    monkeypatch.setattr(threads, "idle_cores", lambda: None)
+    n, reason = choose_threads("auto", model_numel=BIG, parallel_runs=1)
+    assert n == 4 and "idle" not in reason
+
+
+def test_a_small_model_or_one_core_does_not_wait_to_measure_the_load(cores, monkeypatch):
+    cores(1)
+
+    def never() -> float:
+        raise AssertionError("idle_cores called")
+
+    monkeypatch.setattr(threads, "idle_cores", never)
+    assert choose_threads("auto", model_numel=BIG, parallel_runs=1)[0] == 1
+    cores(8)
+    monkeypatch.setattr(threads, "idle_cores", never)
+    assert choose_threads("auto", model_numel=10, parallel_runs=1)[0] == 1
+    assert choose_threads(4, model_numel=BIG, parallel_runs=1)[0] == 4
+
+
+def test_idle_cores_reads_the_cpus_of_the_affinity(monkeypatch, tmp_path):
+    """From /proc/stat's per-CPU lines (idle + iowait over all), only the CPUs this process may run on."""
+    samples = iter(
+        [
+            "cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 100 0 0 100 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n"
+            "cpu2 50 0 0 50 0 0 0 0 0 0\nintr 1 2\n",
+            "cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 200 0 0 100 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n"
+            "cpu2 60 0 0 130 10 0 0 0 0 0\nintr 1 2\n",
+        ]
+    )
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/stat":
+            stat = tmp_path / "stat"
+            stat.write_text(next(samples))
+            return real_open(stat, *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2}, raising=False)
+    # cpu0 busy the whole window (0 idle of 100), cpu2 idle 90 of 100; cpu1 is not ours
+    assert threads.idle_cores(window=0.0) == pytest.approx(0.9)
+
+
+def test_idle_cores_on_this_machine_is_between_none_and_all():
+    idle = threads.idle_cores(window=0.05)
+    if idle is not None:
+        assert -1e-9 <= idle <= available_cores() + 1e-9
 
 
 # ----------------------------------------------------------------------------- launchers
