@@ -203,7 +203,11 @@ class TrainerConf:
         "joint (one batch carries every task's targets) | per_task (one batch per task, forwarded and "
         "backpropagated in turn, one optimizer step)",
     )
-    grad_accumulation_steps: int = option(1, "loader steps per optimizer step; the gradient is their mean")
+    grad_accumulation_steps: Optional[int] = option(
+        None,
+        "loader steps per optimizer step; the gradient is their mean; null: as many as the balancer needs (3 for a "
+        "method whose independent draws are the micro-batches, said in the log), else 1",
+    )
     on_nonfinite: str = option("skip", "a non-finite loss: skip the step (counted, logged) | raise (stop)")
     max_skipped_fraction: Optional[float] = option(
         0.1,
@@ -270,7 +274,8 @@ class TrainerConf:
         _non_negative("trainer.num_workers", self.num_workers)
         _one_of("trainer.progress", self.progress, ("auto", "bar", "log"))
         _one_of("trainer.step_mode", self.step_mode, ("joint", "per_task"))
-        _positive("trainer.grad_accumulation_steps", self.grad_accumulation_steps)
+        if self.grad_accumulation_steps is not None:
+            _positive("trainer.grad_accumulation_steps", self.grad_accumulation_steps)
         _one_of("trainer.on_nonfinite", self.on_nonfinite, ("skip", "raise"))
         _require(
             self.max_skipped_fraction is None or 0 <= self.max_skipped_fraction <= 1,

@@ -156,6 +156,11 @@ class Balancer(nn.Module):
         """Commit the state update of this step unless the step was skipped; stateless balancers: no-op."""
         return {}
 
+    def needed_accumulation_steps(self) -> Optional[int]:
+        """The micro-batches per optimizer step this balancer takes when the user gives none
+        (trainer.grad_accumulation_steps=null), or None when any number does (the engine then takes 1)."""
+        return None
+
     def accumulation_problem(self, steps: int) -> Optional[str]:
         """Why this balancer cannot run with `steps` micro-batches per optimizer step, or None when it can; asked
         at build time, as per_task_problem."""

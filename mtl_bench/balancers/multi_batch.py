@@ -67,6 +67,9 @@ class MultiBatchBalancer(GradientBalancer):
         super()._clear_step()
         self._draws: list[list[Tensor]] = []  # the kept draws' Jacobians, of the scaled losses
 
+    def needed_accumulation_steps(self) -> int:
+        return max(self.BATCHES)  # every draw the method can take (MoDo's third is the paper's update batch)
+
     def accumulation_problem(self, steps: int) -> Optional[str]:
         if steps in self.BATCHES:
             return None

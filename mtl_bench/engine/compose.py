@@ -26,7 +26,7 @@ from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.engine.data import hold_out
 from mtl_bench.engine.front import build_front_model, check_front
 from mtl_bench.engine.precision import Precision
-from mtl_bench.engine.step import optimizer_steps_per_epoch, samples_per_epoch
+from mtl_bench.engine.step import optimizer_steps_per_epoch, resolve_accumulation, samples_per_epoch
 from mtl_bench.errors import ConfigError
 from mtl_bench.hydra_errors import closest
 from mtl_bench.models import MultiTaskModel
@@ -220,9 +220,10 @@ def build_balancer(
     problem = balancer.per_task_problem() if conf.step_mode == "per_task" else None
     if problem is not None:
         raise ConfigError(f"trainer.step_mode=per_task: {problem}")
-    problem = balancer.accumulation_problem(conf.grad_accumulation_steps)
+    steps = resolve_accumulation(conf, balancer)
+    problem = balancer.accumulation_problem(steps)
     if problem is not None:
-        raise ConfigError(f"trainer.grad_accumulation_steps={conf.grad_accumulation_steps}: {problem}")
+        raise ConfigError(f"trainer.grad_accumulation_steps={steps}: {problem}")
     return balancer
 
 

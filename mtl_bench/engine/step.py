@@ -8,6 +8,7 @@ each micro-batch is one batch per task, forwarded and backpropagated in turn. Gr
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
@@ -22,6 +23,8 @@ from mtl_bench.engine.diagnostics import GradientDiagnostics
 from mtl_bench.engine.precision import Precision
 from mtl_bench.tasks.base import TaskSet
 
+log = logging.getLogger("mtl_bench")
+
 
 @dataclass
 class StepResult:
@@ -31,9 +34,28 @@ class StepResult:
     measurements: dict[str, Tensor]  # the balancer's, keyed by TensorBoard tag
 
 
+def resolve_accumulation(conf: TrainerConf, balancer: Balancer) -> int:
+    """trainer.grad_accumulation_steps; when not given (null), set in `conf` to what the balancer takes (said in
+    one log line where that is more than 1), else 1. Asked once, before anything counts steps per epoch."""
+    if conf.grad_accumulation_steps is None:
+        needed = balancer.needed_accumulation_steps()
+        conf.grad_accumulation_steps = needed or 1  # the run's one value from here on
+        if conf.grad_accumulation_steps != 1:
+            log.info(
+                "trainer.grad_accumulation_steps=%d: %s takes %d micro-batches per optimizer step (set by the "
+                "balancer, as trainer.grad_accumulation_steps was not given)",
+                needed,
+                type(balancer).__name__,
+                needed,
+            )
+    return conf.grad_accumulation_steps
+
+
 def optimizer_steps_per_epoch(conf: TrainerConf, n_train: int, world_size: int = 1) -> int:
     """Optimizer steps per pass over the training split (per task stream in per-task mode): global batches
-    of batch_size × world_size, grad_accumulation_steps of them per step."""
+    of batch_size × world_size, grad_accumulation_steps of them per step (resolve_accumulation sets it first)."""
+    if conf.grad_accumulation_steps is None:
+        raise ValueError("trainer.grad_accumulation_steps: null until resolve_accumulation(conf, balancer) sets it")
     return max(1, n_train // (conf.batch_size * world_size) // conf.grad_accumulation_steps)
 
 
@@ -70,7 +92,7 @@ class StepRunner:
         """`optimizer`, `validation`: for a balancer that NEEDS_VALIDATION (its lr, the validation stream's data)."""
         self.model, self.taskset, self.balancer = model, taskset, balancer
         self.precision, self.conf = precision, conf
-        self.k = conf.grad_accumulation_steps
+        self.k = resolve_accumulation(conf, balancer)
         self.ctx = BackwardContext(precision.scaler, 1.0, self.k)
         global_batch = conf.batch_size * world_size
         splits: list[Dataset]

@@ -135,13 +135,34 @@ def test_schedule_lengths_in_epochs_and_percent_follow_the_run():
     assert MultiStep(optimizer, milestones=["50%", "75%"], total_steps=200).milestones == [100, 150]
 
 
-def test_a_balancer_that_needs_micro_batches_says_so_at_build_time(tmp_path):
-    result = cli("train", "balancer=modo", f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
+@pytest.mark.parametrize("balancer, name", [("modo", "MoDo"), ("sdmgrad", "SDMGrad")])
+def test_a_balancer_that_needs_micro_batches_gets_them_without_another_key(tmp_path, balancer, name):
+    """`balancer=sdmgrad` trains as typed: the balancer's 3 micro-batches, said in one log line."""
+    result = cli("train", f"balancer={balancer}", f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "trainer.grad_accumulation_steps=3" in line]
+    assert len(said) == 1 and f"{name} takes 3 micro-batches per optimizer step" in said[0]
+    assert "(set by the balancer, as trainer.grad_accumulation_steps was not given)" in said[0]
+
+
+def test_a_users_explicit_incompatible_accumulation_is_refused_in_one_line(tmp_path):
+    args = ("train", "balancer=modo", "trainer.grad_accumulation_steps=1", f"hydra.run.dir={tmp_path / 'run'}")
+    result = cli(*args, *SMOKE)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "mtl-bench: error: trainer.grad_accumulation_steps=1: MoDo needs 2 or 3 micro-batches per step "
         "(its independent draws)"
     )
+
+
+def test_other_balancers_take_one_micro_batch_when_none_is_given(compose_cfg):
+    from mtl_bench.engine.compose import build_parts
+
+    cfg = compose_cfg("balancer=upgrad")
+    conf = OmegaConf.to_object(cfg.trainer)
+    assert conf.grad_accumulation_steps is None
+    build_parts(cfg, conf, torch.device("cpu"))
+    assert conf.grad_accumulation_steps == 1
 
 
 def test_a_typed_key_the_replaced_class_does_not_take_is_refused(checked):
