@@ -64,3 +64,15 @@ def test_scaled_adam_on_meta_parameters_is_eager_without_a_build(no_kernel_build
     params = [torch.nn.Parameter(torch.empty(SHAPE, device="meta")) for _ in range(2)]
     opt = ScaledAdam(params, lr=0.01)
     assert opt.implementation == "eager"
+
+
+@pytest.mark.cuda
+def test_on_a_real_gpu_no_kernel_is_chosen(no_kernel_build):
+    block = torch.randn(TASKS, *SHAPE, device="cuda")
+    assert not takes_kernel(block[0], TASKS) and not kernel_takes(block[0])
+    rows = block.reshape(TASKS, -1)
+    torch.testing.assert_close(block_gramian(rows), rows @ rows.T)
+    direction, _ = block_drop_extremes(block)
+    assert direction.device.type == "cuda"
+    opt = ScaledAdam([torch.nn.Parameter(torch.zeros(SHAPE, device="cuda"))], lr=0.01)
+    assert opt.implementation == "eager"
