@@ -17,9 +17,8 @@ class COSMOS(PreferenceScalarization):
     r is fixed by config (one trade-off per run) or, with `preference: dirichlet`, drawn from Dir(alpha) each
     optimizer step as the paper trains (its code's default concentration, 1.2, when `alpha` is null; see
     PreferenceScalarization). The paper also feeds r to the network (concatenated to the input) so that one
-    model answers every r; this is the objective with a per-step draw, without conditioning the network on r,
-    because the zoo's models take only their task set's inputs: the run learns one network trained across
-    the front, not the preference-conditioned model.
+    model answers every r: that is `model/front=cosmos`, which sees the r drawn here each step (docs/pareto_front.md);
+    with another model the run trains one network across the front, not conditioned on r.
 
     Reference: torchjd 0.18 `scalarization.COSMOS` (the objective for a given r; its docstring asks for a
     Dirichlet draw before every call to learn the front). No per-task mode: cos(r, L) needs every loss.

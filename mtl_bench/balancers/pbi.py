@@ -19,9 +19,8 @@ class PenaltyBoundaryIntersection(PreferenceScalarization):
 
     The direction is fixed by config (one trade-off per run) or, with `preference: dirichlet`, drawn from
     Dir(alpha) each optimizer step to learn the whole front (uniform on the simplex, alpha = 1, when `alpha`
-    is null, as torchjd's docstring draws it; see PreferenceScalarization). Pareto-front learners also feed
-    the direction to the network (a hypernetwork or an input); this is the objective with a per-step draw,
-    without conditioning the network on it, because the zoo's models take only their task set's inputs.
+    is null, as torchjd's docstring draws it; see PreferenceScalarization). A preference-conditioned model
+    (`model/front=<option>`) sees the direction drawn here each step, so one run learns the whole front.
 
     Reference: torchjd 0.18 `scalarization.PBI` (ε = 1e-12 under the root). No per-task mode: d2 needs every
     loss.

@@ -89,7 +89,24 @@ def make_report(
         from mtl_bench.report.plots import write_plots
 
         written = write_plots(groups, plots, baseline)
-    return render(groups, problems, fmt, baseline, common, wide=wide, published=tables), written
+    text = render(groups, problems, fmt, baseline, common, wide=wide, published=tables)
+    fronts, front_written = front_section(runs, fmt, plots)
+    return text + fronts, written + front_written
+
+
+def front_section(runs: list[Run], fmt: str, plots: Optional[Path]) -> tuple[str, list[Path]]:
+    """The fronts' hypervolume table (report/front.py) after a table or markdown report, and their plots."""
+    if not any("front" in run.metrics for run in runs) and not any(
+        k.startswith(("balancer.preference", "balancer.weights")) for run in runs for k in run.overrides
+    ):
+        return "", []
+    from mtl_bench.report.front import front_groups, front_table, write_front_plots
+
+    groups = front_groups(runs)
+    if not groups:
+        return "", []
+    written = write_front_plots(groups, plots) if plots is not None else []
+    return ("\n" + front_table(groups) if fmt in ("table", "markdown") else ""), written
 
 
 def sweep_summary(sweep_dir: Path) -> str:

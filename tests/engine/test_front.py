@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtl_bench.catalog import conf_root
 from mtl_bench.engine.compose import build_parts, check_config
@@ -109,3 +110,8 @@ def test_a_front_runs_metrics_json_holds_every_ray(small_conf, tmp_path, front):
     assert record["test"]["t0"]["loss"] == pytest.approx(front_record["test"][1]["t0"]["loss"], rel=1e-6)
     # The rays' models differ (the preference reaches the predictions).
     assert front_record["test"][0]["t0"]["loss"] != front_record["test"][2]["t0"]["loss"]
+    # TensorBoard: the val front's picture and hypervolume at each evaluation (trainer=smoke: steps 10 and 20).
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Images("front/val")] == [10, 20]
+    assert [e.step for e in events.Scalars("front/val/hypervolume")] == [10, 20]

@@ -1,0 +1,82 @@
+"""The Pareto-front evidence of docs/pareto_front.md: COSMOS, PHN and PaMaL against a sweep of fixed-preference
+linear scalarizations (separate models) at equal total steps, tasks=digits (3 tasks), 3 seeds.
+
+    python scripts/pareto_front_evidence.py --out DIR            # run the sweeps (niced), then report
+    python scripts/pareto_front_evidence.py --out DIR --collect  # only report finished sweeps
+
+Each front model trains `--steps` steps (experiment=digits_front: a new preference each step) and is evaluated at
+the 10 preferences of the simplex's thirds (trainer.front.rays=10); the separate-model front is 10 runs of
+`--steps / 10` steps, one per preference (balancer=linear with that preference), so both spend the same steps.
+Two processes run at once (one per core): cosmos then pamal; phn then the separate models. The report is
+`mtl-bench report DIR --plots DIR/plots` (its fronts table: hypervolume ± 95% CI over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mtl_bench.analysis.machine import machine_description
+
+TASKS = ("left", "right", "sum")
+FRONTS = {"cosmos": "balancer=cosmos", "phn": "balancer=linear", "pamal": "balancer=linear"}
+
+
+def thirds() -> list[list[float]]:
+    return [[a / 3, b / 3, (3 - a - b) / 3] for a in range(4) for b in range(4 - a)]
+
+
+def train(args: list[str], log: Path) -> list[str]:
+    command = ["nice", "-n", "10", sys.executable, "-m", "mtl_bench", "train", "-m", *args, "trainer.num_threads=1"]
+    return command
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--collect", action="store_true")
+    args = parser.parse_args()
+    out: Path = args.out
+    if not args.collect:
+        out.mkdir(parents=True, exist_ok=True)
+        seeds = f"seed={args.seeds}"
+
+        def fronts(name: str) -> list[str]:
+            return [
+                "experiment=digits_front", f"model/front={name}", FRONTS[name], "balancer.preference=dirichlet",
+                f"trainer.max_steps={args.steps}", "trainer.front.rays=10", seeds, f"hydra.sweep.dir={out / name}",
+            ]  # fmt: skip
+
+        preferences = ",".join("{" + ",".join(f"{t}:{r!r}" for t, r in zip(TASKS, ray)) + "}" for ray in thirds())
+        separate = [
+            "experiment=digits_front", f"balancer.preference={preferences}", f"trainer.max_steps={args.steps // 10}",
+            f"trainer.eval_every={args.steps // 10}", seeds, f"hydra.sweep.dir={out / 'separate'}",
+        ]  # fmt: skip
+        streams = [[fronts("cosmos"), fronts("pamal")], [fronts("phn"), separate]]
+        print(machine_description(), flush=True)
+        started = time.time()
+        procs = []
+        for i, stream in enumerate(streams):
+            script = " && ".join(
+                " ".join(f"'{a}'" for a in train(cmd, out)) + f" >> {out / f'stream{i}.log'} 2>&1" for cmd in stream
+            )
+            procs.append(subprocess.Popen(["bash", "-c", script], env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        codes = [p.wait() for p in procs]
+        print(f"sweeps done in {time.time() - started:.0f} s, exit codes {codes}; {machine_description()}", flush=True)
+    report = subprocess.run(
+        [sys.executable, "-m", "mtl_bench", "report", str(out), "--format", "markdown", "--plots", str(out / "plots")],
+        capture_output=True,
+        text=True,
+    )
+    print(report.stdout[report.stdout.find("Fronts on") :] if "Fronts on" in report.stdout else report.stdout)
+    print(report.stderr[-2000:], file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
