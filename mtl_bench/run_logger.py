@@ -1,7 +1,7 @@
 """TensorBoard output of one run: tag names, the custom-scalars dashboard, hyper-parameters.
 
-Tags: loss/<task>, weight/<task>, ratio/<task>, grad_norm/<task>, gradnorm/target/<task>,
-gradnorm/loss_ratio/<task>, gradnorm/L_grad, metric/<split>/<task>/<name>, lr/<group>, perf/steps_per_s.
+Tags: loss/<task>, weight/<task>, grad_norm/<task>, metric/<split>/<task>/<name>, lr/<group>, perf/steps_per_s,
+and each balancer's and architecture's own; docs/tensorboard.md ("Every tag") defines every one.
 The task is always the last path component so one regex collects all tasks.
 """
 

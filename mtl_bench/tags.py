@@ -17,6 +17,8 @@ def preference(task: str) -> str:
 
 
 def ratio(task: str) -> str:
+    """rescaled_norm's (EnCodec's ratio_k): the task's share of the averaged raw gradient norms at the shared output.
+    GradNorm's share of the weighted norms is `gradnorm/norm_share/<task>`: one meaning per tag."""
     return f"ratio/{task}"
 
 

@@ -108,7 +108,8 @@ class GradNorm(StagedBalancer):
     Linear path hooks the layer when the balancer is built, so build it before the training forwards;
     it expects the layer to run once per forward (`remove_hook()` detaches it).
 
-    Metrics: `weight/<task>` (w used this step), `grad_norm/<task>` (n_i), `ratio/<task>` (G_i / Σ G),
+    Metrics: `weight/<task>` (w used this step), `grad_norm/<task>` (n_i), `gradnorm/norm_share/<task>` (G_i / Σ G,
+    the share of the weighted norms; rescaled_norm's `ratio/<task>` is a share of raw norms),
     `gradnorm/target/<task>`, `gradnorm/loss_ratio/<task>` (L̃_i), `gradnorm/L_grad`.
     Under DDP n_i and L_i are averaged across ranks (by name) before the update, so all ranks hold the
     same weights. The weights, L_i(0) and the optimizer's moments are buffers: `state_dict` has them all.
@@ -340,11 +341,11 @@ class GradNorm(StagedBalancer):
         new = new * (len(self.task_names) / new.sum())
         self._stage(weights=new, initial_losses=initial, initialized=torch.ones_like(self.initialized))
 
-        ratio = terms.weighted_norms / terms.weighted_norms.sum()
+        share = terms.weighted_norms / terms.weighted_norms.sum()
         metrics = {"gradnorm/L_grad": terms.l_grad}
         for i, name in enumerate(self.task_names):
             metrics[tags.grad_norm(name)] = norms[i]
-            metrics[tags.ratio(name)] = ratio[i]
+            metrics[f"gradnorm/norm_share/{name}"] = share[i]
             metrics[f"gradnorm/target/{name}"] = terms.target[i]
             metrics[f"gradnorm/loss_ratio/{name}"] = terms.loss_ratio[i]
         return metrics

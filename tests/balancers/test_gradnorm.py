@@ -70,7 +70,8 @@ def test_one_update_by_hand():
     m = bal.backward(scalar_case(layer, 1.0, -2.0), torch.ones(1))
     assert [m[f"gradnorm/target/{t}"].item() for t in "ab"] == pytest.approx([2.0, 2.0])
     assert [m[f"gradnorm/loss_ratio/{t}"].item() for t in "ab"] == pytest.approx([1.0, 1.0])
-    assert [m[f"ratio/{t}"].item() for t in "ab"] == pytest.approx([0.25, 0.75])
+    assert [m[f"gradnorm/norm_share/{t}"].item() for t in "ab"] == pytest.approx([0.25, 0.75])
+    assert not any(k.startswith("ratio/") for k in m)  # rescaled_norm's tag, a share of raw norms
     assert m["gradnorm/L_grad"].item() == pytest.approx(2.0)
     assert bal.weights.tolist() == pytest.approx([1.1 * 2 / 1.8, 0.7 * 2 / 1.8])
     # Step 2: L = (1, 1.5), L̃ = (0.5, 1.5) = r; w = (11/9, 7/9); G = (11/9, 21/9), Ḡ = 16/9;
@@ -334,7 +335,7 @@ def test_metrics_are_0d_tensors_under_tensorboard_tags():
     bal = GradNorm(list(TASKS), shared_layer=model.last_shared_layer)  # before the forward: it hooks the layer
     out, losses = model_losses(model, x, y)
     metrics = bal.backward(losses, out.shared)
-    families = ("weight", "grad_norm", "ratio", "gradnorm/target", "gradnorm/loss_ratio")
+    families = ("weight", "grad_norm", "gradnorm/norm_share", "gradnorm/target", "gradnorm/loss_ratio")
     assert set(metrics) == {f"{f}/{t}" for f in families for t in TASKS} | {"gradnorm/L_grad"}
     assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in metrics.values())
 

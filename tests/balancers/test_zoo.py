@@ -1,5 +1,5 @@
 """Every balancer option trains through the engine on tasks=toy10 and tasks=digits, logs weight/<task> for
-every task, and (methods with state) resumes from its checkpoint."""
+every task and only tags docs/tensorboard.md defines, and (methods with state) resumes from its checkpoint."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import pytest
 
 from mtl_bench.catalog import config_options
 from mtl_bench.engine.recipe import train
+from tests.helpers.tag_docs import logged_tags, undefined
 
 BALANCERS = config_options()["balancer"]
 TASK_SETS = {
     "toy10": ["tasks=toy10", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32", "model.widths=[32,32]"],
     "digits": ["tasks=digits", "model=lenet", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32"],
 }
-# Methods whose independent draws are the micro-batches of one step (their YAML's first line says so).
-EXTRA = {"modo": ["trainer.grad_accumulation_steps=3"], "sdmgrad": ["trainer.grad_accumulation_steps=3"]}
+# modo and sdmgrad take their 3 micro-batches without a key (trainer.grad_accumulation_steps: null).
 # A bilevel method's validation batch is a training batch's size: 0.2 of 256 rows holds out 51 >= 32.
-EXTRA["auto_lambda"] = EXTRA["moml"] = EXTRA["forum"] = ["trainer.validation_holdout=0.2"]
+EXTRA = {name: ["trainer.validation_holdout=0.2"] for name in ("auto_lambda", "moml", "forum")}
 SHORT = ["trainer=smoke", "trainer.max_steps=6", "trainer.log_every=3", "trainer.eval_every=6", "trainer.batch_size=32"]
 
 
@@ -37,6 +37,8 @@ def test_every_balancer_trains_on_both_task_sets(compose_cfg, tmp_path, balancer
     for task in metrics["test"]:
         values = [e.value for e in events.Scalars(f"weight/{task}")]
         assert len(values) == 2 and all(v == v for v in values), (task, values)  # logged at steps 3, 6; not NaN
+    written = logged_tags(tmp_path)
+    assert not undefined(written), f"tags without a row in docs/tensorboard.md: {undefined(written)}"
 
 
 @pytest.mark.parametrize(

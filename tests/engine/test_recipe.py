@@ -180,9 +180,11 @@ def test_balancer_state_is_logged_and_checkpointed(small_conf, tmp_path, balance
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    expected = {"weight/t0", "ratio/t1", "grad_norm/t0"}
+    expected = {"weight/t0", "grad_norm/t0"}
     if balancer == "gradnorm":
-        expected |= {"gradnorm/target/t0", "gradnorm/loss_ratio/t1", "gradnorm/L_grad"}
+        expected |= {"gradnorm/norm_share/t1", "gradnorm/target/t0", "gradnorm/loss_ratio/t1", "gradnorm/L_grad"}
+    else:
+        expected |= {"ratio/t1"}
     assert expected <= tags
     state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["balancer"]
     if balancer == "gradnorm":  # the weights moved and still sum to T
