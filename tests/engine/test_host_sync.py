@@ -6,10 +6,12 @@ docs/methods.md) and reads through `cpu_value` (CPU-only paths); a method that n
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mtl_bench.catalog import config_options
+from mtl_bench.devices import cpu_value
 from mtl_bench.engine.recipe import Recipe
-from tests.helpers.host_sync import allowed, host_syncs
+from tests.helpers.host_sync import allowed, host_syncs, no_host_sync
 
 BALANCERS = config_options()["balancer"]
 TOY10 = ["tasks=toy10", "tasks.n_train=256", "tasks.n_val=32", "tasks.n_test=32", "model.widths=[16,16]"]
@@ -58,9 +60,8 @@ def test_a_step_reads_the_device_only_in_a_named_host_solve(compose_cfg, tmp_pat
 @pytest.mark.cuda
 @pytest.mark.parametrize("balancer", BALANCERS)
 def test_on_cuda_a_step_syncs_only_in_a_named_host_solve(compose_cfg, tmp_path, balancer):
-    """The same on a GPU, by CUDA's own sync detector: steps of a method without a host solve raise on any sync."""
-    import torch
-
+    """The same on a GPU, by CUDA's own sync detector: steps of a method without a host solve raise on any sync
+    (a method with one only warns: its solve's reads are expected)."""
     cfg = compose_cfg(*overrides(balancer, "fp16"), "trainer.device=cuda")
     recipe = Recipe(cfg, tmp_path)
     recipe.setup()
@@ -78,3 +79,38 @@ def test_on_cuda_a_step_syncs_only_in_a_named_host_solve(compose_cfg, tmp_path, 
             torch.cuda.set_sync_debug_mode("default")
     finally:
         recipe.cleanup()
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        lambda x: x.sum().item(),
+        lambda x: x.tolist(),
+        lambda x: float(x[0, 0]),
+        lambda x: bool(x[0, 0] > 0),
+        lambda x: x.numpy(),
+        lambda x: x.cpu(),
+        lambda x: x[x > 0],
+        lambda x: x.masked_fill(x > 0, 0).nonzero(),
+        lambda x: x.__setitem__(x > 0, 0.0),
+        lambda x: torch.unique(x),
+        lambda x: torch.equal(x, x),
+        lambda x: torch.linalg.solve(x @ x.T + torch.eye(3), torch.ones(3)),
+        lambda x: x[torch.tensor(1)],
+    ],
+)
+def test_the_guard_catches_what_syncs_on_cuda(sync):
+    x = torch.randn(3, 3)
+    with pytest.raises(AssertionError, match="host sync in the hot path"):
+        with no_host_sync():
+            sync(x)
+
+
+def test_the_guard_lets_device_work_and_cpu_only_reads_through():
+    x = torch.randn(3, 3)
+    with no_host_sync():
+        torch.linalg.solve_ex(x @ x.T + torch.eye(3), torch.ones(3))
+        x.masked_fill(x > 0, 0).gather(0, torch.zeros(1, 3, dtype=torch.long))
+        assert cpu_value(torch.tensor(True)) is True  # a CPU-only path says so
+    with pytest.raises(ValueError, match="cpu_value: a meta tensor"):
+        cpu_value(torch.empty((), device="meta"))
