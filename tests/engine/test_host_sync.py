@@ -114,3 +114,24 @@ def test_the_guard_lets_device_work_and_cpu_only_reads_through():
         assert cpu_value(torch.tensor(True)) is True  # a CPU-only path says so
     with pytest.raises(ValueError, match="cpu_value: a meta tensor"):
         cpu_value(torch.empty((), device="meta"))
+
+
+def test_the_loop_reads_the_device_once_per_log_point_and_at_evaluations_and_checkpoints(compose_cfg, tmp_path):
+    steps, log_every = 12, 4
+    cfg = compose_cfg(
+        *overrides("fixed", "fp16"),
+        f"trainer.max_steps={steps}",
+        f"trainer.log_every={log_every}",
+        "trainer.eval_every=12",
+    )
+    recipe = Recipe(cfg, tmp_path)
+    recipe.setup()
+    try:
+        with host_syncs() as found:
+            recipe.train()
+    finally:
+        recipe.cleanup()
+    at_log = [s for s in found if "Recipe._log_train" in s.within]
+    assert len(at_log) == steps // log_every  # one read of all the interval's values per log point
+    elsewhere = [str(s) for s in found if not {"Recipe._log_train", "Recipe.evaluate", "Recipe.save"} & set(s.within)]
+    assert not elsewhere, f"host syncs in the loop outside log points, evaluations and checkpoints: {elsewhere}"
