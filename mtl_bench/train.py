@@ -104,7 +104,10 @@ def check_data_root(cfg: DictConfig, option: str | None) -> None:
     """A `tasks.root` that is set but is no folder, as one line, before the engine (and torch) is imported: the
     task set's own check says the same, with its layout, 10+ s later (a null root is left to it: whether a task set
     needs one is its signature's to say)."""
-    root = cfg.tasks.get("root") if isinstance(cfg.get("tasks"), DictConfig) else None
+    try:
+        root = OmegaConf.select(cfg, "tasks.root")
+    except Exception:  # an interpolation that does not resolve, a missing value: the full checks name it
+        return
     if root is None or str(root).strip() == "":
         return
     path = Path(str(root)).expanduser()

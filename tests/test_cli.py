@@ -164,6 +164,19 @@ def test_a_missing_data_directory_is_one_line_before_torch_is_imported(tmp_path,
     assert not (tmp_path / "run").exists()
 
 
+def test_the_early_data_root_check_leaves_what_it_cannot_judge_to_the_task_set(tmp_path):
+    from omegaconf import OmegaConf
+
+    from mtl_bench.errors import ConfigError
+    from mtl_bench.train import check_data_root
+
+    for node in ({"root": None}, {"root": " "}, {"n_train": 1}, {"root": "${nowhere}"}, {"root": "???"}):
+        check_data_root(OmegaConf.create({"tasks": node}), "toy")  # a null root: the task set says if it needs one
+    check_data_root(OmegaConf.create({"tasks": {"root": str(tmp_path)}}), "nyuv2")
+    with pytest.raises(ConfigError, match=rf"^tasks.root: {tmp_path}/x does not exist; the task set reads"):
+        check_data_root(OmegaConf.create({"tasks": {"root": str(tmp_path / "x")}}), None)
+
+
 def test_nonfinite_raise_ends_the_log_with_one_error_line(tmp_path):
     # diverges in two steps: a training failure reported like a user error, after the run's own log lines
     result = cli(
