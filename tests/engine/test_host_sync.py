@@ -57,6 +57,22 @@ def test_a_step_reads_the_device_only_in_a_named_host_solve(compose_cfg, tmp_pat
         )
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("balancer", BALANCERS)
+def test_a_per_task_step_reads_the_device_only_in_a_named_host_solve(compose_cfg, tmp_path, balancer):
+    """The same in trainer.step_mode=per_task (one backward per task), for the methods that have that mode."""
+    from mtl_bench.errors import ConfigError
+
+    cfg = compose_cfg(*overrides(balancer, "fp16"), "trainer.step_mode=per_task")
+    try:
+        bal, found = steps_syncs(cfg, tmp_path)
+    except ConfigError as err:
+        assert "has no per-task mode" in str(err) or "step_mode" in str(err), err
+        pytest.skip(f"{balancer}: no per-task mode")
+    unexplained = [str(s) for s in found if not allowed(s, bal)]
+    assert not unexplained, f"{balancer}: host syncs outside a named host solve: {sorted(set(unexplained))}"
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("balancer", BALANCERS)
 def test_on_cuda_a_step_syncs_only_in_a_named_host_solve(compose_cfg, tmp_path, balancer):
