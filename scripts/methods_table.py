@@ -15,9 +15,11 @@ import inspect
 import re
 import sys
 import textwrap
+import typing
 from pathlib import Path
 
 import torch
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mtl_bench.balancers.base import Balancer
@@ -49,8 +51,9 @@ def build(cls: type[Balancer], options: dict) -> Balancer | None:
         "initial_losses_known": {t: None for t in TASKS},
     }
     wanted = inspect.signature(cls).parameters
-    try:
-        return cls(**{k: v for k, v in supplied.items() if k in wanted}, **options)
+    try:  # nested config nodes (CR-MOGM's base) built as the engine builds them
+        factory = instantiate({"_target_": f"{cls.__module__}.{cls.__name__}", **options}, _partial_=True)
+        return factory(**{k: v for k, v in supplied.items() if k in wanted})
     except ImportError:
         return None
 
@@ -64,9 +67,10 @@ def kind(cls: type[Balancer]) -> str:
 
 
 def modes(cls: type[Balancer], options: dict) -> str:
-    sources = getattr(cls, "SOURCES", None)
-    if sources is not None:
-        return ", ".join(sources)
+    """The grad_source values the signature allows (a Literal), else the YAML's."""
+    param = inspect.signature(cls, eval_str=True).parameters.get("grad_source")
+    if param is not None and typing.get_origin(param.annotation) is typing.Literal:
+        return ", ".join(typing.get_args(param.annotation))
     return str(options.get("grad_source", "-"))
 
 
@@ -74,8 +78,8 @@ def state(instance: Balancer | None) -> list[str]:
     """What `state_dict()` keeps: the buffers, and "generator" for a random generator's state."""
     if instance is None:
         return ["?"]
-    names = [name for name, _ in instance.named_buffers()]
-    if type(instance).get_extra_state is not torch.nn.Module.get_extra_state:
+    names = [name for name in instance.state_dict() if not name.endswith("_extra_state")]
+    if any(name.endswith("_extra_state") for name in instance.state_dict()):
         names.append("generator")
     return names
 
@@ -105,7 +109,8 @@ def _is_family(path: Path) -> bool:
 
 
 def reference(cls: type[Balancer]) -> str:
-    doc = " ".join(line.strip() for line in inspect.getdoc(cls).splitlines())
+    weighting = getattr(cls, "weighting_class", None)  # a Gramian method: its weighting has the docstring
+    doc = " ".join(line.strip() for line in inspect.getdoc(weighting or cls).splitlines())
     # the sentence ends at a full stop, not at the one of "e.g." or "i.e." inside it
     found = re.search(r"References?: (.*?)(?<!\be\.g)(?<!\bi\.e)\.(?:\s|$)", doc)
     return found.group(1) if found else "none stated"
@@ -137,7 +142,7 @@ def rows() -> list[dict[str, str]]:
                 "AMP": covered(tests, r"GradScaler|scaler"),
                 "DDP": covered(tests, r"ddp|DDP"),
                 "test": tests[0].name if tests else "none",
-                "host_solve": cls.HOST_SOLVE,
+                "host_solve": (instance or cls).HOST_SOLVE,
                 "paper": paper(cls),
                 "reference": reference(cls),
             }

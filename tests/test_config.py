@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
@@ -25,6 +27,11 @@ def test_every_yaml_under_conf_is_an_option_the_test_below_composes():
     assert on_disk == listed
 
 
+def single_valued(parameter) -> bool:
+    """A parameter with one legal value (`Literal["shared_params"]`) is no option: the YAML leaves it out."""
+    return typing.get_origin(parameter.annotation) is typing.Literal and len(typing.get_args(parameter.annotation)) == 1
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
 def test_every_option_keys_match_the_signature_of_its_class(compose_cfg, group, option):
     """Each part's keys are parameters of its `_target_` with values of their types, and every option of the
@@ -40,7 +47,7 @@ def test_every_option_keys_match_the_signature_of_its_class(compose_cfg, group, 
         options = {
             name
             for name, p in parameters(target).items()
-            if name not in supplied and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            if name not in supplied and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and not single_valued(p)
         }
         assert options <= set(node), (key, sorted(options - set(node)))
     check_config(cfg, [])

@@ -19,6 +19,7 @@ from mtl_bench.balancers.gls import GeometricLoss
 from mtl_bench.balancers.graddrop import GradDrop
 from mtl_bench.balancers.gradnorm import GradNorm
 from mtl_bench.balancers.gradvac import GradVac
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.imtl import IMTL
 from mtl_bench.balancers.krum import Krum
 from mtl_bench.balancers.linear import LinearScalarization
@@ -38,10 +39,14 @@ from mtl_bench.balancers.stch import SmoothTchebycheff
 from mtl_bench.balancers.trimmed_mean import TrimmedMean
 from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 __all__ = [
     "BackwardContext",
     "Balancer",
+    "GramianBalancer",
+    "Solution",
+    "Weighting",
     "AlignedMTL",
     "AutoLambda",
     "CAGrad",

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
-
 import numpy as np
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.checks import one_of
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_solution
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 SCALE_MODES = ("min", "median", "rmse")
 
@@ -29,7 +28,7 @@ def aligned_weights(gram: np.ndarray, scale_mode: str) -> tuple[np.ndarray, floa
     return balance.sum(0), float(np.sqrt(lam.max() / lam.min()))
 
 
-class AlignedMTL(GradientBalancer):
+class AlignedMTLWeighting(Weighting):
     """Aligns the task gradients' principal components: the gradient matrix's singular values are all set to
     the smallest one (or the median or mean, `scale_mode`), which makes the combined update stable whatever
     the gradients' magnitudes and conflicts; the aligned gradients are summed (equal preferences).
@@ -48,25 +47,16 @@ class AlignedMTL(GradientBalancer):
 
     HOST_SOLVE = "the Gramian's eigendecomposition (numpy `eigh`)"
 
-    SOURCES = ("shared_params", "shared_rep")
-
-    def __init__(
-        self,
-        task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
-        scale_mode: str = "min",
-    ) -> None:
+    def __init__(self, scale_mode: str = "min") -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact) or shared_rep (gradients at the shared representation).
         scale_mode: the common singular value: min (the paper), median or rmse (the mean eigenvalue).
         """
-        super().__init__(task_names, shared_params, grad_source)
-        if scale_mode not in SCALE_MODES:
-            raise ValueError(f"scale_mode: {scale_mode!r} is not one of {', '.join(SCALE_MODES)}")
-        self.scale_mode = scale_mode
+        super().__init__()
+        self.scale_mode = one_of("scale_mode", scale_mode, SCALE_MODES)
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         return host_solution(gram, "aligned_mtl/condition", lambda g: aligned_weights(g, self.scale_mode))
+
+
+class AlignedMTL(GramianBalancer, weighting=AlignedMTLWeighting):
+    """AlignedMTL (`AlignedMTLWeighting`) as a balancer: `balancer=aligned_mtl`."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
-
 import numpy as np
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.checks import at_least
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_solution
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 RESCALES = (0, 1, 2)
 
@@ -45,7 +44,7 @@ def cagrad_weights(gram: np.ndarray, c: float, rescale: int) -> tuple[np.ndarray
     return t * (start + lam * w) / divisor, float(lam)
 
 
-class CAGrad(GradientBalancer):
+class CAGradWeighting(Weighting):
     """The update that maximises the worst task's improvement within a ball of radius c‖g0‖ around the mean
     gradient g0: d = g0 + (c‖g0‖/‖g_w‖) g_w with w from the dual problem (`cagrad_weights`), divided by
     1 + c² (`rescale=1`), 1 + c (2) or 1 (0), and multiplied by T to match the sum of the losses, as the
@@ -61,32 +60,22 @@ class CAGrad(GradientBalancer):
 
     HOST_SOLVE = "scipy's SLSQP on the T×T Gramian"
 
-    SOURCES = ("shared_params",)
-
-    def __init__(
-        self,
-        task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
-        c: float = 0.5,
-        rescale: int = 1,
-    ) -> None:
+    def __init__(self, c: float = 0.5, rescale: int = 1) -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); CAGrad has no shared_rep mode (as in LibMTL).
         c: the radius of the ball around the mean gradient, relative to its norm (>= 0; the paper's 0.4-0.5).
         rescale: divide the update by 1 (0), 1 + c² (1) or 1 + c (2).
         """
-        super().__init__(task_names, shared_params, grad_source)
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0:
-            raise ValueError(f"c: must be a number >= 0, got {c!r}")
+        super().__init__()
         if rescale not in RESCALES or isinstance(rescale, bool):
             raise ValueError(f"rescale: {rescale!r} is not one of 0, 1, 2")
-        self.c, self.rescale = float(c), int(rescale)
+        self.c, self.rescale = at_least("c", c, 0), int(rescale)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, c={self.c}, rescale={self.rescale}"
+        return f"c={self.c}, rescale={self.rescale}"
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         return host_solution(gram, "cagrad/lambda", lambda g: cagrad_weights(g, self.c, self.rescale))
+
+
+class CAGrad(GramianBalancer, weighting=CAGradWeighting, sources=("shared_params",)):
+    """CAGrad (`CAGradWeighting`) as a balancer: `balancer=cagrad`; at the shared parameters, as its reference."""

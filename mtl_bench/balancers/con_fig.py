@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
-
 import numpy as np
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_solution
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 
 def config_weights(gram: np.ndarray) -> tuple[np.ndarray, float]:
@@ -32,7 +30,7 @@ def config_weights(gram: np.ndarray) -> tuple[np.ndarray, float]:
     return raw * length / np.sqrt(sq_norm), cosine
 
 
-class ConFIG(GradientBalancer):
+class ConFIGWeighting(Weighting):
     """Conflict-free inverse gradients: the direction û that has the same cosine with every task gradient
     (û ∝ pinv(U)·1, U the unit gradients as rows), scaled to the sum of the gradients' projections on it,
     d = (Σ_i g_i·û) û. Computed from the Gramian (see `config_weights`): a T×T pseudo-inverse on the host.
@@ -48,20 +46,9 @@ class ConFIG(GradientBalancer):
 
     HOST_SOLVE = "a T×T pseudo-inverse (numpy)"
 
-    SOURCES = ("shared_params",)
-
-    def __init__(
-        self,
-        task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
-    ) -> None:
-        """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); ConFIG has no shared_rep mode (as in torchjd).
-        """
-        super().__init__(task_names, shared_params, grad_source)
-
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         return host_solution(gram, "con_fig/cos_mean", config_weights)
+
+
+class ConFIG(GramianBalancer, weighting=ConFIGWeighting, sources=("shared_params",)):
+    """ConFIG (`ConFIGWeighting`) as a balancer: `balancer=con_fig`; at the shared parameters, as its reference."""

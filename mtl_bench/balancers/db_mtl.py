@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -61,7 +61,7 @@ class DualBalancing(StagedBalancer):
         beta: float = 0.9,
         beta_sigma: float = 0.0,
         eps: float = 1e-8,
-        grad_source: str = "shared_params",
+        grad_source: Literal["shared_params"] = "shared_params",
     ) -> None:
         """
         task_names: the tasks (given by the engine).

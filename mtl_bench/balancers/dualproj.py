@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
-
 import numpy as np
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.checks import at_least
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_solution
 from mtl_bench.balancers.solvers import dual_cone_weights
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 
 def dualproj_weights(gram: np.ndarray, u: np.ndarray, norm_eps: float, reg_eps: float) -> tuple[np.ndarray, int]:
@@ -23,7 +22,7 @@ def dualproj_weights(gram: np.ndarray, u: np.ndarray, norm_eps: float, reg_eps: 
     return weights, int((weights > u + 1e-12).sum())
 
 
-class DualProj(GradientBalancer):
+class DualProjWeighting(Weighting):
     """The mean gradient Σ_i g_i/T projected onto the dual cone {x: g_j·x ≥ 0 for all j}, so no task's loss
     rises to first order. One projection where UPGrad sums T (one per task gradient); in weight space
     v = argmin vᵀGv subject to v ≥ 1/T, on the Gramian normalised by its trace plus `reg_eps`·I.
@@ -37,29 +36,18 @@ class DualProj(GradientBalancer):
 
     HOST_SOLVE = "an active-set QP on the T×T Gramian (numpy)"
 
-    SOURCES = ("shared_params",)
-
-    def __init__(
-        self,
-        task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
-        norm_eps: float = 1e-4,
-        reg_eps: float = 1e-4,
-    ) -> None:
+    def __init__(self, norm_eps: float = 1e-4, reg_eps: float = 1e-4) -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); DualProj has no shared_rep mode (as in torchjd).
         norm_eps: a Gramian whose trace is below this (>= 0) counts as zero.
         reg_eps: added to the normalised Gramian's diagonal (>= 0) so the QP is strictly convex.
         """
-        super().__init__(task_names, shared_params, grad_source)
-        for name, value in (("norm_eps", norm_eps), ("reg_eps", reg_eps)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{name}: must be a number >= 0, got {value!r}")
-        self.norm_eps, self.reg_eps = float(norm_eps), float(reg_eps)
+        super().__init__()
+        self.norm_eps, self.reg_eps = at_least("norm_eps", norm_eps, 0), at_least("reg_eps", reg_eps, 0)
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         u = np.full(gram.shape[0], 1.0 / gram.shape[0])
         return host_solution(gram, "dualproj/active", lambda g: dualproj_weights(g, u, self.norm_eps, self.reg_eps))
+
+
+class DualProj(GramianBalancer, weighting=DualProjWeighting, sources=("shared_params",)):
+    """DualProj (`DualProjWeighting`) as a balancer: `balancer=dualproj`; at the shared parameters, as its reference."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -60,9 +60,6 @@ class ExcessMTL(GradientBalancer):
     only at steps whose measurements are read (`BackwardContext.measure`).
     """
 
-    SOURCES = ("shared_params",)
-    SOLVE_READS_GRAMIAN = False
-
     weights: Tensor
     baseline: Tensor
     warmup_sum: Tensor
@@ -72,7 +69,7 @@ class ExcessMTL(GradientBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
+        grad_source: Literal["shared_params"] = "shared_params",
         robust_step_size: float = 1.0,
         warmup_steps: int = 1,
         total: str = "tasks",
@@ -88,7 +85,7 @@ class ExcessMTL(GradientBalancer):
         total: what the weights sum to: tasks (T, the authors' code) or one (torchjd).
         head_weights: the heads' loss weights: weights (the authors' code) or ones (torchjd).
         """
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__(task_names, shared_params, grad_source, sources=("shared_params",))
         if (
             isinstance(robust_step_size, bool)
             or not isinstance(robust_step_size, (int, float))
@@ -103,7 +100,7 @@ class ExcessMTL(GradientBalancer):
             raise ValueError(f"head_weights: {head_weights!r} is not one of {', '.join(HEAD_WEIGHTS)}")
         self.robust_step_size, self.warmup_steps = float(robust_step_size), warmup_steps
         self.total, self.head_weights = total, head_weights
-        self.HEADS_FROM_SOLUTION = head_weights == "weights"
+        self.heads_wait = head_weights == "weights"
         t = len(self.task_names)
         self._total = float(t) if total == "tasks" else 1.0
         self.register_buffer("weights", torch.full((t,), self._total / t))
@@ -118,7 +115,7 @@ class ExcessMTL(GradientBalancer):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, robust_step_size={self.robust_step_size}, warmup_steps={self.warmup_steps}"
 
-    def _finish_solve(
+    def aggregate(
         self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
         excess = None
@@ -133,7 +130,7 @@ class ExcessMTL(GradientBalancer):
             excess = e if excess is None else excess + e
         assert excess is not None
         self._excess = excess
-        return super()._finish_solve(blocks, scale, losses, shared)
+        return super().aggregate(blocks, scale, losses, shared)
 
     def _kernel_excess(self, k: int, block: Tensor, scale: Optional[Tensor]) -> Optional[Tensor]:
         """e of block k by the C++ kernel, S' staged; None where the torch path computes it: GPU, float64, small
@@ -156,7 +153,10 @@ class ExcessMTL(GradientBalancer):
         self._stage(**{name: spare})
         return e
 
-    def _weigh(self, losses: Tensor) -> Solution:
+    def _step_gramian(self, blocks: Sequence[Tensor], scale: Optional[Tensor]) -> Optional[Tensor]:
+        return super()._step_gramian(blocks, scale) if self.measuring else None  # the weights do not read it
+
+    def _solve(self, gram: Optional[Tensor], losses: Tensor) -> Solution:
         excess, steps = self._excess, self.steps + 1
         warming = steps <= self.warmup_steps
         warmup_sum = torch.where(warming, self.warmup_sum + excess, self.warmup_sum)
@@ -169,4 +169,4 @@ class ExcessMTL(GradientBalancer):
         metrics = {
             f"excess_mtl/excess/{name}": v for name, v in zip(self.task_names, torch.where(warming, excess, ratio))
         }
-        return Solution(weights, weights if self.HEADS_FROM_SOLUTION else None, metrics)
+        return Solution(weights, weights if self.heads_wait else None, metrics)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 from scipy.optimize import least_squares
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.checks import at_least, number, one_of
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_solution
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 HEAD_WEIGHTS = ("weights", "ones")
 
@@ -34,7 +35,7 @@ def fairgrad_weights(gram: np.ndarray, alpha: float, max_nfev: Optional[int]) ->
     return result.x, float(result.cost)
 
 
-class FairGrad(GradientBalancer):
+class FairGradWeighting(Weighting):
     """α-fair allocation of the update's improvement among tasks: d = Σ_i w_i g_i with (G w)_i = w_i^{−1/α}
     (α = 1: proportional fairness, Nash-MTL's condition; α → ∞: max-min fairness; α = 0: the uniform sum).
 
@@ -49,40 +50,27 @@ class FairGrad(GradientBalancer):
 
     HOST_SOLVE = "scipy's bounded least squares on the T×T Gramian"
 
-    SOURCES = ("shared_params",)
-
-    def __init__(
-        self,
-        task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
-        alpha: float = 1.0,
-        max_nfev: Optional[int] = None,
-        head_weights: str = "weights",
-    ) -> None:
+    def __init__(self, alpha: float = 1.0, max_nfev: Optional[int] = None, head_weights: str = "weights") -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); FairGrad has no shared_rep mode (as its code).
         alpha: the fairness α (>= 0; the paper's runs use 0.5 to 8 by data set).
         max_nfev: the most residual evaluations of the solve (>= 1); null: scipy's default, 100·T.
         head_weights: the heads' loss weights: weights (the authors' code, LibMTL) or ones (torchjd).
         """
-        super().__init__(task_names, shared_params, grad_source)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
-            raise ValueError(f"alpha: must be a number >= 0, got {alpha!r}")
-        if max_nfev is not None and (isinstance(max_nfev, bool) or not isinstance(max_nfev, int) or max_nfev < 1):
-            raise ValueError(f"max_nfev: must be an integer >= 1 or null, got {max_nfev!r}")
-        if head_weights not in HEAD_WEIGHTS:
-            raise ValueError(f"head_weights: {head_weights!r} is not one of {', '.join(HEAD_WEIGHTS)}")
-        self.alpha, self.max_nfev, self.head_weights = float(alpha), max_nfev, head_weights
-        self.HEADS_FROM_SOLUTION = head_weights == "weights"
+        super().__init__()
+        self.alpha = at_least("alpha", alpha, 0)
+        self.max_nfev = number("max_nfev", max_nfev, 1, integer=True, null=True)
+        self.head_weights = one_of("head_weights", head_weights, HEAD_WEIGHTS)
+        self.weighs_heads = head_weights == "weights"
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, alpha={self.alpha}, head_weights={self.head_weights}"
+        return f"alpha={self.alpha}, head_weights={self.head_weights}"
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         solution = host_solution(gram, "fairgrad/cost", lambda g: fairgrad_weights(g, self.alpha, self.max_nfev))
-        if self.HEADS_FROM_SOLUTION:
+        if self.weighs_heads:
             solution.head_weights = solution.weights
         return solution
+
+
+class FairGrad(GramianBalancer, weighting=FairGradWeighting, sources=("shared_params",)):
+    """FairGrad (`FairGradWeighting`) as a balancer: `balancer=fairgrad`; at the shared parameters, as its reference."""

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -36,13 +36,11 @@ class GradDrop(SeededGenerator, GradientBalancer):
     features whose gradient the task keeps).
     """
 
-    SOURCES = ("shared_rep",)
-
     def __init__(
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_rep",
+        grad_source: Literal["shared_rep"] = "shared_rep",
         leak: float = 0.0,
         seed: Optional[int] = None,
     ) -> None:
@@ -54,7 +52,7 @@ class GradDrop(SeededGenerator, GradientBalancer):
         leak: the fraction of a dropped gradient that is kept anyway, in [0, 1].
         seed: seed of the generator of the sign draws; None draws one from torch's global RNG.
         """
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__(task_names, shared_params, grad_source, sources=("shared_rep",))
         if isinstance(leak, bool) or not isinstance(leak, (int, float)) or not 0 <= leak <= 1:
             raise ValueError(f"leak: must be a number in [0, 1], got {leak!r}")
         self.leak = float(leak)

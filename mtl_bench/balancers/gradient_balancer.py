@@ -52,12 +52,21 @@ GRAD_SOURCES = ("shared_params", "shared_rep")
 
 
 class GradientBalancer(StagedBalancer):
-    """Base of the methods that combine per-task gradients; a method implements `_solve(gram, losses)`.
+    """The gradient engine: gathers the per-task gradients (J) of a step and writes the direction back.
+
+    A Gramian method is a `Weighting` run by `GramianBalancer` (a subclass) and never sees this class. A method that
+    needs the gradients themselves (per-coordinate state, masks, the gradients of several batches) subclasses it
+    and implements the aggregator contract, `aggregate(blocks, scale, losses, shared) -> metrics`: `blocks`, J as
+    one (T, *p.shape) block per shared parameter (`blocks.flat_rows` views one as (T, P)) or, with shared_rep, one
+    (T, *shared.shape) block, of the scaled gradients (`scale`: the loss scale, None without one), summed over the
+    step's micro-batches; `losses`: (T,) the step's mean losses. It writes the direction (`write_direction`) and
+    returns its measurements. The default `aggregate` solves `_solve(gram, losses)` on the Gramian and writes
+    Σ_i w_i g_i.
 
     `grad_source`: "shared_params" (the exact per-task gradients at the model's shared parameters; LibMTL's
     rep_grad=False, torchjd's mtl_backward) or "shared_rep" (the gradients at the shared representation
     passed to backward, flattened over the batch: MGDA-UB; cheap: no per-task trunk backward), where the
-    method allows it (`SOURCES`). shared_rep needs every prediction to read the shared parameters only through
+    method allows it (`sources`). shared_rep needs every prediction to read the shared parameters only through
     that representation (a ValueError at the first backward otherwise, e.g. on SegNet-MTAN); shared_params is
     exact either way (see the module docstring).
 
@@ -79,23 +88,25 @@ class GradientBalancer(StagedBalancer):
     (that would need an all-reduce of the whole T×P Jacobian, T times DDP's own gradient traffic).
     """
 
-    SOURCES: tuple[str, ...] = ("shared_params",)
-    HEADS_FROM_SOLUTION = False  # True: the heads' weights come from the solve (they must wait for it)
-    BLOCK_GRAMIANS = False  # True: `_solve` also gets one Gramian per block (shared parameter): `self._block_grams`
-    SOLVE_READS_GRAMIAN = True  # False: `_weigh(losses)` instead of `_solve`, and no Gramian unless measuring
-
     _params: list[Tensor]  # set through __dict__ in __init__ (not registered with the module)
 
-    def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]], grad_source: str) -> None:
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]],
+        grad_source: str,
+        sources: Sequence[str] = GRAD_SOURCES,
+    ) -> None:
+        """`sources`: the grad_source values the method allows."""
         super().__init__(task_names)
         if grad_source not in GRAD_SOURCES:
             raise ValueError(f"grad_source: {grad_source!r} is not one of {', '.join(GRAD_SOURCES)}")
-        if grad_source not in self.SOURCES:
+        if grad_source not in sources:
             raise ValueError(
-                f"grad_source: {grad_source} not supported by {type(self).__name__} "
-                f"(allowed: {', '.join(self.SOURCES)})"
+                f"grad_source: {grad_source} not supported by {type(self).__name__} (allowed: {', '.join(sources)})"
             )
         self.grad_source = grad_source
+        self.heads_wait = False  # True: the heads' gradients wait for the solve's head weights
         params = [p for p in (shared_params or []) if p.requires_grad]
         if grad_source == "shared_params" and not params:
             raise ValueError("shared_params: grad_source=shared_params needs the model's shared parameters")
@@ -124,19 +135,18 @@ class GradientBalancer(StagedBalancer):
     # ------------------------------------------------------------------ what a method implements
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
-        """Weights from the unscaled, rank-averaged Gramian (T, T) and the step's mean losses (T,)."""
+        """Weights from the unscaled, rank-averaged Gramian (T, T) (`_step_gramian`) and the step's mean losses (T,)."""
         raise NotImplementedError
+
+    def _step_gramian(self, blocks: Sequence[Tensor], scale: Optional[Tensor]) -> Optional[Tensor]:
+        """The Gramian `_solve` gets (None: the method does not read it and no measurement asks for it)."""
+        return self._unscaled_gramian(blocks, scale)
 
     @staticmethod
     def _unscaled_gramian(blocks: Sequence[Tensor], scale: Optional[Tensor]) -> Tensor:
         """G of the unscaled gradients (the blocks hold the scaled ones), averaged over the ranks."""
         gram = gramian(blocks)
         return rank_mean(gram / (scale * scale) if scale is not None else gram)
-
-    def _weigh(self, losses: Tensor) -> Solution:
-        """Weights of a method that does not read the Gramian (`SOLVE_READS_GRAMIAN = False`): it is then computed
-        only for the measurements of a step that reads them."""
-        raise NotImplementedError
 
     def _transform_losses(self, losses: list[Tensor]) -> list[Tensor]:
         """The losses the gradients are taken of (IMTL-L scales them); the identity by default."""
@@ -154,27 +164,27 @@ class GradientBalancer(StagedBalancer):
         pairs = []
         for i, task_heads in zip(indices, heads):
             for p, g in task_heads:
-                if self.HEADS_FROM_SOLUTION and weights is None:
+                if self.heads_wait and weights is None:
                     self._held.append((i, p, g))
                 else:
                     pairs.append((p, g if weights is None else g * weights[i].to(g.dtype)))
         return pairs
 
-    def _finish_solve(
+    def aggregate(
         self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
         """Solve on the summed Jacobian, write d (and any held heads); return the step's measurements."""
-        gram: Optional[Tensor] = None
-        if self.BLOCK_GRAMIANS:
-            grams = torch.stack([gramian([block]) for block in blocks])
-            grams = rank_mean(grams / (scale * scale) if scale is not None else grams)
-            self._block_grams = grams
-            gram = grams.sum(0)
-        elif self.SOLVE_READS_GRAMIAN or self.measuring:
-            gram = self._unscaled_gramian(blocks, scale)
+        gram = self._step_gramian(blocks, scale)
         losses = rank_mean(losses)
         self._require_finite(*([gram] if gram is not None else []), losses)
-        solution = self._solve(gram, losses) if self.SOLVE_READS_GRAMIAN and gram is not None else self._weigh(losses)
+        solution = self._solve(gram, losses)  # type: ignore[arg-type]  # None only for a method that ignores it
+        return self.write_direction(blocks, solution, gram, shared)
+
+    def write_direction(
+        self, blocks: list[Tensor], solution: Solution, gram: Optional[Tensor], shared: Optional[Tensor]
+    ) -> dict[str, Tensor]:
+        """Write Σ_i w_i J_i per block (and the heads held for the solve) into `.grad`, or with shared_rep back
+        through the trunk; return `weight/<task>`, the Gramian's measurements when measuring, and the solution's."""
         pairs = [
             (p, g * solution.head_weights[i].to(g.dtype) if solution.head_weights is not None else g)
             for i, p, g in self._held
@@ -207,7 +217,7 @@ class GradientBalancer(StagedBalancer):
             rows, heads = grads_at_shared(ordered, shared, scale, self._param_ids, [p for p, _ in found])
             pairs = self._heads(heads, range(len(ordered)), head_w)
             write_leaf_grads(pairs) if pairs else None
-            metrics = self._finish_solve([rows], scale, self._mean("losses", loss_values), shared)
+            metrics = self.aggregate([rows], scale, self._mean("losses", loss_values), shared)
             self._end_joint()
             return metrics
         spare = self._spare if self._blocks is None else None  # never the accumulator of this step's micro-batches
@@ -220,7 +230,7 @@ class GradientBalancer(StagedBalancer):
         if self._seen["joint"] < self._steps():
             return {}
         assert self._blocks is not None  # set by _add_blocks above
-        metrics = self._finish_solve(self._blocks, scale, self._losses_sum / self._seen["joint"], None)
+        metrics = self.aggregate(self._blocks, scale, self._losses_sum / self._seen["joint"], None)
         self._spare, self._blocks = self._blocks, None  # no method keeps them past its solve
         self._end_joint()
         return metrics
@@ -272,7 +282,7 @@ class GradientBalancer(StagedBalancer):
         blocks = [torch.stack(ts) for ts in zip(*(self._task_blocks[name] for name in self.task_names))]
         self._task_blocks = {}
         losses = torch.stack([self._collected[name]["loss"] for name in self.task_names])
-        return self._finish_solve(blocks, scale, losses, None)
+        return self.aggregate(blocks, scale, losses, None)
 
     def _transform_losses_one(self, index: int, loss: Tensor) -> list[Tensor]:
         return [loss]

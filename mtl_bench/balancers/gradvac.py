@@ -3,16 +3,17 @@ Multilingual Models" (GradVac)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.checks import number, one_of
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import nan_weights, to_device
 from mtl_bench.balancers.seeded import SeededGenerator
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 GROUPS = ("whole_model", "all_matrix")
 
@@ -49,7 +50,7 @@ def gradvac_weights(
     return c.sum(0), new_targets, corrections
 
 
-class GradVac(SeededGenerator, GradientBalancer):
+class GradVacWeighting(SeededGenerator, Weighting):
     """Gradient vaccine: for each pair of tasks, when the cosine of their gradients falls below its running
     target φ̂_ij (an EMA of the observed cosines, decay `beta`), task i's gradient gets the amount of g_j that
     brings the cosine up to φ̂_ij; the corrected gradients are summed (`gradvac_weights`). PCGrad is the
@@ -69,44 +70,36 @@ class GradVac(SeededGenerator, GradientBalancer):
 
     HOST_SOLVE = "the pairwise corrections on the T×T Gramian (numpy; the orders from a CPU generator)"
 
-    SOURCES = ("shared_params",)
-
     targets: Tensor
 
     def __init__(
         self,
         task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
+        blocks: int,
         beta: float = 0.5,
         group: str = "whole_model",
         seed: Optional[int] = None,
     ) -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); GradVac has no shared_rep mode (as in LibMTL).
+        task_names: the tasks, sorted (given by the engine).
+        blocks: the number of blocks of J, one per shared parameter tensor (given by the engine).
         beta: the EMA rate of the cosine targets, in [0, 1] (the paper's 0.01; LibMTL's default 0.5).
         group: whole_model (one target per task pair) or all_matrix (one per pair and shared parameter tensor).
         seed: seed of the generator that orders the corrections; None draws one from torch's global RNG.
         """
-        super().__init__(task_names, shared_params, grad_source)
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
-            raise ValueError(f"beta: must be a number in [0, 1], got {beta!r}")
-        if group not in GROUPS:
-            raise ValueError(f"group: {group!r} is not one of {', '.join(GROUPS)}")
-        self.beta, self.group = float(beta), group
+        super().__init__()
+        self.beta, self.group = number("beta", beta, 0, 1), one_of("group", group, GROUPS)
         self._seed_generator(seed)
-        self.BLOCK_GRAMIANS = group == "all_matrix"
-        groups = 1 if group == "whole_model" else len(self._params)
-        t = len(self.task_names)
+        self.per_block = group == "all_matrix"
+        groups = 1 if group == "whole_model" else blocks
+        t = len(task_names)
         self.register_buffer("targets", torch.zeros(groups, t, t))
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
-        t = len(self.task_names)
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
+        t = gram.shape[-1]
         others = [np.array([j for j in range(t) if j != i]) for i in range(t)]
         orders = [others[i][torch.randperm(t - 1, generator=self.generator).numpy()] for i in range(t)]
-        grams = self._block_grams if self.BLOCK_GRAMIANS else gram[None]
+        grams = gram if self.per_block else gram[None]  # per block: (K, T, T)
         host = grams.detach().to("cpu", torch.float64).numpy()  # one host copy (a sync on a GPU)
         if not np.isfinite(host).all():
             return Solution(
@@ -118,8 +111,12 @@ class GradVac(SeededGenerator, GradientBalancer):
             w, new_targets[k], n = gradvac_weights(host[k], targets[k], self.beta, orders)
             weights.append(w)
             corrections += n
-        self._stage(targets=to_device(new_targets, self.targets))
         return Solution(
-            to_device(np.stack(weights) if self.BLOCK_GRAMIANS else weights[0], gram),
+            to_device(np.stack(weights) if self.per_block else weights[0], gram),
             metrics={"gradvac/corrections": torch.tensor(float(corrections), device=gram.device)},
+            state={"targets": to_device(new_targets, self.targets)},
         )
+
+
+class GradVac(GramianBalancer, weighting=GradVacWeighting, sources=("shared_params",)):
+    """GradVac (`GradVacWeighting`) as a balancer: `balancer=gradvac`; at the shared parameters, as its reference."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Literal, Optional, Sequence
 
 import numpy as np
 import torch
@@ -50,8 +50,6 @@ class IMTL(GradientBalancer):
 
     HOST_SOLVE = "a T×T pseudo-inverse (numpy)"
 
-    SOURCES = ("shared_params", "shared_rep")
-
     loss_scale: Tensor
     exp_avg: Tensor
     exp_avg_sq: Tensor
@@ -61,7 +59,7 @@ class IMTL(GradientBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
+        grad_source: Literal["shared_params", "shared_rep"] = "shared_params",
         mode: str = "hybrid",
         scale_optimizer: str = "adam",
         scale_lr: float = 1e-3,

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.checks import number
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 
-class Krum(GradientBalancer):
+class KrumWeighting(Weighting):
     """(Multi-)Krum: each task gradient is scored by the sum of its distances to its T − f − 2 nearest other
     gradients (f = `n_byzantine`); the `n_selected` lowest-scoring gradients are averaged. Distances come from
     the Gramian, ‖g_i − g_j‖² = G_ii + G_jj − 2G_ij, on the device (no host sync). Needs T ≥ f + 3 tasks.
@@ -22,37 +23,24 @@ class Krum(GradientBalancer):
     Metrics: `weight/<task>` (1/n_selected for a selected task, else 0), `grad_norm/<task>`, `grad_cos/<a>/<b>`.
     """
 
-    SOURCES = ("shared_params", "shared_rep")
-
-    def __init__(
-        self,
-        task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
-        n_byzantine: int = 0,
-        n_selected: int = 1,
-    ) -> None:
+    def __init__(self, task_names: Sequence[str], n_byzantine: int = 0, n_selected: int = 1) -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact) or shared_rep (gradients at the shared representation).
+        task_names: the tasks, sorted (given by the engine).
         n_byzantine: f, the number of task gradients that may be outliers (>= 0; needs T >= f + 3).
         n_selected: how many of the best-scored gradients are averaged (1: Krum; more: Multi-Krum; <= T).
         """
-        super().__init__(task_names, shared_params, grad_source)
-        t = len(self.task_names)
+        super().__init__()
+        t = len(task_names)
         if isinstance(n_byzantine, bool) or not isinstance(n_byzantine, int) or not 0 <= n_byzantine <= t - 3:
             raise ValueError(
                 f"n_byzantine: must be an integer in [0, T - 3] = [0, {t - 3}] for {t} tasks, got {n_byzantine!r}"
             )
-        if isinstance(n_selected, bool) or not isinstance(n_selected, int) or not 1 <= n_selected <= t:
-            raise ValueError(f"n_selected: must be an integer in [1, {t}] (the number of tasks), got {n_selected!r}")
-        self.n_byzantine, self.n_selected = n_byzantine, n_selected
+        self.n_byzantine, self.n_selected = n_byzantine, number("n_selected", n_selected, 1, t, integer=True)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, n_byzantine={self.n_byzantine}, n_selected={self.n_selected}"
+        return f"n_byzantine={self.n_byzantine}, n_selected={self.n_selected}"
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         t = gram.shape[0]
         sq_norms = gram.diagonal()
         distances = (sq_norms[None, :] + sq_norms[:, None] - 2 * gram).clamp(min=0.0).sqrt()
@@ -62,3 +50,7 @@ class Krum(GradientBalancer):
         # scatter, not F.one_hot: one_hot checks the indices' range on the host on a CPU
         weights = gram.new_zeros(t).scatter_(0, selected, 1.0 / self.n_selected)
         return Solution(weights + 0 * scores.sum())  # NaN weights when G is not finite (a skipped step)
+
+
+class Krum(GramianBalancer, weighting=KrumWeighting):
+    """Krum (`KrumWeighting`) as a balancer: `balancer=krum`."""

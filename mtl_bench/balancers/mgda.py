@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
-
 import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.checks import number, one_of
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
 from mtl_bench.balancers.solvers import min_norm_simplex
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 NORMALIZATIONS = ("none", "l2", "loss", "loss+")
 
 
-class MGDA(GradientBalancer):
+class MGDAWeighting(Weighting):
     """The min-norm point of the convex hull of the task gradients: d = Σ_i α_i g_i/n_i with
     α = argmin_{α ∈ simplex} ‖Σ_i α_i g_i/n_i‖² (Frank-Wolfe, `solvers.min_norm_simplex`).
 
@@ -39,35 +38,20 @@ class MGDA(GradientBalancer):
 
     HOST_SOLVE = "Frank-Wolfe min-norm on the simplex (numpy)"
 
-    SOURCES = ("shared_params", "shared_rep")
-
-    def __init__(
-        self,
-        task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
-        normalization: str = "none",
-        max_iter: int = 250,
-    ) -> None:
+    def __init__(self, normalization: str = "none", max_iter: int = 250) -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact, MGDA) or shared_rep (gradients at the shared representation, MGDA-UB).
         normalization: gradient normalisation before the solve: none, l2, loss or loss+.
         max_iter: the most Frank-Wolfe iterations (>= 1) after the best pair.
         """
-        super().__init__(task_names, shared_params, grad_source)
-        if normalization not in NORMALIZATIONS:
-            raise ValueError(f"normalization: {normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
-        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-            raise ValueError(f"max_iter: must be an integer >= 1, got {max_iter!r}")
-        self.normalization, self.max_iter = normalization, max_iter
+        super().__init__()
+        self.normalization = one_of("normalization", normalization, NORMALIZATIONS)
+        self.max_iter = number("max_iter", max_iter, 1, integer=True)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, normalization={self.normalization}"
+        return f"normalization={self.normalization}"
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
-        t = len(self.task_names)
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
+        t = gram.shape[0]
         g = host_gramian(gram)
         losses_host = losses.detach().to("cpu", torch.float64).numpy()
         if g is None or not np.isfinite(losses_host).all():
@@ -82,3 +66,7 @@ class MGDA(GradientBalancer):
         return Solution(
             to_device(alpha / scale, gram), metrics={"mgda/min_norm": torch.tensor(min_norm, device=gram.device)}
         )
+
+
+class MGDA(GramianBalancer, weighting=MGDAWeighting):
+    """MGDA (`MGDAWeighting`) as a balancer: `balancer=mgda`."""

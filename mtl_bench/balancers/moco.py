@@ -3,7 +3,7 @@ Approach" (MoCo)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -33,8 +33,6 @@ class MoCo(GradientBalancer):
     Metrics: `weight/<task>` (λ), `grad_norm/<task>`, `grad_cos/<a>/<b>` (of this batch's gradients).
     """
 
-    SOURCES = ("shared_params",)
-
     lambdas: Tensor
     steps: Tensor
 
@@ -42,7 +40,7 @@ class MoCo(GradientBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
+        grad_source: Literal["shared_params"] = "shared_params",
         beta: float = 0.5,
         beta_sigma: float = 0.5,
         gamma: float = 0.1,
@@ -59,7 +57,7 @@ class MoCo(GradientBalancer):
         gamma_sigma: its decay: γ_k = γ / k^gamma_sigma (>= 0).
         rho: the L2 term ρ in the weights' step (>= 0).
         """
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__(task_names, shared_params, grad_source, sources=("shared_params",))
         for name, value, low in (
             ("beta", beta, 0.0),
             ("gamma", gamma, 0.0),
@@ -90,7 +88,7 @@ class MoCo(GradientBalancer):
         """On one process without accumulation each task's tracked gradient is updated from its gradient as the
         task's backward returns it (`float_task_rows`): no Jacobian is copied, and no Gramian of it is needed (its
         diagonal is the norms, taken while each gradient is in cache). Otherwise the Jacobian's path
-        (`_finish_solve`: DDP averages J, accumulation sums it), which runs the same arithmetic row by row."""
+        (`aggregate`: DDP averages J, accumulation sums it), which runs the same arithmetic row by row."""
         context = BackwardContext.of(ctx)
         if world_size() > 1 or (context is not None and context.accumulation_steps > 1):
             return super().backward(losses, shared, ctx)
@@ -104,7 +102,7 @@ class MoCo(GradientBalancer):
         self._end_joint()
         return metrics
 
-    def _finish_solve(
+    def aggregate(
         self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
         grads = [rank_mean(b.float()) for b in blocks]  # of the scaled losses: 1/scale goes into the factors below

@@ -3,7 +3,7 @@ Optimization, Generalization and Conflict-Avoidance" (MoDo)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -33,7 +33,7 @@ class MoDo(MultiBatchBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
+        grad_source: Literal["shared_params"] = "shared_params",
         gamma: float = 0.001,
         rho: float = 0.1,
     ) -> None:

@@ -3,7 +3,7 @@ micro-batches of gradient accumulation serve as the independent draws."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -60,8 +60,10 @@ class MultiBatchBalancer(GradientBalancer):
     through DDP's all-reduce like any gradient, which makes it w·mean(J₃).
     """
 
-    SOURCES = ("shared_params",)
     BATCHES: tuple[int, ...] = (3,)
+
+    def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]], grad_source: str) -> None:
+        super().__init__(task_names, shared_params, grad_source, sources=("shared_params",))
 
     def _clear_step(self) -> None:
         super()._clear_step()

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 from scipy.sparse import csc_matrix
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.checks import at_least, number, one_of
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 HEAD_WEIGHTS = ("alpha", "ones")
 
@@ -113,7 +114,7 @@ class NashSolver:
         return solve
 
 
-class NashMTL(GradientBalancer):
+class NashMTLWeighting(Weighting):
     """The Nash bargaining solution: d = Σ_i α_i g_i with (Gα)_i = 1/α_i, so every task's improvement
     g_i·d = 1/α_i gets a fair share (`NashSolver`); the shared update is clipped to norm `max_norm` and the
     heads are trained on Σ_i α_i L_i (`head_weights="alpha"`, the authors' code). α is recomputed every
@@ -131,16 +132,12 @@ class NashMTL(GradientBalancer):
 
     HOST_SOLVE = "the Nash bargaining program (ECOS, or any solver through cvxpy)"
 
-    SOURCES = ("shared_params",)
-
     alpha: Tensor
     steps: Tensor
 
     def __init__(
         self,
         task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
         update_weights_every: int = 1,
         optim_niter: int = 20,
         max_norm: float = 1.0,
@@ -148,9 +145,7 @@ class NashMTL(GradientBalancer):
         solver: str = "ECOS",
     ) -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); Nash-MTL has no shared_rep mode (as its code).
+        task_names: the tasks, sorted (given by the engine).
         update_weights_every: solve for α every this many steps (>= 1), reuse it in between.
         optim_niter: the most convex problems per solve (>= 1).
         max_norm: clip the shared update to this norm (0: no clipping).
@@ -158,19 +153,16 @@ class NashMTL(GradientBalancer):
         solver: the solver of each convex problem: ECOS as the reference (called directly), or any other solver
             cvxpy has installed (CLARABEL ships with cvxpy).
         """
-        super().__init__(task_names, shared_params, grad_source)
-        for name, value in (("update_weights_every", update_weights_every), ("optim_niter", optim_niter)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm >= 0:
-            raise ValueError(f"max_norm: must be a number >= 0, got {max_norm!r}")
-        if head_weights not in HEAD_WEIGHTS:
-            raise ValueError(f"head_weights: {head_weights!r} is not one of {', '.join(HEAD_WEIGHTS)}")
-        self.update_weights_every, self.optim_niter, self.max_norm = update_weights_every, optim_niter, float(max_norm)
+        super().__init__()
+        self.task_names = list(task_names)
+        self.update_weights_every = number("update_weights_every", update_weights_every, 1, integer=True)
+        self.optim_niter = number("optim_niter", optim_niter, 1, integer=True)
+        self.max_norm = at_least("max_norm", max_norm, 0)
+        one_of("head_weights", head_weights, HEAD_WEIGHTS)
         if not isinstance(solver, str) or not solver:
             raise ValueError(f"solver: must be a solver's name (ECOS, or one cvxpy has installed), got {solver!r}")
         self.head_weights, self.solver = head_weights, solver.upper()  # cvxpy names its solvers in capitals
-        self.HEADS_FROM_SOLUTION = head_weights == "alpha"
+        self.weighs_heads = head_weights == "alpha"
         self._solver = NashSolver(len(self.task_names), optim_niter, self.solver)  # checks the solver is installed now
         self.register_buffer("alpha", torch.ones(len(self.task_names)))
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
@@ -181,7 +173,7 @@ class NashMTL(GradientBalancer):
         state.pop("_solver", None)  # cvxpy problems do not copy; rebuilt on demand
         return state
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         t = len(self.task_names)
         g = host_gramian(gram)
         if g is None:
@@ -193,10 +185,14 @@ class NashMTL(GradientBalancer):
             if "_solver" not in self.__dict__:
                 self._solver = NashSolver(t, self.optim_niter, self.solver)
             alpha = np.asarray(self._solver(g / norm, norm, alpha), dtype=np.float64)
-        self._stage(alpha=to_device(alpha, self.alpha), steps=self.steps + 1)
         update_norm = float(np.sqrt(max(alpha @ g @ alpha, 0.0)))
         clip = min(1.0, self.max_norm / (update_norm + 1e-6)) if self.max_norm > 0 else 1.0
         metrics = {f"nash_mtl/alpha/{name}": v for name, v in zip(self.task_names, to_device(alpha, gram).unbind())}
         metrics["nash_mtl/update_norm"] = torch.tensor(update_norm, device=gram.device)
         heads = to_device(alpha, gram) if self.head_weights == "alpha" else None
-        return Solution(to_device(alpha * clip, gram), heads, metrics)
+        state = {"alpha": to_device(alpha, self.alpha), "steps": self.steps + 1}
+        return Solution(to_device(alpha * clip, gram), heads, metrics, state)
+
+
+class NashMTL(GramianBalancer, weighting=NashMTLWeighting, sources=("shared_params",)):
+    """NashMTL (`NashMTLWeighting`) as a balancer: `balancer=nash_mtl`; at the shared parameters, as its reference."""

@@ -3,16 +3,17 @@ Multi-Objective Optimization", TMLR 2026 (PCD)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.checks import at_least, number
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
 from mtl_bench.balancers.solvers import nonneg_qp
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 PRECISION = 10 * float(np.finfo(np.float32).eps)  # the relative precision of a float32 Gramian (torchjd's bound)
 
@@ -50,7 +51,7 @@ def pcd_weights(gram: np.ndarray, scales: np.ndarray, tau: float) -> tuple[np.nd
     return weights, feasible
 
 
-class PCD(GradientBalancer):
+class PCDWeighting(Weighting):
     """The update stays as close as possible to the primary task's gradient while every other task gets at
     least a fraction τ of the first-order progress of a step along its own normalised gradient:
     d̃ = argmin ½‖d − g̃_p‖² subject to g̃_jᵀd ≥ τ‖g̃_j‖², g̃_i = g_i/√(v̂_i + ε) with v̂_i the bias-corrected EMA
@@ -66,52 +67,43 @@ class PCD(GradientBalancer):
 
     HOST_SOLVE = "a non-negative QP on the T×T Gramian (numpy)"
 
-    SOURCES = ("shared_params",)
-
     sq_norm_ema: Tensor
     steps: Tensor
 
     def __init__(
         self,
         task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
+        listed_tasks: Sequence[str],
         primary: Optional[str] = None,
         tau: float = 0.02,
         beta: float = 0.999,
         eps: float = 1e-8,
     ) -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); PCD has no shared_rep mode here.
+        task_names: the tasks, sorted (given by the engine).
+        listed_tasks: the tasks in the task set's order (given by the engine).
         primary: the primary task; null: the task set's first task.
         tau: the fraction τ in [0, 1] of normalised progress guaranteed to every other task.
         beta: the decay β in [0, 1) of the EMA of the squared gradient norms.
         eps: ε >= 0, added to the EMA before its inverse square root.
         """
-        order = list(task_names)
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__()
+        order, names = list(listed_tasks), list(task_names)
         if primary is None:
             primary = order[0]
-        if primary not in self._index:
+        if primary not in names:
             raise ValueError(f"primary: {primary!r} is not one of the tasks {order}")
-        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 <= tau <= 1:
-            raise ValueError(f"tau: must be a number in [0, 1], got {tau!r}")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 1:
-            raise ValueError(f"beta: must be a number in [0, 1), got {beta!r}")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-            raise ValueError(f"eps: must be a number >= 0, got {eps!r}")
-        self.primary, self.tau, self.beta, self.eps = primary, float(tau), float(beta), float(eps)
-        p = self._index[primary]
-        self._order = [p] + [i for i in range(len(self.task_names)) if i != p]  # primary first
-        self.register_buffer("sq_norm_ema", torch.zeros(len(self.task_names), dtype=torch.float64))
+        self.primary, self.tau = primary, number("tau", tau, 0, 1)
+        self.beta, self.eps = number("beta", beta, 0, 1, below=True), at_least("eps", eps, 0)
+        p = names.index(primary)
+        self._order = [p] + [i for i in range(len(names)) if i != p]  # primary first
+        self.register_buffer("sq_norm_ema", torch.zeros(len(names), dtype=torch.float64))
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, primary={self.primary}, tau={self.tau}"
+        return f"primary={self.primary}, tau={self.tau}"
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         g = host_gramian(gram)
         if g is None:
             return Solution(nan_weights(gram.shape[0], gram), metrics={"pcd/feasible": gram.new_full((), np.nan)})
@@ -123,5 +115,12 @@ class PCD(GradientBalancer):
         ordered, feasible = pcd_weights(g[np.ix_(order, order)], scales[order], self.tau)
         weights = np.zeros_like(ordered)
         weights[order] = ordered
-        self._stage(sq_norm_ema=torch.as_tensor(ema).to(self.sq_norm_ema), steps=self.steps + 1)
-        return Solution(to_device(weights, gram), metrics={"pcd/feasible": gram.new_tensor(float(feasible))})
+        return Solution(
+            to_device(weights, gram),
+            metrics={"pcd/feasible": gram.new_tensor(float(feasible))},
+            state={"sq_norm_ema": torch.as_tensor(ema).to(self.sq_norm_ema), "steps": self.steps + 1},
+        )
+
+
+class PCD(GramianBalancer, weighting=PCDWeighting, sources=("shared_params",)):
+    """PCD (`PCDWeighting`) as a balancer: `balancer=pcd`; at the shared parameters, as its reference."""

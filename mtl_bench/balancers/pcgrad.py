@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_solution
 from mtl_bench.balancers.seeded import SeededGenerator
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, Weighting
 
 
 def pcgrad_weights(gram: np.ndarray, orders: Sequence[Sequence[int]]) -> tuple[np.ndarray, int]:
@@ -38,7 +38,7 @@ def pcgrad_weights(gram: np.ndarray, orders: Sequence[Sequence[int]]) -> tuple[n
     return total, projections
 
 
-class PCGrad(SeededGenerator, GradientBalancer):
+class PCGradWeighting(SeededGenerator, Weighting):
     """Projects each task's gradient off the gradients it conflicts with, then sums (Algorithm 1).
 
     For each task i, in a random order over the other tasks j: if g_i^PC·g_j < 0, g_i^PC −= (g_i^PC·g_j /
@@ -56,25 +56,18 @@ class PCGrad(SeededGenerator, GradientBalancer):
 
     HOST_SOLVE = "the projections on the T×T Gramian (numpy; the orders from a CPU generator)"
 
-    SOURCES = ("shared_params",)
-
-    def __init__(
-        self,
-        task_names: Sequence[str],
-        shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
-        seed: Optional[int] = None,
-    ) -> None:
+    def __init__(self, seed: Optional[int] = None) -> None:
         """
-        task_names: the tasks (given by the engine).
-        shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); PCGrad has no shared_rep mode (as in LibMTL).
         seed: seed of the generator that orders the projections; None draws one from torch's global RNG.
         """
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__()
         self._seed_generator(seed)
 
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
-        t = len(self.task_names)
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
+        t = gram.shape[0]
         orders = [list(torch.randperm(t, generator=self.generator).numpy()) for _ in range(t)]
         return host_solution(gram, "pcgrad/projections", lambda g: pcgrad_weights(g, orders))
+
+
+class PCGrad(GramianBalancer, weighting=PCGradWeighting, sources=("shared_params",)):
+    """PCGrad (`PCGradWeighting`) as a balancer: `balancer=pcgrad`; at the shared parameters, as its reference."""

@@ -3,7 +3,7 @@ Algorithms" (SDMGrad)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -36,7 +36,7 @@ class SDMGrad(MultiBatchBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
+        grad_source: Literal["shared_params"] = "shared_params",
         lambda_: float = 0.3,
         n_iter: int = 20,
         lr: float = 5.0,

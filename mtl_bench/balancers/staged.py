@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mtl_bench.balancers.base import BackwardContext, Balancer, Context
 from mtl_bench.devices import cpu_value
@@ -122,9 +122,15 @@ class StagedBalancer(Balancer):
             spare = spares[name] = torch.empty_like(like)
         return spare
 
+    def _owner(self, name: str) -> tuple[nn.Module, str]:
+        """The module that holds buffer `name` (a submodule's for "weighting.lambdas") and the buffer's own name."""
+        path, _, key = name.rpartition(".")
+        return (self.get_submodule(path) if path else self), key
+
     def _current(self, name: str) -> Tensor:
         """The staged value of a buffer if this step already changed it, else the committed one."""
-        committed = self._buffers[name]
+        owner, key = self._owner(name)
+        committed = owner._buffers[key]
         assert committed is not None
         return self._pending.get(name, committed)
 
@@ -160,13 +166,14 @@ class StagedBalancer(Balancer):
                 keep = taken if keep is None else keep & taken.to(keep.device)
             spares = self.__dict__.get("_spares", {})
             for name, value in self._pending.items():
-                buf = self._buffers[name]
+                owner, key = self._owner(name)
+                buf = owner._buffers[key]
                 assert buf is not None
                 if value is spares.get(name) and value.device.type == "cpu" and buf.stride() == value.stride():
                     # a CPU spare trades places with the buffer: no pass over its values (and reading the flags
                     # is no device sync on the CPU)
                     if keep is None or cpu_value(keep):
-                        spares[name], self._buffers[name] = buf, value
+                        spares[name], owner._buffers[key] = buf, value
                 elif keep is None:
                     buf.copy_(value)
                 else:  # written in place: a fresh buffer of a T×P state costs its page faults on every step

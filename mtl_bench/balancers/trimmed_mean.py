@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -33,13 +33,11 @@ class TrimmedMean(GradientBalancer):
     only at steps whose measurements are read: `BackwardContext.measure`).
     """
 
-    SOURCES = ("shared_params",)
-
     def __init__(
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: str = "shared_params",
+        grad_source: Literal["shared_params"] = "shared_params",
         trim: int = 1,
     ) -> None:
         """
@@ -48,7 +46,7 @@ class TrimmedMean(GradientBalancer):
         grad_source: shared_params (exact per-task gradients); the trimmed mean has no shared_rep mode here.
         trim: how many of the largest and of the smallest values each coordinate drops (>= 0; needs T >= 2·trim + 1).
         """
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__(task_names, shared_params, grad_source, sources=("shared_params",))
         t = len(self.task_names)
         if isinstance(trim, bool) or not isinstance(trim, int) or not 0 <= trim <= (t - 1) // 2:
             raise ValueError(
@@ -68,7 +66,7 @@ class TrimmedMean(GradientBalancer):
         middle = rows.narrow(0, self.trim, kept).reshape(-1)
         return ordered.narrow(0, self.trim, kept).mean(dim=0), torch.bincount(middle, minlength=t)
 
-    def _finish_solve(
+    def aggregate(
         self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
         t, kept = len(self.task_names), len(self.task_names) - 2 * self.trim

@@ -153,10 +153,11 @@ def _as_mapping(key: str, value: Any, annotation: Any) -> str:
 
 
 def check_part(
-    key: str, node: Mapping[str, Any], supplied: Iterable[str] = (), ignore: Iterable[str] = ()
+    key: str, node: Mapping[str, Any], supplied: Iterable[str] = (), ignore: Iterable[str] = (), nested: bool = False
 ) -> Callable[..., Any]:
     """Check a node against its `_target_`'s signature; returns the target. `supplied`: arguments the engine
-    gives at build time (not config keys); `ignore`: keys the engine reads itself (optim.schedule, ...)."""
+    gives at build time (not config keys); `ignore`: keys the engine reads itself (optim.schedule, ...); `nested`:
+    a node inside a part's (a weighting), whose `_partial_: true` leaves arguments to the part that builds it."""
     target = target_of(key, node)
     if not callable(target):
         raise ConfigError(f"{key}._target_: {node['_target_']!r} is not a class or function")
@@ -182,6 +183,9 @@ def check_part(
                 f"options: {', '.join(options) or '(none)'}{hint}"
             )
         annotation = params[name].annotation
+        if isinstance(value, Mapping) and "_target_" in value:  # a part of the part (a weighting): its own keys
+            check_part(f"{key}.{name}", value, nested=True)
+            continue
         if not matches(value, annotation):
             raise ConfigError(
                 f"{key}.{name}: expected {_type_name(annotation)}, got {value!r}"
@@ -192,7 +196,7 @@ def check_part(
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             inspect.Parameter.KEYWORD_ONLY,
         )
-        if required and name not in node and name not in supplied:
+        if required and name not in node and name not in supplied and not (nested and node.get("_partial_")):
             raise ConfigError(f"{key}.{name}: {node['_target_']} needs it; add +{key}.{name}=<value>")
     return target
 

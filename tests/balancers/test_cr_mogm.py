@@ -3,10 +3,17 @@ UPGrad and DualProj after 6 steps, resume and skipped steps, and the bases it re
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from mtl_bench.balancers import CRMOGM, MGDA
+from mtl_bench.balancers.dualproj import DualProjWeighting
+from mtl_bench.balancers.fairgrad import FairGradWeighting
+from mtl_bench.balancers.mgda import MGDAWeighting
+from mtl_bench.balancers.pcgrad import PCGradWeighting
+from mtl_bench.balancers.upgrad import UPGradWeighting
 from tests.helpers.balancer_kit import (
     TASKS3,
     assert_resume_and_skip_keep_the_state,
@@ -25,7 +32,7 @@ def build(model, **options) -> CRMOGM:
 
 def test_weights_are_the_ema_of_the_base_weights():
     model = make_model()
-    bal = build(model, base="MGDA", base_options={"normalization": "l2"}, alpha=0.75)
+    bal = build(model, base=MGDAWeighting(normalization="l2"), alpha=0.75)
     plain = MGDA(list(TASKS3), list(model.trunk.parameters()), normalization="l2")
     expected = None
     for step in range(3):
@@ -50,30 +57,31 @@ def _gram_and_losses(model, losses, shared):
     return gramian(blocks), torch.stack([loss.detach() for loss in ordered])
 
 
-@pytest.mark.parametrize(("base", "weighting"), [("UPGrad", "UPGradWeighting"), ("DualProj", "DualProjWeighting")])
+@pytest.mark.parametrize(
+    ("base", "weighting"), [(UPGradWeighting, "UPGradWeighting"), (DualProjWeighting, "DualProjWeighting")]
+)
 def test_matches_torchjd(base, weighting):
     aggregation = pytest.importorskip("torchjd.aggregation")
     pytest.importorskip("quadprog")
     ours, reference = make_model(), make_model()
-    train_ours(ours, build(ours, base=base, alpha=0.5), 6)
+    train_ours(ours, build(ours, base=base(), alpha=0.5), 6)
     wrapped = aggregation.CRMOGMWeighting(getattr(aggregation, weighting)(), alpha=0.5)
     train_torchjd(reference, aggregation.GramianWeightedAggregator(wrapped), 6)
     assert_same_parameters(ours, reference)
 
 
 def test_resume_continues_and_a_skipped_step_keeps_the_state():
-    saved = assert_resume_and_skip_keep_the_state(lambda model: build(model, base="DualProj", alpha=0.5))
+    saved = assert_resume_and_skip_keep_the_state(lambda model: build(model, base=DualProjWeighting(), alpha=0.5))
     assert set(saved) == {"lambdas", "started"}
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"base": "Nope"}, "^base: 'Nope' is not a gradient method of mtl_bench.balancers"),
-        ({"base": "PCGrad"}, r"^base: PCGrad has state of its own \(_extra_state\)"),
-        ({"base": "ExcessMTL"}, "^base: ExcessMTL does not weight whole task gradients"),
-        ({"base": "MGDA", "base_options": {"normalization": "x"}}, "^base_options.normalization: 'x' is not one of"),
-        ({"base": "MGDA", "base_options": {"nonsense": 1}}, "^base_options: .*nonsense"),
+        ({"base": "MGDA"}, "^base: must be a Weighting or a config node naming one"),
+        ({"base": PCGradWeighting}, r"^base: PCGradWeighting has state of its own \(_extra_state\)"),
+        ({"base": FairGradWeighting()}, "^base: FairGradWeighting does not weight whole task gradients"),
+        ({"base": functools.partial(MGDAWeighting, normalization="x")}, "^base.normalization: 'x' is not one of"),
         ({"alpha": 2.0}, r"^alpha: must be a number in \[0, 1\]"),
     ],
 )

@@ -68,7 +68,7 @@ def allowed(sync: Sync, method: Any = None) -> bool:
     if "cpu_value" in sync.within:
         return True
     cls = method if isinstance(method, type) or method is None else type(method)
-    if cls is None or not getattr(cls, "HOST_SOLVE", ""):
+    if cls is None or not getattr(method, "HOST_SOLVE", ""):  # an instance's: GramianBalancer's is its weighting's
         return False
     inside = {f"{k.__name__}.{cls.HOST_SOLVE_IN}" for k in cls.__mro__}
     return any(q in inside for q in sync.within)
