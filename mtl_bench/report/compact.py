@@ -17,14 +17,19 @@ from __future__ import annotations
 import math
 import textwrap
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 from mtl_bench.report.numbers import significant
-from mtl_bench.report.published import PublishedTable, joint_ranks
-from mtl_bench.report.summary import Group
+from mtl_bench.report.published import Metrics, PublishedTable, joint_ranks, protocol_gaps
+from mtl_bench.report.summary import Group, by_task_set
 
 WIDTH = 100
 NA = "n/a"
+# why a quantity that is never negative may show no interval (summary.Stat.of)
+TIME_NA = (
+    "Student t's interval would reach below zero for a quantity that is never negative: too few seeds for that "
+    "spread (run more seeds)"
+)
 
 
 @dataclass
@@ -38,14 +43,51 @@ class Row:
     ms_ci: float = math.nan
     mark: str = ""  # "baseline", "reference", "published"
     printed_mr: Optional[float] = None  # a published row's MR as printed, when the ranks were recomputed
+    metrics: Optional[Metrics] = None  # a published row's per-metric values (our names and units), when printed
+    printed: Optional[dict[str, dict[str, str]]] = None  # the same as printed (its digits, in our units)
+    tag: str = ""  # the group's runs' tags (shown in a column when they differ between groups)
 
 
-def _group_row(group: Group, rank: Optional[float]) -> Row:
+def shared_terms(part: list[Group]) -> list[str]:
+    """The label terms every group of a table has: stated once above it instead of in every row (none for one
+    group, whose label is all it has)."""
+    if len(part) < 2:
+        return []
+    return [term for term in part[0].terms if all(term in g.terms for g in part[1:])]
+
+
+def display_label(group: Group, shared: list[str]) -> str:
+    """The group's label without the terms every row of its table has."""
+    kept = [term for term in group.terms if term not in shared]
+    if not group.terms or not kept:
+        return group.label
+    return " ".join(kept) + group.label[len(" ".join(group.terms)) :]  # a disambiguating " [dir]" stays
+
+
+def tag_text(group: Group) -> str:
+    return ", ".join(group.tags)
+
+
+def tags_vary(part: list[Group]) -> bool:
+    """Whether the groups' tags differ (then a tag column), or every run has the same one (stated above)."""
+    return len({tuple(g.tags) for g in part}) > 1
+
+
+def above_line(part: list[Group], common: Sequence[str]) -> Optional[str]:
+    """What every run of a table has, stated once above it: the overrides every run typed, the label terms every
+    row shares, and the tag when every group has the same one."""
+    items = [*common, *shared_terms(part)]
+    if not tags_vary(part) and len(part[0].tags) == 1:
+        items += part[0].tags
+    return f"every run has: {' '.join(items)}" if items else None
+
+
+def _group_row(group: Group, rank: Optional[float], shared: Sequence[str] = ()) -> Row:
     dm = None if group.delta_m is None else group.delta_m["flat"]
     ci = (group.delta_m_ci or {}).get("flat", math.nan)
     t = group.time_per_step
     return Row(
-        group.label,
+        display_label(group, list(shared)),
         group.count,
         dm,
         ci,
@@ -53,6 +95,7 @@ def _group_row(group: Group, rank: Optional[float]) -> Row:
         None if t is None else 1000 * t.mean,
         math.nan if t is None else 1000 * t.ci,
         "baseline" if group.is_baseline else "",
+        tag=tag_text(group),
     )
 
 
@@ -64,7 +107,8 @@ def _key(row: Row, by_dm: bool) -> float:
 def ranked(groups: list[Group], by_dm: bool, ranks: Optional[list[Optional[float]]] = None) -> list[Row]:
     """The user's groups as rows, best first; `ranks` replaces their mean ranks among themselves."""
     ranks = [g.mean_rank for g in groups] if ranks is None else ranks
-    return sorted((_group_row(g, r) for g, r in zip(groups, ranks)), key=lambda r: _key(r, by_dm))
+    shared = shared_terms(groups)
+    return sorted((_group_row(g, r, shared) for g, r in zip(groups, ranks)), key=lambda r: _key(r, by_dm))
 
 
 def _pm(value: Optional[float], ci: float, fmt: str) -> str:
@@ -73,9 +117,9 @@ def _pm(value: Optional[float], ci: float, fmt: str) -> str:
     return f"{value:{fmt}} ± {NA if math.isnan(ci) else format(ci, fmt.lstrip('+'))}"
 
 
-def cells(row: Row, with_dm: bool, printed_mr: bool = False) -> list[str]:
+def cells(row: Row, with_dm: bool, printed_mr: bool = False, with_tag: bool = False) -> list[str]:
     label = row.label + (f" [{row.mark}]" if row.mark in ("baseline", "published") else "")
-    out = [label, row.seeds]
+    out = [label, *([row.tag] if with_tag else []), row.seeds]
     if with_dm:
         if row.mark in ("baseline", "reference"):
             out.append("baseline")
@@ -94,9 +138,14 @@ def cells(row: Row, with_dm: bool, printed_mr: bool = False) -> list[str]:
     return out
 
 
-def headers(with_dm: bool, recomputed: bool = False) -> list[str]:
+def headers(with_dm: bool, recomputed: bool = False, with_tag: bool = False) -> list[str]:
     rank = ["MR ↓ recomputed", "MR printed"] if recomputed else ["mean rank ↓"]
-    return ["group", "seeds", *(["Δm % ↓ (± 95% CI)"] if with_dm else []), *rank, "ms/step"]
+    tag = ["tag"] if with_tag else []
+    return ["group", *tag, "seeds", *(["Δm % ↓ (± 95% CI)"] if with_dm else []), *rank, "ms/step"]
+
+
+def _names(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
 def winner_line(rows: list[Row], by_dm: bool) -> str:
@@ -106,7 +155,9 @@ def winner_line(rows: list[Row], by_dm: bool) -> str:
         return "one group: nothing to compare" if rows else "no group to compare"
     best, runner = rows[0], rows[1]
     if not by_dm and best.rank == runner.rank:
-        return f"no single best group: {best.label} and {runner.label} tie on mean rank ({best.rank:.2f})"
+        tied = [r.label for r in rows if r.rank == best.rank]
+        every = " all" if len(tied) == len(rows) and len(tied) > 2 else ""
+        return f"no single best group: {_names(tied)}{every} tie on mean rank ({best.rank:.2f})"
     if not by_dm:
         return (
             f"best by mean rank: {best.label} ({best.rank:.2f}; runner-up {runner.label}: {runner.rank:.2f}); "
@@ -128,7 +179,19 @@ def winner_line(rows: list[Row], by_dm: bool) -> str:
 def published_rows(table: PublishedTable, ranks: Optional[list[float]] = None) -> list[Row]:
     """The paper's rows, best Δm first: with `ranks` (recomputed, in the table's order) the printed MR moves to
     its own column."""
-    rows = [Row(f"{r.method} ({table.source})", "3", r.delta_m, math.nan, r.mr, mark="published") for r in table.rows]
+    rows = [
+        Row(
+            r.method,
+            "3",
+            r.delta_m,
+            math.nan,
+            r.mr,
+            mark="published",
+            metrics=table.metrics(r) if r.printed else None,
+            printed=table.printed_text(r) if r.printed else None,
+        )
+        for r in table.rows
+    ]
     for row, rank in zip(rows, ranks or []):
         row.printed_mr, row.rank = row.rank, rank
     return sorted(rows, key=lambda r: math.inf if r.dm is None else r.dm)
@@ -143,19 +206,28 @@ def recomputed_ranks(
     return joint_ranks(table, [g.means for g in part])
 
 
-def table_text(header: list[str], body: list[list[str]], title: str, markdown: bool) -> str:
+def table_text(
+    header: list[str], body: list[list[str]], title: str, markdown: bool, above: Optional[str] = None
+) -> str:
+    """The table under its title and `above` (what every row has)."""
     if markdown:
         lines = [f"### {title}", ""] if title else []
+        lines += [above, ""] if above else []
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body]) + "\n"
+    head = "".join(line + "\n" for line in (title, wrap(above or "")) if line)
     import io
 
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title or None, title_justify="left")
-    for i, name in enumerate(header):  # only the group column wraps; the numbers stay on one line
-        table.add_column(name, overflow="fold", no_wrap=i > 0, ratio=1 if i == 0 else None)
+    table = Table()
+    # only the group column wraps, and never a published row's label: the numbers stay on one line
+    unwrapped = max((len(row[0]) for row in body if row[0].endswith("[published]")), default=None)
+    for i, name in enumerate(header):
+        table.add_column(
+            name, overflow="fold", no_wrap=i > 0, ratio=1 if i == 0 else None, min_width=unwrapped if i == 0 else None
+        )
     from rich.markup import escape
 
     for row in body:
@@ -164,7 +236,7 @@ def table_text(header: list[str], body: list[list[str]], title: str, markdown: b
     width = min(WIDTH, sum(w + 3 for w in widths) + 1)
     console = Console(file=io.StringIO(), width=width, force_terminal=False)
     console.print(table)
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    return head + console.file.getvalue()  # type: ignore[attr-defined]
 
 
 def wrap(line: str) -> str:
@@ -176,6 +248,7 @@ def compact_report(
     baseline: Optional[str],
     published: Optional[dict[str, PublishedTable]],
     markdown: bool,
+    common: Sequence[str] = (),
 ) -> tuple[str, list[str]]:
     """One short table per task set, each followed by its winner line; returns the text and the winner lines."""
     blocks: list[str] = []
@@ -193,17 +266,66 @@ def compact_report(
             extra.append(Row("reference (tasks.reference, single-task)", "", mark="reference"))
         if table is not None:
             extra += published_rows(table, None if joint is None else joint[1])
-        body = [cells(r, by_dm, joint is not None) for r in rows + extra]
+        with_tag = tags_vary(part)
+        body = [cells(r, by_dm, joint is not None, with_tag) for r in rows + extra]
         title = f"tasks={tasks}" if len(parts) > 1 else ""
-        blocks.append(table_text(headers(by_dm, joint is not None), body, title, markdown) + wrap(verdict) + "\n")
+        text = table_text(headers(by_dm, joint is not None, with_tag), body, title, markdown, above_line(part, common))
+        blocks.append(text + wrap(verdict) + "\n")
         winners.append(f"{title + ': ' if title else ''}{verdict}")
     return "\n".join(blocks), winners
+
+
+def protocol_settings(group: Group) -> Optional[dict[str, Any]]:
+    """The group's config as it trained, for the protocol check; None without a saved config. A length typed on
+    the command line replaced the preset's (engine/compose.py apply_length) after Hydra saved the config, which
+    still holds both: the one not typed is dropped here."""
+    if group.runs[0].config is None:
+        return None
+    settings = dict(group.settings)
+    lengths = ("trainer.max_steps", "trainer.epochs")
+    if all(settings.get(k) is not None for k in lengths):
+        typed = [k for k in lengths if k in group.overridden]
+        if len(typed) == 1:
+            settings[lengths[1 - lengths.index(typed[0])]] = None
+    return settings
+
+
+def protocol_lines(parts: dict[str, list[Group]], published: Optional[dict[str, PublishedTable]]) -> list[str]:
+    """Per published table: whether the user's groups ran the paper's protocol (length, split, model selection);
+    a group that did not is not comparable with the paper's rows, whatever its numbers."""
+    lines = []
+    for tasks, part in parts.items():
+        table = (published or {}).get(tasks)
+        if table is None or not table.protocol:
+            continue
+        where = f"{table.source}'s {table.table.split(' (')[0]}" + (f" (tasks={tasks})" if len(parts) > 1 else "")
+        preset = f"experiment={table.experiment}" if table.experiment else "the paper's settings"
+        found: dict[Optional[tuple[str, ...]], list[str]] = {}
+        for group in part:
+            found_gaps = protocol_gaps(table, protocol_settings(group))
+            found.setdefault(None if found_gaps is None else tuple(found_gaps), []).append(group.label)
+        if list(found) == [()]:
+            lines.append(f"protocol: every group ran the length, split and model selection of {where} ({preset})")
+            continue
+        parts_text = []
+        for gaps, labels in found.items():
+            what = (
+                "on it" if gaps == () else "unknown (no .hydra/config.yaml saved)" if gaps is None else ", ".join(gaps)
+            )
+            parts_text.append(what if len(found) == 1 else f"{_names(labels)}: {what}")
+        lines.append(
+            f"NOT COMPARABLE with the [published] rows: your runs are not on the protocol of {where} (length, split, "
+            f"model selection: {preset}): " + "; ".join(parts_text)
+            if any(g for g in found if g)
+            else f"cannot tell whether your runs follow the protocol of {where} ({preset}): " + "; ".join(parts_text)
+        )
+    return lines
 
 
 def compact_notes(
     groups: list[Group], baseline: Optional[str], published: Optional[dict[str, PublishedTable]]
 ) -> list[str]:
-    lines = []
+    lines = protocol_lines(by_task_set(groups), published)
     if any(g.delta_m is not None for g in groups):
         against = "the paper's single-task row" if published else baseline
         lines.append(
@@ -228,5 +350,7 @@ def compact_notes(
             )
         lines += [f"  note: {note}" for note in table.notes]
         lines += [f"  note {r.method}: {r.note}" for r in table.rows if r.note]
+    if any(g.time_per_step is not None and g.time_per_step.below_zero for g in groups):
+        lines.append(f"ms/step ± {NA}: {TIME_NA}")
     lines.append("per-metric table: --wide, or --format markdown/csv/json")
     return [wrap(line) for line in lines]

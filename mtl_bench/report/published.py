@@ -12,6 +12,10 @@ string per method in that order. The report then ranks the user's groups and the
 metrics (`joint_ranks`). `mr_base: 0` says the printed MRs count ranks from 0; `mr_inconsistent` and
 `delta_m_inconsistent` list the methods whose printed MR or Δm does not follow from their printed metrics
 (tests/report/test_published.py recomputes both).
+
+`protocol` gives the paper's run length, split and model selection as our config keys (and the experiment preset
+that sets them): a user's group that differs in one of them is reported as not comparable with the rows
+(`protocol_gaps`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class PublishedTable:
     mr_base: int = 1  # the rank the paper gives the best method (FAMO's QM9 MRs count from 0)
     mr_inconsistent: list[str] = field(default_factory=list)
     delta_m_inconsistent: list[str] = field(default_factory=list)
+    protocol: dict[str, Any] = field(default_factory=dict)  # config key -> the paper's value
+    experiment: Optional[str] = None  # our preset that sets the protocol
 
     @property
     def has_metrics(self) -> bool:
@@ -65,6 +71,16 @@ class PublishedTable:
         out: Metrics = {}
         for column, text in zip(self.columns, row.printed or []):
             out.setdefault(column.task, {})[column.metric] = float(text) * column.factor
+        return out
+
+    def printed_text(self, row: PublishedRow) -> dict[str, dict[str, str]]:
+        """The row's values as printed, in our units (the printed digits scaled exactly: 39.29 % -> 0.3929)."""
+        from decimal import Decimal
+
+        out: dict[str, dict[str, str]] = {}
+        for column, text in zip(self.columns, row.printed or []):
+            scaled = Decimal(text) * Decimal(str(column.factor))
+            out.setdefault(column.task, {})[column.metric] = text if column.factor == 1 else format(scaled, "f")
         return out
 
     @property
@@ -86,6 +102,37 @@ def joint_ranks(table: PublishedTable, groups: Sequence[Metrics]) -> tuple[list[
     theirs = ranks[len(groups) :]
     assert all(r is not None for r in theirs)  # every row has every column (checked when loaded)
     return ranks[: len(groups)], [float(r) for r in theirs if r is not None]
+
+
+LENGTH, SELECT = "trainer.epochs", "trainer.select"
+
+
+def protocol_gaps(table: PublishedTable, settings: Optional[dict[str, Any]]) -> Optional[list[str]]:
+    """How a group's config (summary.Group.settings) departs from the paper's protocol, one `key=value (paper:
+    value)` each; [] when it follows it, None when the runs saved no config to tell (no .hydra/config.yaml)."""
+    if not table.protocol:
+        return []
+    if settings is None:
+        return None
+    gaps = []
+    for key, wanted in table.protocol.items():
+        if key in ("trainer.select_criterion", "trainer.select_k") and settings.get(SELECT) != table.protocol.get(
+            SELECT
+        ):
+            continue  # another selection altogether: named once, by trainer.select
+        value = settings.get(key)
+        if value == wanted:
+            continue
+        if key == LENGTH and value is None and settings.get("trainer.max_steps") is not None:
+            key, value = "trainer.max_steps", settings["trainer.max_steps"]  # the run's length was in steps
+            gaps.append(f"{key}={_shown(value)} (paper: {LENGTH}={_shown(wanted)})")
+        else:
+            gaps.append(f"{key}={_shown(value)} (paper: {_shown(wanted)})")
+    return gaps
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value)
 
 
 def available() -> list[str]:
@@ -153,6 +200,7 @@ def load(name: str) -> dict[str, PublishedTable]:
             for r in table["rows"]
         ]
         notes = [" ".join(str(table[k]).split()) for k in ("note", "mr_note") if table.get(k)]
+        protocol = table.get("protocol") or {}
         tables[str(tasks)] = PublishedTable(
             name,
             data["paper"],
@@ -164,5 +212,7 @@ def load(name: str) -> dict[str, PublishedTable]:
             int(table.get("mr_base", 1)),
             list(table.get("mr_inconsistent", [])),
             list(table.get("delta_m_inconsistent", [])),
+            dict(protocol.get("keys") or {}),
+            protocol.get("experiment"),
         )
     return tables

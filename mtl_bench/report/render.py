@@ -6,9 +6,10 @@ import csv
 import io
 import json
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from mtl_bench.report.numbers import selection_text, significant
+from mtl_bench.report.published import PublishedTable
 from mtl_bench.report.summary import Group, Stat, by_task_set
 
 FORMATS = ("table", "markdown", "csv", "json")
@@ -69,29 +70,70 @@ DM_HEADER = {"flat": "Δm flat % ↓", "task_averaged": "Δm task-avg % ↓"}
 RANK_HEADER, TIME_HEADER = "mean rank ↓", "time/step ms"
 
 
-def rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
-    """The table: group, seeds, each metric (mean ± 95% CI), Δm (± CI), mean rank, time per step (± CI)."""
+def rows(
+    groups: list[Group], table: PublishedTable | None = None, common: Sequence[str] = ()
+) -> tuple[list[str], list[list[str]], str | None]:
+    """The table: group, seeds, each metric (mean ± 95% CI), Δm (± CI), mean rank, time per step (± CI); with a
+    paper's `table`, its rows below the groups (their printed values in the metric columns, Δm as printed; the mean
+    rank recomputed with the groups where the values are printed, as in the default table). Also the line of what
+    every row has (compact.above_line), stated once above the table."""
+    from mtl_bench.report.compact import (
+        above_line,
+        display_label,
+        published_rows,
+        recomputed_ranks,
+        shared_terms,
+        tag_text,
+        tags_vary,
+    )
+
     columns = _columns(groups)
-    header = ["group", "seeds", *[f"{t}/{m} {_arrow(groups, t, m)}".strip() for t, m in columns]]
+    joint = recomputed_ranks(groups, table)
+    with_tag = tags_vary(groups)
+    header = ["group", *(["tag"] if with_tag else []), "seeds"]
+    header += [f"{t}/{m} {_arrow(groups, t, m)}".strip() for t, m in columns]
     with_dm = any(g.delta_m is not None for g in groups)
     if with_dm:
         header += list(DM_HEADER.values())
-    header += [RANK_HEADER, TIME_HEADER]
+    header += ["MR ↓ recomputed", "MR printed"] if joint is not None else [RANK_HEADER]
+    header.append(TIME_HEADER)
+    shared = shared_terms(groups)
     body = []
-    for group in groups:
-        row = [group.label, group.count, *[_cell(group, t, m) for t, m in columns]]
+    for i, group in enumerate(groups):
+        row = [display_label(group, shared), *([tag_text(group)] if with_tag else []), group.count]
+        row += [_cell(group, t, m) for t, m in columns]
         if with_dm:
             row += [_dm(group, key) for key in DM_HEADER]
-        body.append(row + [_rank(group), _time(group)])
-    return header, body
+        if joint is None:
+            row.append(_rank(group))
+        else:
+            row += ["" if joint[0][i] is None else f"{joint[0][i]:.2f}", ""]
+        body.append(row + [_time(group)])
+    if table is not None:
+        for published in published_rows(table, None if joint is None else joint[1]):
+            row = [f"{published.label} [published]", *([""] if with_tag else []), published.seeds]
+            row += [(published.printed or {}).get(t, {}).get(m, "") for t, m in columns]
+            if with_dm:
+                row += ["" if published.dm is None else f"{published.dm:+.2f}", ""]
+            row.append("" if published.rank is None else f"{published.rank:.2f}")
+            if joint is not None:
+                row.append("" if published.printed_mr is None else f"{published.printed_mr:.2f}")
+            body.append(row + [""])
+    return header, body, above_line(groups, common)
 
 
 def _number(x: float | None) -> str:
     return "" if x is None else NA if math.isnan(x) else repr(float(x))
 
 
-def csv_rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
-    """The table as numbers, one column each: mean, std and 95% CI half-width ("n/a" with one seed)."""
+def csv_rows(
+    groups: list[Group], published: dict[str, PublishedTable] | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """The table as numbers, one column each: mean, std and 95% CI half-width ("n/a" with one seed), and the runs'
+    tags; with `published`, the paper's rows after the groups (its printed values as means, Δm as printed, the
+    recomputed and the printed MR) and, per group, whether it ran the paper's protocol."""
+    from mtl_bench.report.compact import published_rows, recomputed_ranks
+
     columns = _columns(groups)
     header = ["group", "seeds"]
     for t, m in columns:
@@ -101,8 +143,12 @@ def csv_rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
     if with_dm:
         for key, title in DM_HEADER.items():
             header += [title, title.split(" %")[0] + " ci95"]
-    header += [RANK_HEADER, TIME_HEADER, f"{TIME_HEADER} ci95"]
+    header += [RANK_HEADER, TIME_HEADER, f"{TIME_HEADER} ci95", "tag"]
+    if published:
+        header += ["MR printed", "published protocol"]
     body = []
+    parts = by_task_set(groups)
+    joint = {tasks: recomputed_ranks(parts.get(tasks, []), table) for tasks, table in (published or {}).items()}
     for group in groups:
         row = [group.label, group.count]
         for t, m in columns:
@@ -116,16 +162,45 @@ def csv_rows(groups: list[Group]) -> tuple[list[str], list[list[str]]]:
                     else [_number(group.delta_m[key]), _number((group.delta_m_ci or {}).get(key, math.nan))]
                 )
         time = group.time_per_step
+        tasks = next(t for t, part in parts.items() if group in part)
+        ranks = joint.get(tasks)
+        rank = group.mean_rank if ranks is None else ranks[0][parts[tasks].index(group)]
         row += [
-            _number(group.mean_rank),
+            _number(rank),
             *(["", ""] if time is None else [_number(1000 * time.mean), _number(1000 * time.ci)]),
+            ", ".join(group.tags),
         ]
+        if published:
+            row += ["", _protocol_cell((published or {}).get(tasks), group)]
         body.append(row)
+    for tasks, table in (published or {}).items():
+        ranks = joint.get(tasks)
+        for pub in published_rows(table, None if ranks is None else ranks[1]):
+            row = [f"{pub.label} [published]", pub.seeds]
+            for t, m in columns:
+                value = (pub.metrics or {}).get(t, {}).get(m)
+                row += ["" if value is None else repr(float(value)), "", ""]
+            if with_dm:
+                row += ["" if pub.dm is None else repr(float(pub.dm)), "", "", ""]
+            row += [_number(pub.rank), "", "", "", _number(pub.printed_mr), ""]
+            body.append(row)
     return header, body
 
 
+def _protocol_cell(table: PublishedTable | None, group: Group) -> str:
+    """yes, no: <the keys that differ>, unknown (no saved config), or "" (no paper's table for its task set)."""
+    from mtl_bench.report.compact import protocol_settings
+    from mtl_bench.report.published import protocol_gaps
+
+    if table is None:
+        return ""
+    gaps = protocol_gaps(table, protocol_settings(group))
+    return "unknown" if gaps is None else "no: " + "; ".join(gaps) if gaps else "yes"
+
+
 def _stat_json(stat: Stat, scale: float = 1.0) -> dict[str, Any]:
-    return {"mean": scale * stat.mean, "std": _finite(scale * stat.std), "ci95": _finite(scale * stat.ci), "n": stat.n}
+    out = {"mean": scale * stat.mean, "std": _finite(scale * stat.std), "ci95": _finite(scale * stat.ci), "n": stat.n}
+    return {**out, "ci95_below_zero": True} if stat.below_zero else out  # why ci95 is null with several seeds
 
 
 def problem_line(p: dict[str, Any]) -> str:
@@ -140,15 +215,33 @@ def model_selection(groups: list[Group]) -> str:
     return ", ".join(found) or "final step"
 
 
-def footer(groups: list[Group], problems: list[dict[str, Any]], baseline: str | None, common: list[str]) -> list[str]:
+def footer(
+    groups: list[Group],
+    problems: list[dict[str, Any]],
+    baseline: str | None,
+    published: dict[str, PublishedTable] | None = None,
+) -> list[str]:
+    from mtl_bench.report.compact import TIME_NA, protocol_lines
+
     repeated = " (runs of one seed averaged first)" if any(len(g.runs) > g.seeds for g in groups) else ""
-    lines = [
+    lines = protocol_lines(by_task_set(groups), published)
+    lines.append(
         f"final test metrics, mean ± 95% confidence interval over seeds{repeated} (Student t: "
         f"± t_0.975,n−1 · s/√n, s the sample std over n seeds; {NA} with one seed); model selection: "
         f"{model_selection(groups)}"
-    ]
-    if common:
-        lines.append("every group also has: " + " ".join(common))
+    )
+    if any(s.below_zero for g in groups for s in [*_stats(g), g.time_per_step] if s is not None):
+        lines.append(f"± {NA} over two or more seeds: {TIME_NA}")
+    for tasks, table in (published or {}).items():
+        lines.append(
+            f"[published] ({tasks}): {table.paper}, {table.table}: its per-metric values as printed (in our units), "
+            "Δm as printed"
+            + (
+                "; MR ↓ recomputed: mean rank with your groups over the paper's metrics; MR printed: the paper's"
+                if table.has_metrics
+                else "; mean rank: the paper's MR as printed (among its methods only)"
+            )
+        )
     if baseline:
         lines.append(
             f"Δm against {baseline} (flat: mean over all metrics; task-avg: LibMTL, mean within each "
@@ -167,6 +260,10 @@ def footer(groups: list[Group], problems: list[dict[str, Any]], baseline: str | 
     else:
         lines.append("time/step: no run recorded wall_time_s and step in its metrics.json")
     return lines + _problem_lines(problems)
+
+
+def _stats(group: Group) -> list[Stat]:
+    return [stat for metrics in group.stats.values() for stat in metrics.values()]
 
 
 def _problem_lines(problems: list[dict[str, Any]]) -> list[str]:
@@ -205,7 +302,7 @@ def render(
     from mtl_bench.report.compact import compact_notes, compact_report, wrap
 
     parts = by_task_set(groups)
-    compact, winners = compact_report(parts, baseline, published, markdown=fmt == "markdown")
+    compact, winners = compact_report(parts, baseline, published, markdown=fmt == "markdown", common=common)
     if fmt == "table" and not wide:
         notes = compact_notes(groups, baseline, published) + [wrap(line) for line in _problem_lines(problems)]
         return compact + "\n" + "\n".join(notes) + "\n"
@@ -218,6 +315,7 @@ def render(
                 "groups": [
                     {
                         "group": g.label,
+                        "tags": g.tags,
                         "settings": g.settings,
                         "seeds": g.seeds,
                         "n_runs": len(g.runs),
@@ -241,7 +339,9 @@ def render(
                         "paper": t.paper,
                         "table": t.table,
                         "notes": t.notes,
-                        "rows": [vars(r) for r in t.rows],
+                        "rows": [{**vars(r), "metrics": t.metrics(r) if r.printed else None} for r in t.rows],
+                        "protocol": {"experiment": t.experiment, "keys": t.protocol},
+                        "groups_off_protocol": _off_protocol_json(parts.get(tasks, []), t),
                         "mean_rank_recomputed": _joint_json(parts.get(tasks, []), t),
                     }
                     for tasks, t in published.items()
@@ -252,7 +352,7 @@ def render(
             ensure_ascii=False,
         )
     if fmt == "csv":
-        header, body = csv_rows(groups)
+        header, body = csv_rows(groups, published)
         out = io.StringIO()
         writer = csv.writer(out)
         writer.writerow(header)
@@ -260,23 +360,33 @@ def render(
         for p in problems:
             writer.writerow([p["overrides"], "0", p["status"], p["path"], p["reason"]])
         return out.getvalue()
-    notes = winners + footer(groups, problems, baseline, common)
+    notes = winners + footer(groups, problems, baseline, published)
     blocks = []
     for tasks, part in parts.items():
-        header, body = rows(part)
+        header, body, above = rows(part, (published or {}).get(tasks), common)
         reference = _reference_row(part, header) if baseline == "reference" else None
         if reference is not None:
             body.append(reference + [""] * (len(header) - len(reference)))
         title = f"tasks={tasks}" if len(parts) > 1 else ""
         if fmt == "markdown":
             lines = [f"### {title}", ""] if title else []
+            lines += [above, ""] if above else []
             lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             blocks.append("\n".join(lines + ["| " + " | ".join(row) + " |" for row in body]))
         else:
-            blocks.append(_rich_table(header, body, title))
+            blocks.append(_rich_table(header, body, title, above))
     if fmt == "markdown":
         return compact + "\n" + "\n\n".join(blocks) + "\n\n" + "\n".join(notes) + "\n"
     return "".join(blocks) + "\n".join(notes) + "\n"
+
+
+def _off_protocol_json(part: list[Group], table: PublishedTable) -> dict[str, list[str] | None]:
+    """Each group that did not run the paper's protocol, with how it differs (None: no saved config to tell)."""
+    from mtl_bench.report.compact import protocol_settings
+    from mtl_bench.report.published import protocol_gaps
+
+    found = {g.label: protocol_gaps(table, protocol_settings(g)) for g in part}
+    return {label: gaps for label, gaps in found.items() if gaps != []}
 
 
 def _joint_json(part: list[Group], table: Any) -> dict[str, Any] | None:
@@ -292,14 +402,16 @@ def _joint_json(part: list[Group], table: Any) -> dict[str, Any] | None:
     }
 
 
-def _rich_table(header: list[str], body: list[list[str]], title: str) -> str:
+def _rich_table(header: list[str], body: list[list[str]], title: str, above: str | None = None) -> str:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(*header, title=title or None, title_justify="left")
+    head = "".join(line + "\n" for line in (title, above or "") if line)
+    table = Table(*header)
     for row in body:
-        table.add_row(*row)
+        table.add_row(*(escape(cell) for cell in row))  # "[published]" is text, not rich markup
     widths = [max(len(cell) for cell in column) for column in zip(header, *body)]
     console = Console(file=io.StringIO(), width=sum(w + 3 for w in widths) + 1, force_terminal=False)
     console.print(table)
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    return head + console.file.getvalue()  # type: ignore[attr-defined]

@@ -78,14 +78,21 @@ class Stat:
     mean: float
     std: float  # sample standard deviation over seeds (runs of one seed averaged first); nan with one seed
     n: int  # seeds
-    ci: float = math.nan  # half-width of the 95% confidence interval (Student t over seeds); nan with one seed
+    # half-width of the 95% confidence interval (Student t over seeds); nan with one seed, and nan where the
+    # interval would reach below zero for a quantity none of whose values is negative (`below_zero`)
+    ci: float = math.nan
     values: list[float] = field(default_factory=list, repr=False)  # one per seed
+    below_zero: bool = False  # the interval was dropped: mean − CI < 0 for values that are all >= 0
 
     @classmethod
     def of(cls, values: list[float]) -> "Stat":
-        """mean, sample std and 95% CI over one value per seed."""
+        """mean, sample std and 95% CI over one value per seed. Student t's interval is symmetric: with few seeds
+        and a wide spread it reaches below zero for a quantity that cannot be negative (time per step, an error;
+        `2730 ± 25000` ms with 2 seeds), which says nothing about it, so none is given ("n/a") there."""
         std = statistics.stdev(values) if len(values) > 1 else math.nan
-        return cls(statistics.fmean(values), std, len(values), ci_half_width(values), list(values))
+        mean, ci = statistics.fmean(values), ci_half_width(values)
+        below = not math.isnan(ci) and min(values) >= 0 and mean - ci < 0
+        return cls(mean, std, len(values), math.nan if below else ci, list(values), below)
 
 
 @dataclass
@@ -105,6 +112,8 @@ class Group:
     view: dict[str, Any] = field(default_factory=dict, repr=False)  # what labels are made of, in config order
     choice_keys: set[str] = field(default_factory=set, repr=False)  # keys of `view` that are group choices
     overridden: set[str] = field(default_factory=set, repr=False)  # keys its runs set on the command line
+    terms: list[str] = field(default_factory=list, repr=False)  # the label's `key=value` terms
+    tags: list[str] = field(default_factory=list)  # its runs' labels (`tag=...`, `tag.<name>=...`), distinct
     is_baseline: bool = False  # the group Δm is taken against (its own Δm is 0 by definition: shown as "baseline")
 
     @property
@@ -121,6 +130,21 @@ class Group:
         """ "3" for three runs of three seeds, "3 runs, 1 seed" when seeds repeat."""
         n, seeds = len(self.runs), self.seeds
         return str(seeds) if n == seeds else f"{n} runs, {seeds} seed{'s' if seeds != 1 else ''}"
+
+
+def run_tags(run: Run) -> str:
+    """The run's `tag` as typed (`tag=first`, `tag.lab=ours tag.round=2`), from its config, else its overrides; ""
+    without one. Not a training key: runs that differ only in it are one group, which lists every tag it saw."""
+    if run.config is not None and "tag" in run.config:
+        value = run.config["tag"]
+        if value is None:
+            return ""
+        if isinstance(value, dict):
+            return " ".join(f"tag.{k}={format_value(v)}" for k, v in value.items())
+        return f"tag={format_value(value)}"
+    return " ".join(
+        item.lstrip("+") for item in run.metrics.get("overrides", []) if override_key(item).split(".")[0] == "tag"
+    )
 
 
 def _seed_of(run: Run) -> Any:
@@ -184,6 +208,7 @@ def summarise(runs: list[Run]) -> Group | None:
         view=view,
         choice_keys=choice_keys,
         overridden=overridden,
+        tags=sorted({run_tags(run) for run in completed} - {""}),
     )
 
 
@@ -207,6 +232,7 @@ def label_groups(groups: list[Group]) -> None:
             for item in training_overrides(group.runs[0])
             if all(item in training_overrides(run) for run in group.runs[1:])
         ]
+        group.terms = shared
         group.label = " ".join(shared) or "(defaults)"
         return
     keys = list(dict.fromkeys(key for group in groups for key in group.view))
@@ -234,7 +260,9 @@ def label_groups(groups: list[Group]) -> None:
             default = values(key, [g for g in peers if not overrides(g, key)])
             if len(default) == 1 and _freeze(group.view[key]) in default:
                 continue  # what the groups that did not set it have
-            terms.append(f"{key}={format_value(group.view[key])}")
+            shown = key.replace(".", "/") if key in choices else key  # a group's option as typed: model/arch=mmoe
+            terms.append(f"{shown}={format_value(group.view[key])}")
+        group.terms = terms
         group.label = " ".join(terms) or "(defaults)"
     seen: dict[str, int] = {}
     for group in groups:  # two labels coincide only through keys some groups lack; keep them apart anyway

@@ -76,7 +76,10 @@ def test_default_table_fits_100_columns_names_the_winner_and_lists_the_stuck_run
     assert (
         "balancer=fixed [baseline]" in table and "+0.00" not in table
     )  # the baseline is marked, not compared with itself
-    assert "LONG" not in table and "weight_decay" not in table  # keys equal in every group are not in the labels
+    # keys equal in every group are not in the labels: stated once, above the table
+    assert not [line for line in lines[:winner] if "│" in line and "weight_decay" in line]
+    above = " ".join(table[: table.index("┏")].split())
+    assert above.startswith("every run has: ") and sorted(above.split()[3:]) == sorted(LONG.split())
     rows = [line for line in lines[:winner] if "balancer=" in line]
     assert [r.split("│")[1].split()[0] for r in rows] == ["balancer=best", "balancer=fixed", "balancer=close"]
 
@@ -141,3 +144,20 @@ def test_no_baseline_ranks_by_mean_rank_and_says_it_has_no_interval(sweep):
     text, _ = make_report([sweep], "table", None, None)
     flat = " ".join(text.split())
     assert "best by mean rank: balancer=best (1.00;" in flat and "mean rank has no interval" in flat
+
+
+def test_the_tie_line_names_every_tied_group(tmp_path):
+    """Three groups with equal metrics all share mean rank 2.00: the line names the three, not the first two."""
+    for balancer in ("fixed", "rescaled_norm", "gradnorm"):
+        write_run(tmp_path, balancer, balancer, 0, 0.8, 1.0, LEARNS)
+    flat = " ".join(make_report([tmp_path], "table", None, None)[0].split())
+    tied = flat.split("no single best group: ")[1].split(" all tie on mean rank (2.00)")[0]
+    assert sorted(tied.replace(" and ", ", ").split(", ")) == [
+        "balancer=fixed",
+        "balancer=gradnorm",
+        "balancer=rescaled_norm",
+    ]
+    write_run(tmp_path, "worse", "worse", 0, 0.7, 2.0, LEARNS)  # three of four tie for best
+    flat = " ".join(make_report([tmp_path], "table", None, None)[0].split())
+    tied = flat.split("no single best group: ")[1].split(" tie on mean rank (2.00)")[0]
+    assert tied.count("balancer=") == 3 and "worse" not in tied and "all" not in tied

@@ -7,6 +7,8 @@ The run directories are written the way a run leaves them: `.hydra/config.yaml` 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -135,7 +137,9 @@ def test_seeds_are_counted_as_distinct_seeds_and_averaged_per_seed_first(tmp_pat
     assert [(Path(p["path"]).name, p["status"]) for p in out["problems"]] == [("d", "incomplete")]
     assert "killed" in out["problems"][0]["reason"]
     markdown = make_report([tmp_path], "markdown", None, None)[0]
-    assert "| (defaults) | 3 runs, 2 seeds | 0.6 ± 1.3 |" in markdown  # 95% CI: 12.706 · 0.1414 / √2
+    # the 95% CI, 12.706 · 0.1414 / √2 = 1.27, would reach below zero for an mse that is never negative: n/a
+    assert "| (defaults) | 3 runs, 2 seeds | 0.6 ± n/a |" in markdown
+    assert mse["ci95"] is None and mse["ci95_below_zero"] is True
 
 
 def test_time_per_step_is_measured_in_each_run_and_averaged_per_seed_first(tmp_path):
@@ -148,9 +152,15 @@ def test_time_per_step_is_measured_in_each_run_and_averaged_per_seed_first(tmp_p
     assert group["seeds"] == 3
     time = group["time_per_step_ms"]
     assert time["n"] == 2 and time["mean"] == pytest.approx(15.0) and time["std"] == pytest.approx(3 * math.sqrt(2))
-    assert time["ci95"] == pytest.approx(12.706204736174694 * 3.0)  # t_{0.975,1} · s / √2
+    # t_{0.975,1} · s / √2 = 38 ms would put the interval below zero for a time: none is given
+    assert time["ci95"] is None and time["ci95_below_zero"] is True
     markdown = make_report([tmp_path], "markdown", None, None)[0]
-    assert markdown.splitlines()[2].endswith("| 1.00 | 15 ± 38 |")  # mean rank alone: 1; time/step in ms
+    assert markdown.splitlines()[2].endswith("| 1.00 | 15 ± n/a |")  # mean rank alone: 1; time/step in ms
+    assert "Student t's interval would reach below zero for a quantity that is never negative" in markdown
+    write_run(tmp_path / "close", "a", ["seed=0"], wall_time_s=10.0)
+    write_run(tmp_path / "close", "b", ["seed=1"], wall_time_s=10.2)
+    time = report(tmp_path / "close")["groups"][0]["time_per_step_ms"]
+    assert time["ci95"] == pytest.approx(12.706204736174694 * 0.1) and "ci95_below_zero" not in time  # 10.1 ± 1.3
     write_run(tmp_path / "one", "a", ["seed=0"], wall_time_s=2.5)
     assert make_report([tmp_path / "one"], "markdown", None, None)[0].splitlines()[2].endswith("| 2.5 ± n/a |")
 
@@ -235,3 +245,56 @@ def test_the_keys_left_out_of_a_group_are_one_documented_list():
         "trainer.num_workers",
         "trainer.profile",
     } <= set(NOT_TRAINING_KEYS)
+
+
+def test_labels_are_as_typed_and_what_every_row_has_is_stated_once_above_the_table(tmp_path):
+    """`-m model/arch=hps,mmoe balancer=fixed,gradnorm trainer.max_steps=50 tag=x`: the option is labelled as typed
+    (model/arch=mmoe, not model.arch=mmoe); the length and the tag, the same in every row, are stated once above the
+    table in every table form, never in the rows."""
+    for i, (arch, balancer) in enumerate(
+        [("hps", "fixed"), ("hps", "gradnorm"), ("mmoe", "fixed"), ("mmoe", "gradnorm")]
+    ):
+        overrides = [f"model/arch={arch}", f"balancer={balancer}", "trainer.max_steps=50", "tag=x"]
+        write_run(tmp_path, str(i), overrides, t0=0.5 + 0.01 * i)
+    labels = [g["group"] for g in report(tmp_path)["groups"]]
+    assert labels == [
+        "model/arch=hps balancer=fixed",
+        "model/arch=hps balancer=gradnorm",
+        "model/arch=mmoe balancer=fixed",
+        "model/arch=mmoe balancer=gradnorm",
+    ]
+    for fmt, wide in (("table", False), ("table", True), ("markdown", False)):
+        text = make_report([tmp_path], fmt, None, None, wide=wide)[0]
+        assert "model.arch" not in text
+        rows = [line for line in text.splitlines() if line.startswith(("│", "| model"))]
+        assert len(rows) == 4 * (2 if fmt == "markdown" else 1) and not any(
+            "max_steps" in r or "tag" in r for r in rows
+        )
+        above = [line for line in text.splitlines() if line.startswith("every run has:")]
+        assert above == ["every run has: trainer.max_steps=50 tag=x"] * (2 if fmt == "markdown" else 1), text
+
+
+def test_the_keys_every_row_of_a_table_shares_leave_its_labels(tmp_path):
+    """Two task sets, one table each: within each table every row has the same `tasks`, so the labels keep only the
+    balancer and the task set is said once above its table."""
+    for tasks in ("toy", "toy10"):
+        for balancer in ("fixed", "gradnorm"):
+            write_run(tmp_path, f"{tasks}_{balancer}", [f"tasks={tasks}", f"balancer={balancer}"])
+    text = make_report([tmp_path], "table", None, None)[0]
+    rows = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+    assert rows and all(label.startswith("balancer=") for label in rows), text
+    assert "every run has: tasks=toy10" in text
+
+
+def test_a_groups_tags_are_shown_in_the_report(tmp_path):
+    """tag is no training key: runs that differ only in it are one group, which lists every tag it saw; tags that
+    differ between groups get a column, in every form."""
+    write_run(tmp_path, "a", ["balancer=fixed", "tag=first"])
+    write_run(tmp_path, "b", ["balancer=fixed", "seed=1", "+tag.lab=ours"])
+    write_run(tmp_path, "c", ["balancer=gradnorm", "tag=second"])
+    groups = {g["group"]: g["tags"] for g in report(tmp_path)["groups"]}
+    assert groups == {"balancer=fixed": ["tag.lab=ours", "tag=first"], "balancer=gradnorm": ["tag=second"]}
+    text = " ".join(make_report([tmp_path], "table", None, None)[0].split())
+    assert "┃ group ┃ tag ┃ seeds ┃" in text and "│ balancer=gradnorm │ tag=second │ 1 │" in text
+    rows = list(csv.reader(io.StringIO(make_report([tmp_path], "csv", None, None)[0])))
+    assert {row[0]: dict(zip(rows[0], row))["tag"] for row in rows[1:]}["balancer=fixed"] == "tag.lab=ours, tag=first"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -106,12 +108,12 @@ def test_published_rows_beside_the_users_groups_with_delta_m_against_the_papers_
     text = " ".join(make_report([sweep], "table", None, None, published="nash_mtl")[0].split())
     recomputed = report["published"]["cityscapes"]["mean_rank_recomputed"]
     uw, ls = recomputed["published"]["UW"], recomputed["published"]["LS"]
-    assert f"UW (nash_mtl) [published] │ 3 │ +5.89 │ {uw:.2f} │ 5.25 │" in text  # Δm and MR as printed
-    assert f"LS (nash_mtl) [published] │ 3 │ +22.60 │ {ls:.2f} │ 6.12 │" in text
+    assert f"UW [published] │ 3 │ +5.89 │ {uw:.2f} │ 5.25 │" in text  # Δm and MR as printed
+    assert f"LS [published] │ 3 │ +22.60 │ {ls:.2f} │ 6.12 │" in text
     assert f"balancer=uw │ 2 │ +0.75 ± 3.18 │ {recomputed['groups']['balancer=uw']:.2f} │ │" in text
     assert "MR ↓ recomputed ┃ MR printed" in text and "Navon et al." in text and "among your groups and its 11" in text
     famo = " ".join(make_report([sweep], "table", None, None, published="famo")[0].split())
-    assert "LS (famo) [published] │ 3 │ +14.11 │" in famo and "│ 6.50 │" in famo and "misprint kept" in famo
+    assert "LS [published] │ 3 │ +14.11 │" in famo and "│ 6.50 │" in famo and "misprint kept" in famo
 
 
 def test_recomputed_mean_ranks_rank_the_groups_and_the_papers_rows_together_on_every_paper_metric(sweep):
@@ -166,7 +168,7 @@ def test_without_per_metric_values_the_published_mr_is_shown_as_printed_and_said
         }
         (run / "metrics.json").write_text(json.dumps(metrics))
     text = " ".join(make_report([tmp_path], "table", None, None, published="famo")[0].split())
-    assert "MGDA (famo) [published] │ 3 │ 10.93 │" in text and "MR printed" not in text
+    assert "MGDA [published] │ 3 │ 10.93 │" in text and "MR printed" not in text
     assert "not recomputed with yours, the per-metric values are not transcribed" in text
 
 
@@ -282,3 +284,135 @@ def test_a_qm9_group_with_nash_mtls_own_maes_ties_its_row_on_every_target(tmp_pa
     recomputed = report["published"]["qm9"]["mean_rank_recomputed"]
     assert recomputed["groups"]["balancer=nash_mtl"] == recomputed["published"]["Nash-MTL"]
     assert len(recomputed["published"]) == 10
+
+
+# Runs as `mtl-bench train` leaves them (their composed config saved), with MAEs a multiple of Nash-MTL's printed ones.
+
+
+def write_qm9_run(root: Path, name: str, overrides: list[str], factor: float) -> None:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import mtl_bench.config  # noqa: F401  (registers the schemas)
+    from mtl_bench.catalog import conf_root
+
+    with initialize_config_dir(str(conf_root()), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if v is not None and not k.startswith("hydra/")}
+    OmegaConf.set_struct(cfg, False)
+    del cfg["hydra"]
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    table = load("nash_mtl")["qm9"]
+    nash = table.metrics(next(r for r in table.rows if r.method == "Nash-MTL"))
+    metrics = {
+        "status": "completed",
+        "overrides": overrides,
+        "choices": choices,
+        "seed": cfg.seed,
+        "higher_is_better": {task: {"mae": False} for task in nash},
+        "test": {task: {"mae": v["mae"] * factor} for task, v in nash.items()},
+    }
+    (run / "metrics.json").write_text(json.dumps(metrics))
+
+
+@pytest.fixture
+def qm9_small(tmp_path: Path) -> Path:
+    for balancer, factor in (("fixed", 3.0), ("uw", 2.5)):
+        for seed in (0, 1):
+            overrides = ["experiment=qm9_small", f"balancer={balancer}", f"seed={seed}"]
+            write_qm9_run(tmp_path, f"{balancer}_{seed}", overrides, factor * (1 + 0.02 * seed))
+    return tmp_path
+
+
+def test_published_rows_stand_beside_the_users_in_every_form_with_their_per_metric_values(qm9_small):
+    """The paper's per-target MAEs (Table 6, as printed) in the wide table, the markdown report's wide half, the
+    CSV and the JSON, next to the user's."""
+    wide = make_report([qm9_small], "table", None, None, wide=True, published="nash_mtl")[0]
+    nash = next(line for line in wide.splitlines() if "Nash-MTL [published]" in line)
+    assert [
+        cell.strip() for cell in nash.split("│")[3:14]
+    ] == "0.102 0.248 82.95 81.89 2.42 5.38 74.5 75.02 75.10 74.16 0.093".split()
+    assert "+62.00" in nash and "homo/mae" in wide
+    assert sum(line.startswith("│") and "[published]" in line for line in wide.splitlines()) == 10
+
+    markdown = make_report([qm9_small], "markdown", None, None, published="nash_mtl")[0]
+    wide_half = markdown[markdown.index("| group | seeds | mu/mae ↓") :]
+    assert "| Nash-MTL [published] | 3 | 0.102 | 0.248 | 82.95 | 81.89 | 2.42 | 5.38 | 74.5 |" in wide_half
+    assert "| SI [published] | 3 | 0.309 | 0.345 | 149.8 | 135.7 | 1.00 | 4.50 |" in wide_half  # the printed digits
+
+    rows = list(csv.reader(io.StringIO(make_report([qm9_small], "csv", None, None, published="nash_mtl")[0])))
+    by_group = {row[0]: dict(zip(rows[0], row)) for row in rows[1:]}
+    assert float(by_group["Nash-MTL [published]"]["homo/mae ↓"]) == 82.95
+    assert by_group["Nash-MTL [published]"]["MR printed"] == "2.5"
+    assert float(by_group["balancer=uw"]["homo/mae ↓"]) == pytest.approx(82.95 * 2.5 * 1.01)
+
+    report = json.loads(make_report([qm9_small], "json", None, None, published="nash_mtl")[0])
+    row = next(r for r in report["published"]["qm9"]["rows"] if r["method"] == "Nash-MTL")
+    assert row["metrics"]["homo"] == {"mae": 82.95} and row["metrics"]["cv"] == {"mae": 0.093}
+
+
+def test_runs_off_the_papers_protocol_are_called_not_comparable_in_every_form(qm9_small, tmp_path):
+    """experiment=qm9_small trains 3 epochs on 2,400 molecules: Nash-MTL's rows are 300 epochs on ~110,831."""
+    gaps = "trainer.epochs=3 (paper: 300), tasks.n_train=2400 (paper: null), tasks.n_val=1000 (paper: 10000)"
+    for wide in (False, True):
+        text = " ".join(make_report([qm9_small], "table", None, None, wide=wide, published="nash_mtl")[0].split())
+        assert (
+            "NOT COMPARABLE with the [published] rows: your runs are not on the protocol of nash_mtl's Table 1" in text
+        )
+        assert gaps in text and "experiment=qm9" in text
+    rows = list(csv.reader(io.StringIO(make_report([qm9_small], "csv", None, None, published="nash_mtl")[0])))
+    protocol = {row[0]: dict(zip(rows[0], row))["published protocol"] for row in rows[1:]}
+    assert protocol["balancer=uw"].startswith("no: trainer.epochs=3 (paper: 300); tasks.n_train=2400")
+    report = json.loads(make_report([qm9_small], "json", None, None, published="nash_mtl")[0])
+    off = report["published"]["qm9"]["groups_off_protocol"]
+    assert sorted(off) == ["balancer=fixed", "balancer=uw"] and off["balancer=uw"][0] == "trainer.epochs=3 (paper: 300)"
+
+    on = tmp_path / "on"  # the preset itself, as long as the paper's: on the protocol
+    for balancer in ("fixed", "uw"):
+        write_qm9_run(on, balancer, ["experiment=qm9", f"balancer={balancer}"], 1.0)
+    text = " ".join(make_report([on], "table", None, None, published="nash_mtl")[0].split())
+    assert "every group ran the length, split and model selection of nash_mtl's Table 1 (experiment=qm9)" in text
+    assert "NOT COMPARABLE" not in text
+    steps = tmp_path / "steps"  # a length in steps, another selection
+    write_qm9_run(steps, "a", ["experiment=qm9", "trainer.max_steps=60", "trainer.select=final"], 1.0)
+    write_qm9_run(steps, "b", ["experiment=qm9", "trainer.max_steps=60", "trainer.select=final", "balancer=uw"], 1.0)
+    text = " ".join(make_report([steps], "table", None, None, published="nash_mtl")[0].split())
+    assert "trainer.max_steps=60 (paper: trainer.epochs=300), trainer.select=final (paper: best_val)" in text
+    assert "select_criterion" not in text  # another selection is named once
+
+
+def test_runs_without_their_config_cannot_be_told_on_or_off_the_protocol(sweep):
+    text = " ".join(make_report([sweep], "table", None, None, published="nash_mtl")[0].split())
+    assert "cannot tell whether your runs follow the protocol of nash_mtl's Table 3" in text
+    assert "unknown (no .hydra/config.yaml saved)" in text
+
+
+@pytest.mark.parametrize("name", available())
+def test_each_tables_protocol_is_what_its_experiment_preset_sets(name):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import mtl_bench.config  # noqa: F401  (registers the schemas)
+    from mtl_bench.catalog import conf_root
+
+    for tasks, table in load(name).items():
+        assert table.protocol and table.experiment, (name, tasks)
+        with initialize_config_dir(str(conf_root()), version_base="1.3"):
+            cfg = compose("config", overrides=[f"experiment={table.experiment}"])
+        assert cfg.tasks._target_.rsplit(".", 1)[1].lower() == tasks.replace("_", "")
+        for key, value in table.protocol.items():
+            assert OmegaConf.select(cfg, key) == value, (name, tasks, key)
+
+
+def test_published_labels_never_wrap_beside_a_long_group_label(tmp_path: Path):
+    for seed in (0, 1):
+        write_run(tmp_path, f"long_{seed}", "gradnorm_" + "x" * 60, seed, 0.70)
+        write_run(tmp_path, f"fixed_{seed}", "fixed", seed, 0.72)
+    for name in available():
+        text = make_report([tmp_path], "table", None, None, published=name)[0]
+        lines = text.splitlines()
+        assert max(map(len, lines)) <= WIDTH, text
+        for row in load(name)["cityscapes"].rows:
+            assert any(f"│ {row.method} [published]" in line for line in lines), (name, row.method, text)

@@ -127,7 +127,7 @@ def test_markdown_and_csv(sweep):
         "2.1 ± 1.3 |" in markdown
     )
     assert (
-        "| balancer=gradnorm balancer.alpha=0.5 | 2 | 0.8 ± 0.25 | 0.2 ± 0.13 | 1.1 ± 1.3 | -5.56 ± 70.59 | "
+        "| balancer=gradnorm balancer.alpha=0.5 | 2 | 0.8 ± 0.25 | 0.2 ± 0.13 | 1.1 ± n/a | -5.56 ± 70.59 | "
         "-1.67 ± 84.71 | 1.33 | 5.2 ± 2.5 |" in markdown
     )
     assert "failed:" in markdown and "incomplete:" in markdown and "model selection: final step" in markdown
@@ -148,6 +148,7 @@ def test_markdown_and_csv(sweep):
         "mean rank ↓",
         "time/step ms",
         "time/step ms ci95",
+        "tag",
     ]
     assert [row[0] for row in table[1:3]] == ["balancer=fixed", "balancer=gradnorm balancer.alpha=0.5"]
     fixed = dict(zip(table[0], table[1]))
@@ -157,7 +158,7 @@ def test_markdown_and_csv(sweep):
     assert float(fixed["time/step ms"]) == pytest.approx(2.1)
     assert float(fixed["time/step ms ci95"]) == pytest.approx(12.706204736 * 0.1)
     with_dm = list(csv.reader(io.StringIO(make_report([sweep], "csv", "balancer=fixed", None)[0])))
-    assert with_dm[0][-7:] == [
+    assert with_dm[0][-8:] == [
         "Δm flat % ↓",
         "Δm flat ci95",
         "Δm task-avg % ↓",
@@ -165,6 +166,7 @@ def test_markdown_and_csv(sweep):
         "mean rank ↓",
         "time/step ms",
         "time/step ms ci95",
+        "tag",
     ]
 
 
