@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
 from mtl_bench.balancers.base import BackwardContext
+from mtl_bench.balancers.upgrad import UPGradWeighting
 from mtl_bench.bench.encodec_balancer import encodec_step
 from mtl_bench.bench.peers import libmtl_weighting
 from mtl_bench.bench.runs import hps_mlp
@@ -336,7 +337,7 @@ PEERS: list[tuple[str, str, Callable]] = [
     ("pcd", "torchjd", _torchjd("PCD")),
     ("excess_mtl", "ours", _ours("ExcessMTL", robust_step_size=0.5, total="one", head_weights="ones")),
     ("excess_mtl", "torchjd", _torchjd("ExcessMTL", robust_step_size=0.5, n_warmup_steps=1)),
-    ("cr_mogm", "ours", _ours("CRMOGM", base="UPGrad", alpha=0.5)),
+    ("cr_mogm", "ours", _ours("CRMOGM", base=UPGradWeighting, alpha=0.5)),
     ("cr_mogm", "torchjd", _torchjd("CRMOGM:UPGradWeighting", alpha=0.5)),
     ("krum", "ours", _ours("Krum", n_byzantine=0, n_selected=1)),
     ("krum", "torchjd", _torchjd("Krum", n_byzantine=0, n_selected=1)),

@@ -7,6 +7,7 @@ from typing import Sequence
 import torch.nn.functional as F
 from torch import Tensor
 
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.preference import Concentration, Preference, PreferenceScalarization
 
 
@@ -44,8 +45,7 @@ class COSMOS(PreferenceScalarization):
         seed: with `dirichlet`, the seed of the balancer's own generator (the run's seed in the config).
         """
         super().__init__(task_names, preference, alpha, seed)
-        if isinstance(lambda_, bool) or not isinstance(lambda_, (int, float)) or not lambda_ >= 0:
-            raise ValueError(f"lambda_: must be a number >= 0, got {lambda_!r}")
+        number("lambda_", lambda_, 0)
         self.lambda_ = float(lambda_)
 
     def extra_repr(self) -> str:

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
@@ -49,8 +50,7 @@ class DynamicWeightAverage(StagedBalancer):
         super().__init__(task_names)
         if not temperature > 0:
             raise ValueError(f"temperature: must be > 0, got {temperature}")
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise ValueError(f"period: must be an integer >= 1, got {period!r}")
+        number("period", period, 1, integer=True)
         self.temperature, self.period = float(temperature), period
         n = len(self.task_names)
         self.register_buffer("period_sum", torch.zeros(n))  # Σ items·loss in the current period

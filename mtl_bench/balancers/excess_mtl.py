@@ -10,6 +10,7 @@ from torch import Tensor
 
 from mtl_bench import cpp_kernels
 from mtl_bench.balancers.blocks import flat_rows
+from mtl_bench.balancers.checks import number, one_of
 from mtl_bench.balancers.distributed import rank_mean, world_size
 from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.gramian import takes_kernel
@@ -92,12 +93,9 @@ class ExcessMTL(GradientBalancer):
             or not robust_step_size > 0
         ):
             raise ValueError(f"robust_step_size: must be a number > 0, got {robust_step_size!r}")
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
-            raise ValueError(f"warmup_steps: must be an integer >= 1, got {warmup_steps!r}")
-        if total not in TOTALS:
-            raise ValueError(f"total: {total!r} is not one of {', '.join(TOTALS)}")
-        if head_weights not in HEAD_WEIGHTS:
-            raise ValueError(f"head_weights: {head_weights!r} is not one of {', '.join(HEAD_WEIGHTS)}")
+        number("warmup_steps", warmup_steps, 1, integer=True)
+        one_of("total", total, TOTALS)
+        one_of("head_weights", head_weights, HEAD_WEIGHTS)
         self.robust_step_size, self.warmup_steps = float(robust_step_size), warmup_steps
         self.total, self.head_weights = total, head_weights
         self.heads_wait = head_weights == "weights"

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.distributed import rank_mean
 from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.gramian import gram_metrics
@@ -53,8 +54,7 @@ class GradDrop(SeededGenerator, GradientBalancer):
         seed: seed of the generator of the sign draws; None draws one from torch's global RNG.
         """
         super().__init__(task_names, shared_params, grad_source, sources=("shared_rep",))
-        if isinstance(leak, bool) or not isinstance(leak, (int, float)) or not 0 <= leak <= 1:
-            raise ValueError(f"leak: must be a number in [0, 1], got {leak!r}")
+        number("leak", leak, 0, 1)
         self.leak = float(leak)
         self._seed_generator(seed)
 

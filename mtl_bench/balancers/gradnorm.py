@@ -11,6 +11,7 @@ from torch.utils.hooks import RemovableHandle
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.checks import one_of
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.graph import task_params, upstream_leaves
 from mtl_bench.balancers.leaf_grads import leaf_grads_root
@@ -154,10 +155,8 @@ class GradNorm(StagedBalancer):
         min_weight: the weights are clamped to at least this (> 0) before renormalising.
         """
         super().__init__(task_names)
-        if grad_source not in GRAD_SOURCES:
-            raise ValueError(f"grad_source: {grad_source!r} is not one of {', '.join(GRAD_SOURCES)}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        one_of("grad_source", grad_source, GRAD_SOURCES)
+        one_of("optimizer", optimizer, OPTIMIZERS)
         for name, value, bound in (("alpha", alpha, ">= 0"), ("lr", lr, "> 0"), ("min_weight", min_weight, "> 0")):
             if not (value >= 0 if bound == ">= 0" else value > 0):
                 raise ValueError(f"{name}: must be {bound}, got {value}")

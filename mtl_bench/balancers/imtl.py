@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.adam_update import adam_update
+from mtl_bench.balancers.checks import number, one_of
 from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
 from mtl_bench.balancers.weighting import Solution
@@ -77,12 +78,9 @@ class IMTL(GradientBalancer):
         eps: Adam's eps for s.
         """
         super().__init__(task_names, shared_params, grad_source)
-        if mode not in MODES:
-            raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
-        if scale_optimizer not in OPTIMIZERS:
-            raise ValueError(f"scale_optimizer: {scale_optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-        if isinstance(scale_lr, bool) or not isinstance(scale_lr, (int, float)) or not scale_lr > 0:
-            raise ValueError(f"scale_lr: must be a number > 0, got {scale_lr!r}")
+        one_of("mode", mode, MODES)
+        one_of("scale_optimizer", scale_optimizer, OPTIMIZERS)
+        number("scale_lr", scale_lr, 0, above=True)
         self.mode, self.scale_optimizer, self.scale_lr = mode, scale_optimizer, float(scale_lr)
         self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
         n = len(self.task_names)

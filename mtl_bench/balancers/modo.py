@@ -8,6 +8,7 @@ from typing import Iterable, Literal, Optional, Sequence
 import torch
 from torch import Tensor
 
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.multi_batch import MultiBatchBalancer, project_to_simplex
 
 
@@ -45,10 +46,8 @@ class MoDo(MultiBatchBalancer):
         rho: the L2 term ρ of λ's step (>= 0).
         """
         super().__init__(task_names, shared_params, grad_source)
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma > 0:
-            raise ValueError(f"gamma: must be a number > 0, got {gamma!r}")
-        if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not rho >= 0:
-            raise ValueError(f"rho: must be a number >= 0, got {rho!r}")
+        number("gamma", gamma, 0, above=True)
+        number("rho", rho, 0)
         self.gamma, self.rho = float(gamma), float(rho)
         self.register_buffer("lambdas", torch.full((len(self.task_names),), 1.0 / len(self.task_names)))
 

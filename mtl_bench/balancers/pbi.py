@@ -7,6 +7,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.preference import Concentration, Preference, PreferenceScalarization
 from mtl_bench.balancers.scalarization import reference_point
 
@@ -48,8 +49,7 @@ class PenaltyBoundaryIntersection(PreferenceScalarization):
         seed: with `dirichlet`, the seed of the balancer's own generator (the run's seed in the config).
         """
         super().__init__(task_names, preference, alpha, seed)
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta >= 0:
-            raise ValueError(f"theta: must be a number >= 0, got {theta!r}")
+        number("theta", theta, 0)
         self.theta = float(theta)
         self.register_buffer("reference_point", reference_point(reference, self.task_names))
 

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.checks import one_of
 from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
@@ -48,8 +49,7 @@ class RandomLossWeighting(SeededGenerator, StagedBalancer):
         super().__init__(task_names)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed: must be an integer, got {seed!r}")
-        if distribution not in DISTRIBUTIONS:
-            raise ValueError(f"distribution: {distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
+        one_of("distribution", distribution, DISTRIBUTIONS)
         self.distribution = distribution
         self._seed_generator(seed)
         self.register_buffer("weights", self._draw())

@@ -8,6 +8,7 @@ from typing import Iterable, Literal, Optional, Sequence
 import torch
 from torch import Tensor
 
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.multi_batch import MultiBatchBalancer, project_to_simplex
 
 
@@ -52,14 +53,10 @@ class SDMGrad(MultiBatchBalancer):
         momentum: the inner solve's momentum in [0, 1).
         """
         super().__init__(task_names, shared_params, grad_source)
-        if isinstance(lambda_, bool) or not isinstance(lambda_, (int, float)) or not lambda_ >= 0:
-            raise ValueError(f"lambda_: must be a number >= 0, got {lambda_!r}")
-        if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
-            raise ValueError(f"n_iter: must be an integer >= 1, got {n_iter!r}")
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-            raise ValueError(f"lr: must be a number > 0, got {lr!r}")
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-            raise ValueError(f"momentum: must be a number in [0, 1), got {momentum!r}")
+        number("lambda_", lambda_, 0)
+        number("n_iter", n_iter, 1, integer=True)
+        number("lr", lr, 0, above=True)
+        number("momentum", momentum, 0, 1, below=True)
         self.lambda_, self.n_iter, self.lr, self.momentum = float(lambda_), n_iter, float(lr), float(momentum)
         self.register_buffer("w", torch.full((len(self.task_names),), 1.0 / len(self.task_names)))
 

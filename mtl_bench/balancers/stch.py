@@ -9,6 +9,7 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.scalarization import ScalarizedBalancer, preference_vector, reference_point
 from mtl_bench.balancers.staged import JOINT, StagedBalancer
 
@@ -53,11 +54,9 @@ class SmoothTchebycheff(ScalarizedBalancer, StagedBalancer):
             all of them. Only with warmup_steps > 0.
         """
         super().__init__(list(task_names))
-        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not mu > 0:
-            raise ValueError(f"mu: must be a number > 0, got {mu!r}")
+        number("mu", mu, 0, above=True)
         self.mu = float(mu)
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps: must be an integer >= 0, got {warmup_steps!r}")
+        number("warmup_steps", warmup_steps, 0, integer=True)
         if nadir_steps is not None and warmup_steps == 0:
             raise ValueError("nadir_steps: only with warmup_steps > 0 (no warm-up, no nadir point)")
         nadir_steps = warmup_steps if nadir_steps is None else nadir_steps

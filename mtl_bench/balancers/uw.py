@@ -12,6 +12,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.checks import one_of
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
@@ -65,8 +66,7 @@ class UncertaintyWeighting(StagedBalancer):
         weight_decay: L2 penalty on the log-variances, added to their gradient as torch's optimizers do (>= 0).
         """
         super().__init__(task_names)
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        one_of("optimizer", optimizer, OPTIMIZERS)
         if not lr > 0:
             raise ValueError(f"lr: must be > 0, got {lr}")
         if not eps > 0:
