@@ -119,7 +119,10 @@ def report(
     from mtl_bench.report.main import make_report
 
     try:
-        text, written = make_report(paths, fmt, baseline, plots, wide=wide, published=published)
+        if any(is_study_dir(path) for path in paths):
+            text, written = study_report(paths, fmt, plots, baseline or published or (wide or None))
+        else:
+            text, written = make_report(paths, fmt, baseline, plots, wide=wide, published=published)
     except ConfigError as err:
         typer.echo(f"mtl-bench: error: {err}", err=True)
         raise typer.Exit(2) from None
@@ -132,6 +135,49 @@ def report(
         typer.echo(f"report written to {output}", err=True)
     for path in written:
         typer.echo(f"plot written to {path}", err=True)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def study(
+    ctx: typer.Context,
+    preset: str = typer.Argument(..., help="A study preset (toy10, digits, qm9, nyuv2) or a study YAML path."),
+) -> None:
+    """Compare balancing methods fairly: tune each (and tuned scalarization, equal weights, single-task baselines)
+    with the same budget on validation, train the chosen configs on several seeds, and report paired statistics.
+    Overrides: study keys (budget=3 seeds=[1,2]) and Hydra launcher keys (hydra/launcher=joblib). Rerun to resume."""
+    from mtl_bench.errors import ConfigError
+    from mtl_bench.study.report import load_results, render_study
+    from mtl_bench.study.run import run_study
+
+    try:
+        study_dir = run_study(preset, list(ctx.args))
+        typer.echo(render_study(load_results(study_dir), "table"), nl=False)
+    except ConfigError as err:
+        typer.echo(f"mtl-bench: error: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"study dir: {study_dir} (mtl-bench report {study_dir} --format markdown|csv|json --plots DIR)")
+
+
+def is_study_dir(path: Path) -> bool:
+    from mtl_bench.study.report import is_study_dir as holds_study
+
+    return holds_study(path)
+
+
+def study_report(paths: list[Path], fmt: str, plots: Optional[Path], refused: object) -> tuple[str, list[Path]]:
+    from mtl_bench.errors import ConfigError
+    from mtl_bench.report.render import FORMATS
+    from mtl_bench.study.report import load_results, render_study, write_study_plot
+
+    if len(paths) != 1:
+        raise ConfigError("a study directory is reported alone: give one path")
+    if refused is not None:
+        raise ConfigError("--baseline, --published and --wide are for runs; a study's report is against its reference")
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: allowed: {', '.join(FORMATS)}")
+    results = load_results(paths[0])
+    written = [write_study_plot(results, plots)] if plots is not None else []
+    return render_study(results, fmt), written
 
 
 def main() -> None:

@@ -208,6 +208,11 @@ class TrainerConf:
         "loader steps per optimizer step; the gradient is their mean; null: as many as the balancer needs (3 for a "
         "method whose independent draws are the micro-batches, said in the log), else 1",
     )
+    only_tasks: Optional[list[str]] = option(
+        None,
+        "train only these tasks of the task set (the same model with only their heads: a single-task baseline, as "
+        "`mtl-bench study` makes them); null: every task",
+    )
     on_nonfinite: str = option("skip", "a non-finite loss: skip the step (counted, logged) | raise (stop)")
     max_skipped_fraction: Optional[float] = option(
         0.1,

@@ -34,7 +34,7 @@ LAYERS = (
     ),
     ("rooms", ("tasks", "models", "balancers", "optim", "run_logger", "analysis", "report")),
     ("engine", ("engine",)),
-    ("app", ("train", "cli", "__main__", "bench", "prepare")),
+    ("app", ("train", "cli", "__main__", "bench", "prepare", "study")),
 )
 
 

@@ -184,6 +184,14 @@ class Parts:
 
 def build_tasks(cfg: DictConfig, conf: TrainerConf, device: torch.device) -> TaskSet:
     taskset: TaskSet = build("tasks", cfg.tasks, TaskSet, ignore=ENGINE_KEYS["tasks"]).to(device)
+    if conf.only_tasks is not None:
+        unknown = [name for name in conf.only_tasks if name not in taskset.task_names]
+        if unknown or not conf.only_tasks:
+            raise ConfigError(
+                f"trainer.only_tasks=[{','.join(conf.only_tasks)}]: name one or more of the tasks "
+                f"{', '.join(taskset.task_names)}"
+            )
+        taskset.keep_only(conf.only_tasks)
     if taskset.multi_input and conf.step_mode != "per_task":
         raise ConfigError(
             f"trainer.step_mode={conf.step_mode}: tasks={type(taskset).__name__} is multi-input (each task its own "

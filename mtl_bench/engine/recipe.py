@@ -44,6 +44,7 @@ from mtl_bench.engine.distributed import (
 from mtl_bench.engine.evaluate import evaluate
 from mtl_bench.engine.front import FrontRun, front_run
 from mtl_bench.engine.gradients import clip_gradients
+from mtl_bench.engine.memory import peak_memory, reset_peak_memory
 from mtl_bench.engine.nonfinite import NonFinitePolicy, nonfinite_flag, step_unless
 from mtl_bench.engine.profile import maybe_profile
 from mtl_bench.engine.progress import Progress
@@ -127,6 +128,7 @@ class Recipe:
         device = pick_device(conf.device)
         self.dist = init_distributed(device)
         self.device = device = rank_device(device, self.dist)
+        reset_peak_memory(device)
         self.run_dir = Path(broadcast_text(str(self.run_dir)))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resume = self._resume_setting()
@@ -638,6 +640,9 @@ class Recipe:
             "implementations": self.implementations,
             "reference": self.taskset.reference,
             **({"front": self.front_record} if self.front_record is not None else {}),
+            "peak_memory": peak_memory(self.device),
+            "threads": torch.get_num_threads(),
+            "device": self.device.type,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 

@@ -327,6 +327,7 @@ def render(
                         else {k: _finite(v) for k, v in g.delta_m_ci.items()},
                         "mean_rank": g.mean_rank,
                         "time_per_step_ms": None if g.time_per_step is None else _stat_json(g.time_per_step, 1000.0),
+                        "peak_memory": g.peak_memory,
                         "metrics": {t: {m: _stat_json(s) for m, s in ms.items()} for t, ms in g.stats.items()},
                     }
                     for g in groups

@@ -20,6 +20,13 @@ def final_weights(run_dir: Path, tasks: list[str]) -> dict[str, float]:
     return {task: max(series[f"weight/{task}"])[1] for task in tasks if series.get(f"weight/{task}")}
 
 
+def memory_text(peak: Any) -> str:
+    """metrics.json's `peak_memory` as "412 MiB (CPU process peak RSS)"; "" when the run did not record it."""
+    if not isinstance(peak, Mapping) or not isinstance(peak.get("bytes"), int):
+        return ""
+    return f"{peak['bytes'] / 2**20:.0f} MiB ({peak.get('label', peak.get('kind', '?'))})"
+
+
 def format_run_summary(record: Mapping[str, Any], run_dir: Path) -> str:
     """Final test metrics per task, final loss weights, steps, wall time, the run dir and the TensorBoard command.
 
@@ -44,6 +51,9 @@ def format_run_summary(record: Mapping[str, Any], run_dir: Path) -> str:
         lines.append("final loss weights: " + ", ".join(f"{task} {w:.4g}" for task, w in weights.items()))
     else:
         lines.append("final loss weights: none logged (weight/<task>)")
+    memory = memory_text(record.get("peak_memory"))
+    if memory:
+        lines.append(f"peak memory: {memory}")
     lines.append(f"run dir: {run_dir}")
     lines.append(f"TensorBoard: tensorboard --logdir {shlex.quote(str(run_dir))}")
     return "\n".join(lines) + "\n"

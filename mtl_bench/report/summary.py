@@ -108,6 +108,7 @@ class Group:
     baseline_label: Optional[str] = None
     mean_rank: Optional[float] = None  # over the metrics, among the groups of the same task set (1 = best)
     time_per_step: Optional[Stat] = None  # seconds per optimizer step over seeds; None when no run recorded it
+    peak_memory: Optional[dict[str, Any]] = None  # the largest run's metrics.json `peak_memory` (bytes, label)
     per_seed: dict[Any, dict[str, dict[str, float]]] = field(default_factory=dict, repr=False)  # seed -> metrics
     view: dict[str, Any] = field(default_factory=dict, repr=False)  # what labels are made of, in config order
     choice_keys: set[str] = field(default_factory=set, repr=False)  # keys of `view` that are group choices
@@ -184,6 +185,8 @@ def summarise(runs: list[Run]) -> Group | None:
         if run.time_per_step_s is not None:
             times.setdefault(_seed_of(run), []).append(run.time_per_step_s)
     time_per_step = Stat.of([statistics.fmean(v) for v in times.values()]) if times else None
+    peaks = [r.metrics["peak_memory"] for r in completed if isinstance(r.metrics.get("peak_memory"), dict)]
+    peak_memory = max(peaks, key=lambda p: p.get("bytes", 0)) if peaks else None
 
     overridden = {override_key(item) for run in completed for item in training_overrides(run)}
     config = first.training_config()
@@ -204,6 +207,7 @@ def summarise(runs: list[Run]) -> Group | None:
         stats,
         first.metrics.get("higher_is_better", {}),
         time_per_step=time_per_step,
+        peak_memory=peak_memory,
         per_seed=per_seed,
         view=view,
         choice_keys=choice_keys,

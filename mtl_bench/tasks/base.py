@@ -101,6 +101,19 @@ class TaskSet:
     def task_names(self) -> list[str]:
         return [t.name for t in self.tasks]
 
+    def keep_only(self, names: Sequence[str]) -> "TaskSet":
+        """Drop every task not in `names` (a single-task baseline trains one): its head, targets and reference."""
+        self.tasks = [t for t in self.tasks if t.name in names]
+        for attr in ("train", "val", "test"):
+            splits = getattr(self, attr)
+            if isinstance(splits, Mapping):
+                setattr(self, attr, {name: data for name, data in splits.items() if name in names})
+            elif isinstance(splits, Split):
+                splits.targets = {name: t for name, t in splits.targets.items() if name in names}
+        if self.reference is not None:
+            self.reference = {task: values for task, values in self.reference.items() if task in names}
+        return self
+
     def to(self, device: torch.device) -> "TaskSet":
         """Move the in-memory splits to `device` (datasets stay where their loader reads them)."""
         for splits in (self.train, self.val, self.test):

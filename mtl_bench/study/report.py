@@ -1,0 +1,151 @@
+"""`mtl-bench report <study dir>`: the study's table from study.json (no torch), at most 100 columns wide."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from mtl_bench.errors import ConfigError
+from mtl_bench.study.spec import SCALARIZATION, SINGLE_TASK
+
+WIDTH = 100
+HEADER = ["method", "test Δm % ↓", "vs scal. Δm", "p Holm", "rank", "ms/step", "peak MiB", "{unit}"]
+
+
+def is_study_dir(path: Path) -> bool:
+    return (path / "study.json").is_file() or (path / "study.yaml").is_file()
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / "study.json").read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: no study.json yet (the study has not finished): rerun its `mtl-bench study` command"
+        ) from None
+    except ValueError as err:
+        raise ConfigError(f"{path / 'study.json'}: not JSON ({err})") from None
+
+
+def _n(x: Optional[float], fmt: str) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _pm(stat: Optional[dict[str, Any]], fmt: str = "+.2f") -> str:
+    if not stat or stat.get("mean") is None:
+        return ""
+    ci = stat.get("ci95")
+    return f"{stat['mean']:{fmt}} ± {'n/a' if ci is None else format(ci, '.2f')}"
+
+
+def table_rows(results: dict[str, Any]) -> list[list[str]]:
+    body = []
+    rows = results["rows"]
+    for name, row in rows.items():
+        if name == SINGLE_TASK:
+            continue
+        vs = row.get("vs_scalarization")
+        mark = {-1: " <", 1: " >"}.get(vs.get("separated", 0), "") if vs else ""
+        body.append(
+            [
+                name,
+                _pm(row.get("delta_m")),
+                "(baseline)" if name == SCALARIZATION else _pm(vs) + mark,
+                _n(vs.get("p_holm"), ".3f") if vs else "",
+                _n(row.get("mean_rank"), ".2f"),
+                _n(row.get("time_per_step_ms"), ".3g"),
+                _n(row.get("peak_memory_mib"), ".0f"),
+                _n(row.get("compute", {}).get("total"), ".3f"),
+            ]
+        )
+    if SINGLE_TASK in rows:
+        body.append(["single-task", "reference", "", "", "", "", "", _n(rows[SINGLE_TASK]["compute"]["total"], ".3f")])
+    return body
+
+
+def footer(results: dict[str, Any]) -> list[str]:
+    reference = results["reference"]
+    ref = (
+        "the study's single-task runs (one run per task, the same model with that task alone, lr tuned with the "
+        "same budget), test metrics averaged over the final seeds"
+        if reference["kind"] == "single_task"
+        else "the task set's published reference (tasks.reference)"
+    )
+    memory = next((r.get("peak_memory_kind") for r in results["rows"].values() if r.get("peak_memory_kind")), None)
+    lines = [
+        f"study {results['study']}: tasks {', '.join(results['tasks'])}; {results['budget']} tuning trials per row "
+        f"(seed {results['tune_seed']}, chosen on validation {results['select']}), final seeds "
+        f"{', '.join(map(str, results['seeds']))}",
+        f"Δm: flat mean relative drop over the test metrics (%, lower is better) against {ref}; "
+        "± 95% t interval over seeds",
+        "vs scal.: per-seed Δm minus tuned scalarization's, paired by seed, mean ± 95% CI; p Holm: paired t test, "
+        "Holm-corrected over the methods; < / > better / worse with separation",
+        "rank: mean rank over the test metrics; ms/step: training wall time / steps of the final runs"
+        + (f"; peak MiB: {memory}, largest over the final runs" if memory else ""),
+        f"{results['compute_unit']}: tuning + final runs' training wall time"
+        + (" × threads" if results["compute_unit"] == "core-hours" else "")
+        + "; single-task: all its tasks' runs",
+        results["verdict"],
+        f"machine: {results.get('machine', 'not recorded')}",
+    ]
+    return lines
+
+
+def wrap(line: str, width: int = WIDTH) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent="  ")) or line
+
+
+def render_study(results: dict[str, Any], fmt: str) -> str:
+    header = [h.format(unit=results["compute_unit"]) for h in HEADER]
+    body = table_rows(results)
+    if fmt == "json":
+        return json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+    if fmt == "csv":
+        out = io.StringIO()
+        csv.writer(out).writerows([header, *body])
+        return out.getvalue()
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        return "\n".join(lines) + "\n\n" + "\n".join(f"- {line}" for line in footer(results)) + "\n"
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+        for r in [header, *body]
+    ]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines) + "\n" + "\n".join(wrap(line) for line in footer(results)) + "\n"
+
+
+def write_study_plot(results: dict[str, Any], folder: Path) -> Path:
+    """Δm against time per step, each method a point with its 95% CI (bars: over the final seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name, row in results["rows"].items():
+        dm, t = row.get("delta_m"), row.get("time_per_step_ms")
+        if not dm or dm.get("mean") is None or t is None:
+            continue
+        ci = dm.get("ci95") or 0.0
+        ax.errorbar([t], [dm["mean"]], yerr=[[ci], [ci]], fmt="o", capsize=3)
+        ax.annotate(name, (t, dm["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("time per step (ms, final runs)")
+    ax.set_ylabel("test Δm % (lower is better), 95% CI")
+    ax.set_title(f"study {results['study']}")
+    ax.axhline(0, color="grey", lw=0.5)
+    path = folder / f"study_{results['study']}_delta_m_vs_time.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

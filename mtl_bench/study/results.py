@@ -1,0 +1,140 @@
+"""A study's results (study.json): per row, test Δm over the final seeds against the reference, the difference to
+tuned scalarization paired by seed with Holm-corrected p-values, mean rank, time per step, peak memory and the
+compute it took (tuning + final runs). No torch: the report reads it."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Mapping, Optional, Sequence
+
+from mtl_bench.report.delta_m import delta_m_flat, relative_drops
+from mtl_bench.report.stats import mean_ranks
+from mtl_bench.study.plan import FINAL, TUNE
+from mtl_bench.study.select import without_loss
+from mtl_bench.study.spec import SCALARIZATION, SINGLE_TASK
+from mtl_bench.study.stats import holm, mean_ci, paired_difference, separated
+
+Record = Mapping[str, Any]
+Metrics = dict[str, dict[str, float]]
+
+
+def mean_metrics(records: Sequence[Record], split: str) -> Metrics:
+    """The mean over runs of each task metric of `split` (without losses)."""
+    values: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        for task, metrics in without_loss(record.get(split) or {}).items():
+            for name, value in metrics.items():
+                values.setdefault(task, {}).setdefault(name, []).append(float(value))
+    return {task: {name: statistics.fmean(v) for name, v in ms.items()} for task, ms in values.items()}
+
+
+def delta_m(record: Record, reference: Metrics) -> float:
+    return delta_m_flat(relative_drops(without_loss(record.get("test") or {}), reference, record["higher_is_better"]))
+
+
+def run_compute(record: Record) -> tuple[float, str]:
+    """(hours of the unit, unit): a CPU run's training wall time times its threads (core-hours); a GPU run's wall
+    time (GPU-hours, one GPU per run)."""
+    wall = float(record.get("wall_time_s") or 0.0)
+    if record.get("device") == "cuda":
+        return wall / 3600, "GPU-hours"
+    return wall * int(record.get("threads") or 1) / 3600, "core-hours"
+
+
+def _finite(x: float) -> Optional[float]:
+    return None if math.isnan(x) else x
+
+
+def summarize(
+    index: list[dict[str, Any]],
+    records: Mapping[str, Optional[Record]],
+    *,
+    reference_kind: str,
+    reference_test: Optional[Metrics],
+    rows: list[str],
+    seeds: list[int],
+) -> dict[str, Any]:
+    """`index`: every planned run (id, phase, row, seed); `records`: id -> metrics.json (None: not there)."""
+    completed = {i: r for i, r in records.items() if r and r.get("status") == "completed"}
+    by_row: dict[str, dict[int, Record]] = {}
+    compute: dict[str, dict[str, float]] = {}
+    unit = "core-hours"
+    for run in index:
+        record = records.get(run["id"])
+        if record:
+            hours, unit = run_compute(record)
+            key = SINGLE_TASK if run["row"].startswith(SINGLE_TASK) else run["row"]
+            spent = compute.setdefault(key, {TUNE: 0.0, FINAL: 0.0})
+            spent[run["phase"]] += hours
+        if run["phase"] == FINAL and run["id"] in completed:
+            by_row.setdefault(run["row"], {})[run["seed"]] = completed[run["id"]]
+    table: dict[str, dict[str, Any]] = {}
+    if reference_test:
+        for row in rows:
+            done = by_row.get(row, {})
+            per_seed = {s: delta_m(done[s], reference_test) for s in seeds if s in done}
+            mean, ci = mean_ci(list(per_seed.values()))
+            times = [r["wall_time_s"] / r["step"] for r in done.values() if r.get("step")]
+            peaks = [r["peak_memory"] for r in done.values() if isinstance(r.get("peak_memory"), Mapping)]
+            table[row] = {
+                "delta_m": {"mean": _finite(mean), "ci95": _finite(ci), "n": len(per_seed)},
+                "delta_m_per_seed": {str(s): v for s, v in per_seed.items()},
+                "test_mean": mean_metrics(list(done.values()), "test"),
+                "time_per_step_ms": _finite(1000 * mean_ci(times)[0]) if times else None,
+                "peak_memory_mib": max(p["bytes"] for p in peaks) / 2**20 if peaks else None,
+                "peak_memory_kind": peaks[0]["label"] if peaks else None,
+            }
+        add_paired(table, rows, seeds)
+        hib: dict[str, dict[str, bool]] = next((r["higher_is_better"] for r in completed.values()), {})
+        ranked = [row for row in rows if table[row]["test_mean"]]
+        for row, rank in zip(ranked, mean_ranks([table[r]["test_mean"] for r in ranked], hib)):
+            table[row]["mean_rank"] = rank
+    for row, spent in compute.items():
+        table.setdefault(row, {})["compute"] = {**spent, "total": spent[TUNE] + spent[FINAL], "unit": unit}
+    return {
+        "reference": {"kind": reference_kind, "test": reference_test},
+        "rows": table,
+        "verdict": verdict(table, rows),
+        "compute_unit": unit,
+    }
+
+
+def add_paired(table: dict[str, dict[str, Any]], rows: list[str], seeds: list[int]) -> None:
+    """Each row's per-seed difference to tuned scalarization over the seeds both have, with Holm over the rows."""
+    base = table.get(SCALARIZATION, {}).get("delta_m_per_seed", {})
+    compared = [row for row in rows if row != SCALARIZATION]
+    diffs = {}
+    for row in compared:
+        mine = table[row]["delta_m_per_seed"]
+        common = [str(s) for s in seeds if str(s) in mine and str(s) in base]
+        if common:
+            diffs[row] = paired_difference([mine[s] for s in common], [base[s] for s in common])
+    adjusted = dict(zip(diffs, holm([d.p for d in diffs.values()])))
+    for row, diff in diffs.items():
+        table[row]["vs_scalarization"] = {
+            "mean": _finite(diff.mean),
+            "ci95": _finite(diff.ci),
+            "p": _finite(diff.p),
+            "p_holm": _finite(adjusted[row]),
+            "n": diff.n,
+            "separated": separated(diff, adjusted[row]),
+        }
+
+
+def verdict(table: Mapping[str, Mapping[str, Any]], rows: list[str]) -> str:
+    better = [r for r in rows if table.get(r, {}).get("vs_scalarization", {}).get("separated") == -1]
+    worse = [r for r in rows if table.get(r, {}).get("vs_scalarization", {}).get("separated") == 1]
+    if not any("vs_scalarization" in table.get(r, {}) for r in rows):
+        return "verdict: no paired comparison (tuned scalarization or the methods have no completed final runs)"
+    head = (
+        "beat tuned scalarization with separation (95% CI of the paired difference below 0, Holm p < 0.05): "
+        + ", ".join(better)
+        if better
+        else "verdict: no method beat tuned scalarization with separation (Holm-corrected p < 0.05 and the 95% CI "
+        "of the paired difference below 0)"
+    )
+    if better:
+        head = "verdict: " + head
+    tail = f"; worse with separation: {', '.join(worse)}" if worse else ""
+    return head + tail

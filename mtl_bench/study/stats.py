@@ -1,0 +1,78 @@
+"""The study's statistics, from scipy and statsmodels (no torch).
+
+Over the final seeds s = 1..n of a method:
+  mean ± t_{0.975, n-1} · s/√n              (Student t interval of the mean; scipy.stats.t)
+  d_s = Δm_method(s) − Δm_scalarization(s)    paired by seed (same seed: same initialisation and data order)
+  mean(d) ± t_{0.975, n-1} · sd(d)/√n, p from the paired t test (scipy.stats.ttest_rel, two-sided)
+  Holm's step-down correction of the p-values over the methods compared (Holm 1979;
+  statsmodels.stats.multitest.multipletests(method="holm")).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+LEVEL = 0.95
+ALPHA = 0.05
+
+
+def mean_ci(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
+    """(mean, half-width of its `level` t interval); the half-width is nan with fewer than two values."""
+    from scipy import stats
+
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = float(sum(values) / n)
+    if n < 2:
+        return mean, math.nan
+    return mean, float(stats.t.ppf((1 + level) / 2, n - 1) * stats.sem(values))
+
+
+@dataclass
+class Paired:
+    mean: float  # mean of the per-seed differences a − b
+    ci: float  # half-width of its 95% t interval
+    p: float  # two-sided paired t test
+    n: int
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> Paired:
+    """a and b are per-seed values in the same seed order."""
+    from scipy import stats
+
+    if len(a) != len(b):
+        raise ValueError(f"paired values need the same seeds: {len(a)} vs {len(b)}")
+    diffs = [x - y for x, y in zip(a, b)]
+    mean, ci = mean_ci(diffs)
+    p = math.nan
+    if len(diffs) >= 2 and any(d != diffs[0] for d in diffs):
+        p = float(stats.ttest_rel(a, b).pvalue)
+    return Paired(mean, ci, p, len(diffs))
+
+
+def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[float]:
+    """Holm-adjusted p-values (nan stays nan and is left out of the family)."""
+    from statsmodels.stats.multitest import multipletests
+
+    known = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+    adjusted = [math.nan] * len(pvalues)
+    if known:
+        _, corrected, _, _ = multipletests([pvalues[i] for i in known], alpha=alpha, method="holm")
+        for i, p in zip(known, corrected):
+            adjusted[i] = float(p)
+    return adjusted
+
+
+def separated(diff: Paired, p_holm: float, alpha: float = ALPHA) -> int:
+    """-1 when the method is better than the baseline with separation (lower Δm: the CI of the difference is
+    below 0 and Holm's p < alpha), +1 when worse with separation, 0 otherwise."""
+    if math.isnan(p_holm) or math.isnan(diff.ci) or p_holm >= alpha:
+        return 0
+    if diff.mean + diff.ci < 0:
+        return -1
+    if diff.mean - diff.ci > 0:
+        return 1
+    return 0

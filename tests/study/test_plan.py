@@ -1,0 +1,116 @@
+"""A study's config and plan, without training: presets load, the plan expands to the right runs, every row gets
+the same budget, the search spaces are what they say, bad keys are one line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mtl_bench.errors import ConfigError
+from mtl_bench.study.plan import final_runs, tuning_runs
+from mtl_bench.study.space import interior_lattice, latin_hypercube, simplex_weights
+from mtl_bench.study.spec import load_study, presets
+
+TASKS = [f"t{i}" for i in range(10)]
+
+
+def test_presets():
+    assert {"toy10", "digits", "qm9", "nyuv2"} <= set(presets())
+    for name in presets():
+        cfg = load_study(name, [])
+        assert cfg.budget >= 1 and cfg.seeds and cfg.about
+
+
+def test_toy10_plan_expands_to_every_row_with_the_same_budget():
+    cfg = load_study("toy10", [])
+    runs = tuning_runs(cfg, TASKS)
+    rows = ["single_task-" + t for t in TASKS] + ["equal", "scalarization", "uw", "dwa"]
+    assert [r.id for r in runs] == [f"tune/{row}/t{i:02d}" for row in rows for i in range(cfg.budget)]
+    per_row = {row: sum(r.row == row for r in runs) for row in rows}
+    assert set(per_row.values()) == {cfg.budget}  # the equal budget
+    assert all(r.seed == cfg.tune_seed for r in runs)
+    for run in runs:
+        assert run.overrides[: len(cfg.experiment)] == list(cfg.experiment)
+        assert run.overrides[-1] == f"seed={cfg.tune_seed}"
+        lr = run.settings["optim.lr"]
+        assert 1e-4 <= lr <= 1e-2 and f"optim.lr={lr}" in run.overrides
+        if run.row.startswith("single_task-"):
+            task = run.row.removeprefix("single_task-")
+            assert run.settings["trainer.only_tasks"] == [task] and f"trainer.only_tasks=[{task}]" in run.overrides
+        if run.row == "scalarization":
+            weights = run.settings["balancer.weights"]
+            assert list(weights) == TASKS and sum(weights.values()) == pytest.approx(10, rel=1e-3)
+        if run.row == "dwa":
+            assert 1.0 <= run.settings["balancer.temperature"] <= 4.0
+        assert "balancer=" + ("uw" if run.row == "uw" else "dwa" if run.row == "dwa" else "fixed") in run.overrides
+    chosen = {row: next(r for r in runs if r.row == row) for row in rows}
+    final = final_runs(cfg, chosen)
+    assert [r.id for r in final] == [f"final/{row}/s{s}" for row in rows for s in cfg.seeds]
+    assert all(r.overrides[-1] == f"seed={r.seed}" and r.settings == chosen[r.row].settings for r in final)
+
+
+def test_the_plan_is_the_same_every_time_and_changes_with_the_sampler_seed():
+    cfg = load_study("toy10", [])
+    again = load_study("toy10", [])
+    assert [r.overrides for r in tuning_runs(cfg, TASKS)] == [r.overrides for r in tuning_runs(again, TASKS)]
+    other = load_study("toy10", ["sampler_seed=1"])
+    assert [r.overrides for r in tuning_runs(cfg, TASKS)] != [r.overrides for r in tuning_runs(other, TASKS)]
+
+
+def test_latin_hypercube_puts_one_trial_in_each_stratum():
+    points = latin_hypercube(
+        {"lr": {"loguniform": [1e-4, 1e-2]}, "a": {"uniform": [0, 1]}}, 8, np.random.default_rng(0)
+    )
+    strata = sorted(int((math.log10(p["lr"]) + 4) / 2 * 8) for p in points)
+    assert strata == list(range(8))
+    assert sorted(int(p["a"] * 8) for p in points) == list(range(8))
+    choice = latin_hypercube({"c": {"choice": ["x", "y"]}}, 4, np.random.default_rng(0))
+    assert sorted(p["c"] for p in choice) == ["x", "x", "y", "y"]
+
+
+def test_simplex_grid_for_few_tasks_and_dirichlet_beyond():
+    rng = np.random.default_rng(0)
+    two = simplex_weights(["a", "b"], 4, rng)  # interior lattice of resolution 5: a in 1/5..4/5
+    assert sorted(w["a"] for w in two) == pytest.approx([0.4, 0.8, 1.2, 1.6])
+    three = simplex_weights(["a", "b", "c"], 6, rng)  # resolution 5: the six points (3,1,1), (2,2,1) and turns
+    assert len({tuple(w.values()) for w in three}) == 6
+    assert all(min(w.values()) > 0 and sum(w.values()) == pytest.approx(3) for w in three)
+    assert len(interior_lattice(3, 5)) == 6
+    many = simplex_weights([f"t{i}" for i in range(5)], 7, rng)
+    assert all(sum(w.values()) == pytest.approx(5, rel=1e-3) and min(w.values()) > 0 for w in many)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["nonsense=1"], "nonsense: not a study key"),
+        (["budget=0"], "budget=0: must be >= 1"),
+        (["seeds=[1,1]"], "seeds=[1, 1]: give one or more distinct seeds"),
+        (["select=accuracy"], "select=accuracy: allowed: delta_m or <task>/<metric>"),
+        (["reference=paper"], "reference=paper: allowed: single_task, published"),
+        (["space.optim.lr={loguniform:[0,1]}"], "space.optim.lr.loguniform: lo must be > 0"),
+        (["methods.equal={balancer:fixed}"], "methods.equal: a built-in row"),
+        (["methods.gn={balancer:gradnorm,space:{balancer.alpha:{normal:[0,1]}}}"], "methods.gn.space.balancer.alpha"),
+        (["budget=abc"], "budget"),
+    ],
+)
+def test_bad_study_keys_are_one_line(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_study("toy10", overrides)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_preset_names_the_presets(tmp_path):
+    with pytest.raises(ConfigError, match="no such preset; presets: .*toy10"):
+        load_study("nope", [])
+    with pytest.raises(ConfigError, match="no such study file"):
+        load_study(str(tmp_path / "x.yaml"), [])
+
+
+def test_experiment_may_not_set_what_the_study_sets():
+    cfg = load_study("toy10", [])
+    cfg.experiment.append("balancer=uw")
+    with pytest.raises(ConfigError, match="experiment: balancer=uw is set by the study"):
+        tuning_runs(cfg, TASKS)
