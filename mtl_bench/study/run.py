@@ -235,6 +235,9 @@ class Study:
 
 def run_study(name_or_path: str, overrides: list[str]) -> Path:
     """Plan, run and summarise a study; returns its directory."""
+    from mtl_bench.study.stats import require_libraries
+
+    require_libraries()
     hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
     cfg = load_study(name_or_path, [o for o in overrides if o not in hydra_overrides])
     started = time.perf_counter()

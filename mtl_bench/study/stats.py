@@ -14,8 +14,21 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from mtl_bench.errors import ConfigError
+
 LEVEL = 0.95
 ALPHA = 0.05
+
+
+def require_libraries() -> None:
+    """Before a study trains anything: the statistics it ends with need scipy and statsmodels."""
+    import importlib
+
+    for name in ("scipy.stats", "statsmodels.stats.multitest"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise ConfigError(f"mtl-bench study needs {name.split('.')[0]}: pip install 'mtl-bench[study]'") from None
 
 
 def mean_ci(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
