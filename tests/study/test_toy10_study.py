@@ -146,5 +146,7 @@ def test_the_study_report(study_dir, tmp_path):
     assert as_json["rows"]["uw"]["vs_scalarization"]["n"] == 2
     csv = cli("report", str(study_dir), "--format", "csv").stdout.splitlines()
     assert csv[0].startswith("method,test Δm") and len(csv) == 6
+    runs = cli("report", str(study_dir / "runs" / "final" / "uw"))  # the ordinary report shows peak memory too
+    assert runs.returncode == 0 and "peak MiB" in runs.stdout and "(CPU process peak RSS)" in runs.stdout
     refused = cli("report", str(study_dir), "--wide")
     assert refused.returncode == 2 and refused.stderr.startswith("mtl-bench: error: --baseline, --published")
