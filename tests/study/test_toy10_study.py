@@ -150,3 +150,19 @@ def test_the_study_report(study_dir, tmp_path):
     assert runs.returncode == 0 and "peak MiB" in runs.stdout and "(CPU process peak RSS)" in runs.stdout
     refused = cli("report", str(study_dir), "--wide")
     assert refused.returncode == 2 and refused.stderr.startswith("mtl-bench: error: --baseline, --published")
+
+
+@pytest.mark.slow  # joblib's worker processes start torch anew: minutes on a busy 2-core machine
+def test_a_study_resumes_with_another_launcher(study_dir, tmp_path):
+    """The launcher is not part of the plan: runs missing from a study started with the basic launcher are
+    trained by joblib's workers, as `mtl-bench train -m hydra/launcher=joblib` would."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    copy = copy_of(study_dir, tmp_path)
+    for run_id in ("tune/dwa/t00", "final/uw/s2"):
+        shutil.rmtree(copy / "runs" / run_id)
+    kept = {i: r["finished_at"] for i, r in records(copy).items() if r}
+    result = cli("study", "toy10", f"dir={copy}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    after = records(copy)
+    assert after["tune/dwa/t00"]["status"] == after["final/uw/s2"]["status"] == "completed"
+    assert {i: after[i]["finished_at"] for i in kept} == kept
