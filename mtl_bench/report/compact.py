@@ -46,6 +46,7 @@ class Row:
     metrics: Optional[Metrics] = None  # a published row's per-metric values (our names and units), when printed
     printed: Optional[dict[str, dict[str, str]]] = None  # the same as printed (its digits, in our units)
     tag: str = ""  # the group's runs' tags (shown in a column when they differ between groups)
+    mib: Optional[float] = None  # peak memory of the group's largest run (metrics.json), MiB
 
 
 def shared_terms(part: list[Group]) -> list[str]:
@@ -96,6 +97,7 @@ def _group_row(group: Group, rank: Optional[float], shared: Sequence[str] = ()) 
         math.nan if t is None else 1000 * t.ci,
         "baseline" if group.is_baseline else "",
         tag=tag_text(group),
+        mib=None if group.peak_memory is None else group.peak_memory["bytes"] / 2**20,
     )
 
 
@@ -117,7 +119,7 @@ def _pm(value: Optional[float], ci: float, fmt: str) -> str:
     return f"{value:{fmt}} ± {NA if math.isnan(ci) else format(ci, fmt.lstrip('+'))}"
 
 
-def cells(row: Row, with_dm: bool, printed_mr: bool = False, with_tag: bool = False) -> list[str]:
+def cells(row: Row, with_dm: bool, printed_mr: bool = False, with_tag: bool = False, memory: bool = False) -> list[str]:
     label = row.label + (f" [{row.mark}]" if row.mark in ("baseline", "published") else "")
     out = [label, *([row.tag] if with_tag else []), row.seeds]
     if with_dm:
@@ -135,13 +137,23 @@ def cells(row: Row, with_dm: bool, printed_mr: bool = False, with_tag: bool = Fa
         if row.ms is None
         else f"{significant(row.ms, 3)} ± {NA if math.isnan(row.ms_ci) else significant(row.ms_ci, 2)}"
     )
+    if memory:
+        out.append("" if row.mib is None else f"{row.mib:.0f}")
     return out
 
 
-def headers(with_dm: bool, recomputed: bool = False, with_tag: bool = False) -> list[str]:
+def headers(with_dm: bool, recomputed: bool = False, with_tag: bool = False, memory: bool = False) -> list[str]:
     rank = ["MR ↓ recomputed", "MR printed"] if recomputed else ["mean rank ↓"]
     tag = ["tag"] if with_tag else []
-    return ["group", *tag, "seeds", *(["Δm % ↓ (± 95% CI)"] if with_dm else []), *rank, "ms/step"]
+    return [
+        "group",
+        *tag,
+        "seeds",
+        *(["Δm % ↓ (± 95% CI)"] if with_dm else []),
+        *rank,
+        "ms/step",
+        *(["peak MiB"] if memory else []),
+    ]
 
 
 def _names(labels: list[str]) -> str:
@@ -267,9 +279,11 @@ def compact_report(
         if table is not None:
             extra += published_rows(table, None if joint is None else joint[1])
         with_tag = tags_vary(part)
-        body = [cells(r, by_dm, joint is not None, with_tag) for r in rows + extra]
+        memory = any(r.mib is not None for r in rows)  # runs from before metrics.json had peak_memory: no column
+        body = [cells(r, by_dm, joint is not None, with_tag, memory) for r in rows + extra]
         title = f"tasks={tasks}" if len(parts) > 1 else ""
-        text = table_text(headers(by_dm, joint is not None, with_tag), body, title, markdown, above_line(part, common))
+        header = headers(by_dm, joint is not None, with_tag, memory)
+        text = table_text(header, body, title, markdown, above_line(part, common))
         blocks.append(text + wrap(verdict) + "\n")
         winners.append(f"{title + ': ' if title else ''}{verdict}")
     return "\n".join(blocks), winners
@@ -350,6 +364,9 @@ def compact_notes(
             )
         lines += [f"  note: {note}" for note in table.notes]
         lines += [f"  note {r.method}: {r.note}" for r in table.rows if r.note]
+    labels = sorted({str(g.peak_memory.get("label")) for g in groups if g.peak_memory})
+    if labels:
+        lines.append(f"peak MiB: the group's largest run's metrics.json peak_memory ({', '.join(labels)})")
     if any(g.time_per_step is not None and g.time_per_step.below_zero for g in groups):
         lines.append(f"ms/step ± {NA}: {TIME_NA}")
     lines.append("per-metric table: --wide, or --format markdown/csv/json")
