@@ -28,16 +28,21 @@ from mtl_bench.settings import Setting, check_setting
 SMALL_MODEL_NUMEL = 200_000
 
 
-def available_cores() -> int:
-    """Cores this process may run on: its CPU affinity (what taskset, cgroups' cpusets and SLURM allot)
+def allowed_cpus() -> set[int]:
+    """The CPUs this process may run on: its CPU affinity (what taskset, cgroups' cpusets and SLURM allot)
     where the OS reports one, else every core of the machine."""
     getaffinity = getattr(os, "sched_getaffinity", None)
     if getaffinity is not None:
         try:
-            return max(1, len(getaffinity(0)))
+            return set(getaffinity(0))
         except OSError:
             pass
-    return max(1, os.cpu_count() or 1)
+    return set(range(os.cpu_count() or 1))
+
+
+def available_cores() -> int:
+    """How many cores this process may run on (`allowed_cpus`)."""
+    return max(1, len(allowed_cpus()))
 
 
 IDLE_WINDOW_S = 0.25  # how long auto watches the cores before choosing (this process sleeps meanwhile)
@@ -61,10 +66,9 @@ def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
 
 def idle_cores(window: float = IDLE_WINDOW_S) -> Optional[float]:
     """How many of the cores this process may use sat idle over the next `window` seconds (this process sleeps
-    meanwhile, so what keeps them busy is other processes): from the per-CPU counters of /proc/stat, else the
-    machine's cores less its one-minute load average; None where neither can be read."""
-    getaffinity = getattr(os, "sched_getaffinity", None)
-    cpus = set(getaffinity(0)) if getaffinity is not None else set(range(os.cpu_count() or 1))
+    meanwhile, so what keeps them busy is other processes): from the per-CPU counters of /proc/stat, else those
+    cores less the machine's one-minute load average; None where neither can be read."""
+    cpus = allowed_cpus()
     before = _cpu_times(cpus)
     if before:
         time.sleep(window)
@@ -75,7 +79,7 @@ def idle_cores(window: float = IDLE_WINDOW_S) -> Optional[float]:
             idle += (idle1 - idle0) / (total1 - total0) if total1 > total0 else 1.0
         return idle
     try:
-        return max(0.0, (os.cpu_count() or 1) - os.getloadavg()[0])
+        return max(0.0, len(cpus) - os.getloadavg()[0])  # the load of the whole machine: an estimate
     except (AttributeError, OSError):
         return None
 
