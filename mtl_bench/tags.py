@@ -34,6 +34,11 @@ def metric(split: str, task: str, name: str) -> str:
     return f"metric/{split}/{task}/{name}"
 
 
+def front(split: str, indicator: str) -> str:
+    """An indicator of a preference-conditioned model's front (engine/front.py); its image is `front/<split>`."""
+    return f"front/{split}/{indicator}"
+
+
 def lr(group: str | int) -> str:
     return f"lr/{group}"
 

@@ -11,6 +11,7 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from mtl_bench import tags
 from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.preference import PreferenceScalarization
 from mtl_bench.catalog import conf_root
@@ -169,7 +170,7 @@ class FrontRun:
             return
         points = losses(per_ray, self.tasks)
         summary = front_summary(points, self.reference_point)
-        logger.scalars({f"front/val/{k}": v for k, v in summary.items()}, step)
+        logger.scalars({tags.front("val", k): v for k, v in summary.items()}, step)
         try:
             figure = front_figure({"val": points}, self.tasks, title=f"step {step}")
         except ConfigError as err:  # no matplotlib: the numbers are logged, the picture is not

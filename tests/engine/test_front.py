@@ -115,3 +115,15 @@ def test_a_front_runs_metrics_json_holds_every_ray(small_conf, tmp_path, front):
     events.Reload()
     assert [e.step for e in events.Images("front/val")] == [10, 20]
     assert [e.step for e in events.Scalars("front/val/hypervolume")] == [10, 20]
+
+
+def test_a_resumed_front_run_ends_as_the_uninterrupted_one(small_conf, tmp_path):
+    """The preference is not in the model's checkpoint: the balancer's (and its generator) is, and the engine sets it
+    before each step, so stopping at step 10 and resuming to 20 gives the uninterrupted run's front."""
+    front = ["model/front=pamal", "balancer=linear", "balancer.preference=dirichlet", "trainer.front.rays=3"]
+    whole = train(small_conf(*front), tmp_path / "whole")
+    train(small_conf(*front, "trainer.max_steps=10"), tmp_path / "resumed")
+    resumed = train(small_conf(*front, "trainer.resume=auto"), tmp_path / "resumed")
+    assert resumed.test == whole.test
+    fronts = [json.loads((tmp_path / d / "metrics.json").read_text())["front"]["test"] for d in ("whole", "resumed")]
+    assert fronts[0] == fronts[1]

@@ -26,9 +26,12 @@ def test_hypervolume_of_a_two_task_staircase_by_hand():
     assert hypervolume([[1, 3], [2, 2], [3, 1]], [4, 4]) == pytest.approx(6.0)
     assert hypervolume([[1, 3], [2, 2], [3, 1], [3, 3], [5, 0]], [4, 4]) == pytest.approx(6.0)
     assert hypervolume([[5, 5]], [4, 4]) == 0.0
+    # Three tasks, two boxes to (4, 4, 4): 3x2x1 + 2x3x2 - their overlap from (2, 2, 3): 2x2x1, so 6 + 12 - 4.
+    assert hypervolume([[1, 2, 3], [2, 1, 2]], [4, 4, 4]) == pytest.approx(14.0)
 
 
 def test_hypervolume_equals_moocores():
+    """pymoo's HV calls moocore; checked here on random fronts of 2 to 4 tasks, beyond the hand cases."""
     moocore = pytest.importorskip("moocore")
     rng = np.random.default_rng(0)
     for n, m in ((5, 2), (12, 3), (20, 4)):
