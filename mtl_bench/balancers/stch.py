@@ -10,11 +10,12 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.scalarization import ScalarizedBalancer, preference_vector, reference_point
-from mtl_bench.balancers.staged import JOINT, StagedBalancer
+from mtl_bench.balancers.preference import DIRICHLET, Concentration, Preference, PreferenceScalarization
+from mtl_bench.balancers.scalarization import reference_point
+from mtl_bench.balancers.staged import JOINT
 
 
-class SmoothTchebycheff(ScalarizedBalancer, StagedBalancer):
+class SmoothTchebycheff(PreferenceScalarization):
     """Trains on μ·log Σ_i exp(λ_i (f_i − z_i) / μ), a smooth maximum of the weighted objectives λ_i (f_i − z_i)
     (tighter as μ → 0): w = ∂/∂L, so the worst-off task gets most of the weight. Without warm-up f_i = L_i.
 
@@ -27,7 +28,10 @@ class SmoothTchebycheff(ScalarizedBalancer, StagedBalancer):
     `STCH` (commit 4336804): its `STCH_warmup_epoch` W is warmup_steps = (W + 1)·E and nadir_steps = E for E
     steps per epoch, with preference 1 each. The step count and the nadir sum are buffers. No per-task mode.
 
-    Metrics: `weight/<task>` (w_i).
+    With `preference: dirichlet` (no warm-up) λ is drawn from Dir(alpha) each optimizer step, as for COSMOS and PBI
+    (PreferenceScalarization), so a preference-conditioned model (`model/front=...`) learns the STCH front.
+
+    Metrics: `weight/<task>` (w_i); with `dirichlet`, `preference/<task>`.
     """
 
     pref: Tensor
@@ -39,21 +43,27 @@ class SmoothTchebycheff(ScalarizedBalancer, StagedBalancer):
         self,
         task_names: Sequence[str],
         mu: float = 0.1,
-        preference: Optional[Mapping[str, float]] = None,
+        preference: Preference = None,
         reference: Optional[Mapping[str, float]] = None,
         warmup_steps: int = 0,
         nadir_steps: Optional[int] = None,
+        alpha: Concentration = None,
+        seed: int = 0,
     ) -> None:
         """
         task_names: the tasks (given by the engine).
         mu: the smoothing μ (> 0); smaller is closer to the maximum (the paper tries 0.01 to 1).
-        preference: λ, one weight >= 0 per task; None gives 1/T each.
+        preference: λ, one weight >= 0 per task; None gives 1/T each; `dirichlet` draws λ each step (warmup_steps 0).
         reference: the ideal point z, one number per task; None gives 0 each.
         warmup_steps: steps on Σ log L_i before the STCH objective on log(L_i / nadir_i) (0: none, f_i = L_i).
         nadir_steps: the last warm-up steps whose losses average into the nadir point (1..warmup_steps); null:
             all of them. Only with warmup_steps > 0.
+        alpha: with `dirichlet`, the concentration: a number > 0 or one per task; None gives 1 (uniform).
+        seed: with `dirichlet`, the seed of the balancer's own generator (the run's seed in the config).
         """
-        super().__init__(list(task_names))
+        if preference == DIRICHLET and warmup_steps:
+            raise ValueError("warmup_steps: the warm-up's nadir point needs a fixed preference, not dirichlet; set 0")
+        super().__init__(list(task_names), preference, alpha, seed)
         number("mu", mu, 0, above=True)
         self.mu = float(mu)
         number("warmup_steps", warmup_steps, 0, integer=True)
@@ -69,13 +79,12 @@ class SmoothTchebycheff(ScalarizedBalancer, StagedBalancer):
                 f"nadir_steps: must be an integer in [1, warmup_steps={warmup_steps}], got {nadir_steps!r}"
             )
         self.warmup_steps, self.nadir_steps = warmup_steps, nadir_steps
-        self.register_buffer("pref", preference_vector(preference, self.task_names))
         self.register_buffer("reference_point", reference_point(reference, self.task_names))
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
         self.register_buffer("nadir_sum", torch.zeros(len(self.task_names)))
 
     def extra_repr(self) -> str:
-        return f"tasks={self.task_names}, mu={self.mu}"
+        return f"{super().extra_repr()}, mu={self.mu}"
 
     def _objective(self, losses: Tensor) -> Tensor:
         if self.warmup_steps:

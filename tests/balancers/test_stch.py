@@ -136,3 +136,21 @@ def test_bad_warm_up_options():
         SmoothTchebycheff(list(TASKS3), nadir_steps=2)
     with pytest.raises(ValueError, match=r"^nadir_steps: must be an integer in \[1, warmup_steps=3\]"):
         SmoothTchebycheff(list(TASKS3), warmup_steps=3, nadir_steps=4)
+
+
+def test_a_drawn_preference_gives_the_stch_weights_of_that_step():
+    """w = λ ⊙ softmax(λ ⊙ (L − z) / μ) with the step's λ ~ Dir(1) (no warm-up); a new λ each step."""
+    bal = SmoothTchebycheff(["a", "b", "c"], mu=0.5, preference="dirichlet", seed=4)
+    losses = torch.tensor([3.0, 4.0, 1.0])
+    seen = []
+    for _ in range(3):
+        shared = torch.zeros(1, requires_grad=True)
+        metrics = bal.backward({t: (v + shared).sum() for t, v in zip("abc", losses.tolist())}, shared)
+        bal.step(torch.tensor(False))
+        r = torch.stack([metrics[f"preference/{t}"] for t in "abc"])
+        expected = r * torch.softmax(r * losses / 0.5, 0)
+        torch.testing.assert_close(torch.stack([metrics[f"weight/{t}"] for t in "abc"]), expected)
+        seen.append(tuple(r.tolist()))
+    assert len(set(seen)) == 3
+    with pytest.raises(ValueError, match="warmup_steps: the warm-up's nadir point needs a fixed preference"):
+        SmoothTchebycheff(["a", "b"], preference="dirichlet", warmup_steps=5)

@@ -17,7 +17,7 @@ from mtl_bench.errors import ConfigError
 from mtl_bench.models.fronts import PreferenceModel
 
 FRONTS = sorted(p.stem for p in (conf_root() / "model" / "front").glob("*.yaml"))
-DRAWS = ["cosmos", "linear", "pbi"]
+DRAWS = ["cosmos", "linear", "pbi", "stch"]
 
 
 def test_the_balancers_that_draw_a_preference_are_found_from_their_classes():
@@ -54,14 +54,14 @@ def test_every_front_composes_with_every_balancer_that_draws_a_preference(small_
 
 
 @pytest.mark.parametrize("front", FRONTS)
-@pytest.mark.parametrize("balancer", ["fixed", "stch", "gradnorm", "mgda"])
+@pytest.mark.parametrize("balancer", ["fixed", "rlw", "gradnorm", "mgda"])
 def test_every_front_refuses_a_balancer_that_draws_no_preference_in_one_line(small_conf, front, balancer):
     with pytest.raises(ConfigError) as err:
         built(small_conf, f"model/front={front}", f"balancer={balancer}")
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"balancer: model/front={'PaMaL' if front == 'pamal' else front.upper()}")
-    assert "balancer=cosmos|linear|pbi with balancer.preference=dirichlet" in message
+    assert "balancer=cosmos|linear|pbi|stch with balancer.preference=dirichlet" in message
 
 
 def test_a_fixed_preference_and_front_keys_without_a_front_are_refused(small_conf):
