@@ -145,7 +145,10 @@ def study(
     """Compare balancing methods fairly: tune each (and tuned scalarization, equal weights, single-task baselines)
     with the same budget on validation, train the chosen configs on several seeds, and report paired statistics.
     Overrides: study keys (budget=3 seeds=[1,2]) and Hydra launcher keys (hydra/launcher=joblib). Rerun to resume."""
+    from hydra.errors import HydraException
+
     from mtl_bench.errors import ConfigError
+    from mtl_bench.hydra_errors import describe
     from mtl_bench.study.report import load_results, render_study
     from mtl_bench.study.run import run_study
 
@@ -154,6 +157,9 @@ def study(
         typer.echo(render_study(load_results(study_dir), "table"), nl=False)
     except ConfigError as err:
         typer.echo(f"mtl-bench: error: {err}", err=True)
+        raise typer.Exit(2) from None
+    except HydraException as err:  # the experiment's or the launcher's overrides do not compose
+        typer.echo(f"mtl-bench: error: {describe(err)} (in the study's experiment or launcher overrides)", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"study dir: {study_dir} (mtl-bench report {study_dir} --format markdown|csv|json --plots DIR)")
 

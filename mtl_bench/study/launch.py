@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from mtl_bench.errors import ConfigError
 from mtl_bench.study.plan import PlannedRun
@@ -69,6 +69,20 @@ def task_names(experiment: list[str]) -> list[str]:
         _, cfg = compose_base(list(experiment))
         taskset = instantiate(cfg.tasks)
     return [t.name for t in taskset.tasks]
+
+
+def check_composes(launcher: list[str], runs: list[list[str]]) -> None:
+    """Compose the launcher's config and each of `runs` (overrides) as its job would be; Hydra's errors name a bad
+    option or key, the engine's config check a bad value."""
+    from mtl_bench.engine.compose import check_config
+
+    with hydra_session():
+        hydra, cfg = compose_base([*MULTIRUN, *QUIET, *launcher])
+        for overrides in runs:
+            job = hydra.config_loader.load_sweep_config(cfg, overrides)
+            with open_dict(job):
+                del job["hydra"]  # the run's own config, as the task function gets it
+            check_config(job, overrides)
 
 
 def launch(runs: Sequence[PlannedRun], runs_dir: Path, launcher: list[str], resume: set[str]) -> None:

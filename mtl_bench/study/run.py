@@ -248,6 +248,12 @@ def run_study(name_or_path: str, overrides: list[str]) -> Path:
 
         tasks = task_names(list(cfg.experiment))
     study = Study(cfg, [*cfg.launcher, *hydra_overrides], tasks)
+    from mtl_bench.study.launch import check_composes
+
+    # A bad launcher, experiment or method key stops a new study before its plan is written (a plan once written
+    # is kept: a fixed typo would be "a changed plan").
+    first = list({run.row: run for run in reversed(study.tuning)}.values())
+    check_composes(study.launcher, [] if (study.dir / PLAN_FILE).exists() else [run.overrides for run in first])
     study.dir.mkdir(parents=True, exist_ok=True)
     check_plan(study.dir, study.plan())
     study.run_phase(TUNE, study.tuning)

@@ -129,3 +129,19 @@ def test_every_row_of_every_preset_composes_and_passes_the_config_check(compose_
         composed = compose_cfg(*run.overrides)
         check_config(composed, run.overrides)
         assert composed.seed == cfg.tune_seed
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("hydra/launcher=nope", "hydra/launcher=nope: no such option"),
+        ("methods.dwa.keys={balancer.temprature:2}", "balancer.temprature: no such key"),
+        ('experiment=["experiment=toy10","trainer.max_stepz=3"]', "trainer.max_stepz: no such key"),
+    ],
+)
+def test_a_bad_launcher_experiment_or_method_key_stops_the_study_before_its_plan(tmp_path, override, message):
+    from tests.helpers.cli import cli
+
+    result = cli("study", "toy10", f"dir={tmp_path / 'study'}", override)
+    assert result.returncode == 2 and result.stderr.startswith("mtl-bench: error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "study").exists()
