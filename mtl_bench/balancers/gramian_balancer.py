@@ -6,7 +6,7 @@ import inspect
 from typing import Any, Callable, Iterable, Literal, Optional, Sequence, Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mtl_bench.balancers.distributed import rank_mean
 from mtl_bench.balancers.gradient_balancer import GRAD_SOURCES, GradientBalancer
@@ -131,9 +131,18 @@ def _method_init(cls: type, weighting: type[Weighting], sources: tuple[str, ...]
     plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)  # not nn.Module's *args
     options = [p for name, p in own.parameters.items() if name not in WEIGHTING_ARGUMENTS and p.kind in plain]
     __init__.__signature__ = inspect.Signature([*engine, *options])  # type: ignore[attr-defined]
-    engine_doc = inspect.getdoc(GramianBalancer.__init__) or ""
-    kept = [line for line in engine_doc.splitlines() if not line.startswith(("weighting:", "    takes"))]
-    __init__.__doc__ = "\n".join(kept) + "\n" + (inspect.getdoc(weighting.__init__) or "")
+    where = (
+        "shared_params (exact per-task gradients), as the method's reference"
+        if sources == ("shared_params",)
+        else "shared_params (exact per-task gradients) or shared_rep (gradients at the shared representation)"
+    )
+    engine_doc = (
+        "task_names: the tasks (given by the engine).\n"
+        "shared_params: the model's shared parameters (given by the engine).\n"
+        f"grad_source: {where}.\n"
+    )
+    own_doc = inspect.getdoc(weighting.__init__) if weighting.__init__ is not nn.Module.__init__ else ""
+    __init__.__doc__ = engine_doc + (own_doc or "")
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     return __init__
 
