@@ -13,6 +13,8 @@ GROUPS = (
     "optim",
     "optim/schedule",
     "precision",
+    "select",
+    "logger",
     "trainer",
     "experiment",
 )

@@ -1,6 +1,6 @@
 """The run-level structured config: the trainer's settings, seed and labels, each declared once.
 
-The parts (model, tasks, balancer, optim, optim.schedule, precision) are not declared here: each YAML
+The parts (model, tasks, balancer, optim, optim.schedule, precision, select, logger) are not declared here: each YAML
 names its class by `_target_`, and the class's constructor signature is the one declaration of its
 options (engine/builders.py checks the keys and types against it before anything is built). The
 trainer's settings are the loop's own, declared once here with `option(...)`: its help text and its facts
@@ -32,11 +32,12 @@ def option(
     resumable: bool = False,
     training: bool = True,
     factory: Optional[Callable[[], Any]] = None,
+    group: bool = False,
 ) -> Any:
     """A config field with its facts. resumable: may differ when a run resumes (how long, how often it logs,
     where it runs); training: changes what is trained or reported, so `mtl-bench report` groups runs by it (how
-    often a run logs or where it runs does not)."""
-    metadata = {"help": help, "resumable": resumable, "training": training}
+    often a run logs or where it runs does not); group: a config group whose default (None) means none chosen."""
+    metadata = {"help": help, "resumable": resumable, "training": training, "group": group}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -121,9 +122,6 @@ class FrontConf:
 
     def __post_init__(self) -> None:
         _require(isinstance(self.rays, int) and self.rays >= 0, "trainer.front.rays", self.rays, "an integer >= 0")
-
-
-SELECTIONS = ("final", "best_val", "last_k")
 
 
 @dataclass
@@ -230,17 +228,6 @@ class TrainerConf:
     diagnostics_every: int = option(
         100, "steps between gradient diagnostics (a log point)", resumable=True, training=False
     )
-    select: str = option(
-        "final",
-        "which evaluation the run reports: final (the last step) | best_val (the test metrics at the evaluation "
-        "with the best select_criterion on val) | last_k (the mean test metrics of the last select_k evaluations)",
-    )
-    select_criterion: str = option(
-        "delta_m",
-        "best_val's criterion on val: delta_m (against tasks.reference) | <metric> (its mean over tasks) | "
-        "<task>/<metric>",
-    )
-    select_k: int = option(10, "last_k: how many evaluations to average")
     validation_source: str = option(
         "holdout",
         "where a bilevel balancer (one that draws validation batches: kind bilevel in docs/methods.md) draws them: "
@@ -290,8 +277,6 @@ class TrainerConf:
         )
         _positive("trainer.skipped_window", self.skipped_window)
         _positive("trainer.diagnostics_every", self.diagnostics_every)
-        _one_of("trainer.select", self.select, SELECTIONS)
-        _positive("trainer.select_k", self.select_k)
         _one_of("trainer.validation_source", self.validation_source, ("holdout", "val"))
         _require(0 < self.validation_holdout < 1, "trainer.validation_holdout", self.validation_holdout, "0 < f < 1")
 
@@ -328,6 +313,19 @@ class RunConf:
     balancer: Any = option(help="the loss balancer (balancer=<option>)")
     optim: Any = option(help="the optimizer and its schedule (optim=<option>, optim/schedule=<option>)")
     precision: Any = option(help="fp32 | fp16 | bf16 (precision=<option>)")
+    select: Any = option(
+        help="which evaluation the run reports (select=<option>): final (the last step) | best_val (the test metrics "
+        "at the evaluation with the best select.criterion on val) | last_k (the mean test metrics of the last "
+        "select.k evaluations)"
+    )
+    logger: Any = option(
+        None,
+        "where scalars, images and hparams go: logger=tensorboard (the default) | csv | [tensorboard,csv] | a "
+        "user's own +logger.<name>._target_=<class>; ~logger: the console only",
+        resumable=True,
+        training=False,
+        group=True,
+    )
     trainer: TrainerConf = option(help="the loop's settings", factory=TrainerConf)
     seed: int = option(0, "seed of every random draw; runs over seeds form one group in the report", training=False)
     tag: Any = option(
@@ -365,7 +363,7 @@ def option_defaults() -> dict[str, Any]:
     return {
         key: f.default
         for key, f in options(RunConf)
-        if f.default_factory is dataclasses.MISSING and f.default is not MISSING
+        if f.default_factory is dataclasses.MISSING and f.default is not MISSING and not f.metadata["group"]
     }
 
 
@@ -375,7 +373,7 @@ def options_markdown() -> str:
     for key, f in options(RunConf):
         if f.default_factory is not dataclasses.MISSING:
             continue  # a section (trainer, trainer.grad_clip): its options follow
-        if f.default is MISSING:
+        if f.default is MISSING or f.metadata["group"]:
             facts = ["a config group"]
         else:
             default = f.default
@@ -399,7 +397,6 @@ HELP_KEYS = (
     "trainer.device",
     "trainer.num_threads",
     "trainer.resume",
-    "trainer.select",
 )
 
 

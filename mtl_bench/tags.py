@@ -1,5 +1,5 @@
 """Every TensorBoard tag name in one place. The task is always the last path
-component, so one regex collects a family's tasks (see run_logger.dashboard_layout)."""
+component, so one regex collects a family's tasks (see loggers/tensorboard.py dashboard_layout)."""
 
 from __future__ import annotations
 

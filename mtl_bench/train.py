@@ -57,7 +57,8 @@ def run_experiment(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from mtl_bench.records import METRICS_FILE, record_failure
+    from mtl_bench.errors import ResumeError
+    from mtl_bench.records import METRICS_FILE, previous_status, record_failure
 
     hydra_cfg = HydraConfig.get()
     choices = {
@@ -70,30 +71,30 @@ def run_experiment(cfg: DictConfig) -> float:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         check_data_root(cfg, choices.get("tasks"))  # before torch is imported: a mistyped path costs no import
-        from mtl_bench.engine.compose import check_config
+        from mtl_bench.engine.progress import use_bar
+        from mtl_bench.engine.recipe import train
+        from mtl_bench.engine.threads import cores_of, parallel_runs_of
 
-        check_config(cfg, overrides)
-        OmegaConf.to_object(cfg.trainer)  # the trainer's value checks
+        result = train(  # finalises the config (every key checked) before anything is built
+            cfg,
+            run_dir,
+            overrides=overrides,
+            choices=choices,
+            bar=use_bar(cfg.trainer.progress, multirun) and int(os.environ.get("RANK", "0")) == 0,
+            parallel_runs=parallel_runs_of(hydra_cfg.launcher),
+            cores=cores_of(hydra_cfg.launcher),
+        )
     except Exception as err:
-        if multirun:
-            record_failure(run_dir, err, 0, overrides, choices)  # the sweep's report lists the job
-        else:
-            remove_if_only_hydras(run_dir)  # nothing was built: a typo leaves no run directory behind
+        # train() records a failure once it has started building; a config it refused left no record
+        if previous_status(run_dir) is None and not isinstance(err, ResumeError):
+            if multirun:
+                record_failure(run_dir, err, 0, overrides, choices)  # the sweep's report lists the job
+            else:
+                remove_if_only_hydras(run_dir)  # nothing was built: a typo leaves no run directory behind
         raise
-    from mtl_bench.engine.progress import use_bar
-    from mtl_bench.engine.recipe import loss_ratio_sum, train
-    from mtl_bench.engine.threads import cores_of, parallel_runs_of
+    from mtl_bench.engine.recipe import loss_ratio_sum
     from mtl_bench.report.run_summary import format_run_summary
 
-    result = train(
-        cfg,
-        run_dir,
-        overrides=overrides,
-        choices=choices,
-        bar=use_bar(cfg.trainer.progress, multirun) and int(os.environ.get("RANK", "0")) == 0,
-        parallel_runs=parallel_runs_of(hydra_cfg.launcher),
-        cores=cores_of(hydra_cfg.launcher),
-    )
     if not multirun and int(os.environ.get("RANK", "0")) == 0:  # a sweep ends with its own summary table
         record = json.loads((run_dir / METRICS_FILE).read_text())
         print(format_run_summary(record, run_dir), end="", flush=True)

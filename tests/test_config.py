@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtl_bench.catalog import conf_root, config_options
 from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, parameters, target_of
-from mtl_bench.engine.compose import check_config
+from mtl_bench.engine.compose import finalise_config
 from mtl_bench.errors import ConfigError
 
 OPTIONS = [(group, option) for group, options in config_options().items() for option in options]
@@ -50,7 +50,7 @@ def test_every_option_keys_match_the_signature_of_its_class(compose_cfg, group, 
             if name not in supplied and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and not single_valued(p)
         }
         assert options <= set(node), (key, sorted(options - set(node)))
-    check_config(cfg, [])
+    finalise_config(cfg, [])
 
 
 def test_own_classes_document_each_argument():
@@ -88,7 +88,7 @@ def test_own_classes_document_each_argument():
 )
 def test_bad_keys_and_types_fail_before_anything_is_built(compose_cfg, overrides, message):
     with pytest.raises(ConfigError) as info:
-        check_config(compose_cfg(*overrides), overrides)
+        finalise_config(compose_cfg(*overrides), overrides)
     assert str(info.value) == message
 
 
@@ -132,8 +132,8 @@ def test_value_checks_live_in_the_classes_and_name_the_key(compose_cfg, key, ove
 def test_a_replaced_target_drops_the_options_own_keys_but_not_the_command_lines(compose_cfg):
     overrides = ["model._target_=mtl_bench.models.LeNet", "+model.hidden=7"]
     cfg = compose_cfg(*overrides)
-    check_config(cfg, overrides)
-    assert set(cfg.model) == {"_target_", "_partial_", "hidden", "arch"}  # LeNet takes an architecture too
+    finalise_config(cfg, overrides)
+    assert set(cfg.model) == {"_target_", "hidden", "arch"}  # LeNet takes an architecture too
 
 
 def test_trainer_values_are_checked(compose_cfg):

@@ -32,9 +32,9 @@ LAYERS = (
             "devices",
         ),
     ),
-    ("rooms", ("tasks", "models", "balancers", "optim", "run_logger", "analysis", "report")),
+    ("rooms", ("tasks", "models", "balancers", "optim", "loggers", "analysis", "report")),
     ("engine", ("engine",)),
-    ("app", ("train", "cli", "__main__", "bench", "prepare", "study")),
+    ("app", ("train", "cli", "__main__", "bench", "prepare", "study", "api")),
 )
 
 

@@ -38,7 +38,10 @@ SUPPLIED: dict[str, tuple[str, ...]] = {
     "optim": ("params",),
     "precision": ("device",),
     "optim.schedule": ("optimizer", "total_steps", "steps_per_epoch"),
+    "select": ("higher_is_better", "reference", "eval_steps"),
 }
+# Each logger under `logger.<name>` is given the run's facts (loggers.RunInfo).
+LOGGER_SUPPLIED = ("run",)
 
 
 def node_dict(node: Any) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """From the composed config to the parts of a run: check every key first, then build each part by `_target_`.
 
-`check_config` runs before anything is built (a typo costs no model build) and turns what a user typed into
-one line when it is refused: an unknown key anywhere, both run lengths on the command line, a part's key its
+`finalise_config` runs first thing in `recipe.train()` (so the CLI and the Python API take the same path), before
+anything is built (a typo costs no model build): it finalises the composed config in place (a length typed on the
+command line replaces the preset's; a replaced `_target_` drops the option's own keys) and turns what a user typed
+into one line when it is refused: an unknown key anywhere, both run lengths on the command line, a part's key its
 class does not take. `build_parts` builds the task set, model, balancer, optimizer, schedule and precision in
 the order their arguments need each other.
 """
@@ -21,7 +23,16 @@ from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.catalog import conf_root
 from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf, section_schema
-from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, option_names, parameters, target_of
+from mtl_bench.engine.builders import (
+    LOGGER_SUPPLIED,
+    SUPPLIED,
+    build,
+    check_part,
+    node_dict,
+    option_names,
+    parameters,
+    target_of,
+)
 from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.engine.data import hold_out
 from mtl_bench.engine.front import build_front_model, check_front
@@ -37,12 +48,20 @@ from mtl_bench.tasks import TaskSet
 log = logging.getLogger("mtl_bench")
 
 LENGTH_KEYS = ("trainer.max_steps", "trainer.epochs")
+# Keys that moved, and where to: a user typing the old one is told the new one.
+MOVED = {
+    "trainer.select": "select=<final|best_val|last_k>",
+    "trainer.select_criterion": "select=best_val select.criterion=<criterion>",
+    "trainer.select_k": "select=last_k select.k=<k>",
+}
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str) -> None:
     """A key under a schema's node that the schema does not declare (`+trainer.max_step=100`, `+nonsense=1`)."""
     declared = {f.name: f for f in fields(schema)}
     for key in map(str, node):
+        if f"{prefix}{key}" in MOVED:
+            raise ConfigError(f"{prefix}{key}: moved; now {MOVED[prefix + key]}")
         if key not in declared:
             where = prefix.rstrip(".") or "the config"
             hint = closest(key, list(declared)) or (
@@ -72,21 +91,9 @@ def apply_length(cfg: DictConfig, typed: dict[str, str]) -> None:
             OmegaConf.update(cfg, other, None)
 
 
-def apply_trainer_choice(cfg: DictConfig, typed: dict[str, str]) -> None:
-    """`trainer=<option>` typed on the command line wins over an experiment preset's trainer keys (so
-    trainer=smoke shortens any preset); trainer keys typed on the command line win over both."""
-    if "trainer" not in typed or "experiment" not in typed:
-        return
-    option = OmegaConf.load(conf_root() / "trainer" / f"{typed['trainer']}.yaml")
-    with open_dict(cfg):
-        for key, value in OmegaConf.to_container(option).items():  # type: ignore[union-attr]
-            key = str(key)
-            if key != "defaults" and f"trainer.{key}" not in typed:
-                OmegaConf.update(cfg, f"trainer.{key}", value, merge=False)
-
-
-def check_config(cfg: DictConfig, overrides: list[str]) -> None:
-    """Every key against its declaration, before anything is built.
+def finalise_config(cfg: DictConfig, overrides: list[str]) -> None:
+    """Finalise the composed config in place and check every key against its declaration, before anything is
+    built; `overrides`: what was typed on the command line (or given to `train()`), which decides what wins.
 
     Run-level keys (trainer, seed, tag) against config.RunConf; each part's keys and values against its
     class's signature. A part whose `_target_` was replaced on the command line (`model._target_=my_lab.Net`)
@@ -94,7 +101,6 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
     default `arch`) belong to the class it was written for; a key typed with it (`model/arch=mmoe`) is checked.
     """
     given = typed_keys(overrides)
-    apply_trainer_choice(cfg, given)
     apply_length(cfg, given)
     _unknown_keys(cfg, RunConf, "")
     for key, supplied in SUPPLIED.items():
@@ -117,7 +123,24 @@ def check_config(cfg: DictConfig, overrides: list[str]) -> None:
             if dropped:
                 log.debug("%s._target_ set: the option's keys %s do not apply to it and were dropped", key, dropped)
         check_part(key, node_dict(node), supplied, ENGINE_KEYS.get(key, ()))
+    check_loggers(cfg)
     check_validation_keys(cfg, given)
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """Each node under `logger:` names a class by `_target_` and takes its keys (the engine supplies `run`)."""
+    loggers = cfg.get("logger")
+    if loggers is None:
+        return
+    if not isinstance(loggers, DictConfig):
+        raise ConfigError(
+            f"logger={loggers!r}: expected loggers by name (logger=tensorboard, logger=[tensorboard,csv], "
+            "+logger.<name>._target_=<class>)"
+        )
+    for name, node in loggers.items():
+        if not isinstance(node, DictConfig):
+            raise ConfigError(f"logger.{name}: expected a node with _target_, got {node!r}")
+        check_part(f"logger.{name}", node_dict(node), LOGGER_SUPPLIED)
 
 
 def check_validation_keys(cfg: DictConfig, typed: dict[str, str]) -> None:

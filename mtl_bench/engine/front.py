@@ -7,6 +7,7 @@ import logging
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -165,12 +166,12 @@ class FrontRun:
         return out
 
     def log(self, per_ray: list[Metrics], logger: Any, step: int) -> None:
-        """TensorBoard: the val front's indicators (`front/val/<indicator>`) and its picture (`front/val`)."""
+        """The run's loggers: the val front's indicators (`front/val/<indicator>`) and its picture (`front/val`)."""
         if logger is None:
             return
         points = losses(per_ray, self.tasks)
         summary = front_summary(points, self.reference_point)
-        logger.scalars({tags.front("val", k): v for k, v in summary.items()}, step)
+        logger.log_scalars({tags.front("val", k): v for k, v in summary.items()}, step)
         try:
             figure = front_figure({"val": points}, self.tasks, title=f"step {step}")
         except ConfigError as err:  # no matplotlib: the numbers are logged, the picture is not
@@ -178,7 +179,8 @@ class FrontRun:
                 log.warning("trainer.front: no front image in TensorBoard (%s)", err)
                 self.warned = True
             return
-        logger.writer.add_image("front/val", figure_pixels(figure), step, dataformats="HWC")
+        pixels = figure_pixels(figure)  # (H, W, 3) uint8 -> the loggers' (3, H, W) floats in 0..1
+        logger.log_image("front/val", pixels.transpose(2, 0, 1).astype(np.float32) / 255.0, step)
 
     @property
     def reference_point(self) -> Optional[list[float]]:

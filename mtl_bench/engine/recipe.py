@@ -6,9 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtl_bench import tags
 from mtl_bench.config import TrainerConf, keys_where, option_defaults
 from mtl_bench.engine.anomalous import parameters_outside_graph
-from mtl_bench.engine.builders import pick_device
+from mtl_bench.engine.builders import build, node_dict, pick_device
 from mtl_bench.engine.checkpoint import (
     CHECKPOINT_NAME,
     find_checkpoint,
@@ -31,7 +29,7 @@ from mtl_bench.engine.checkpoint import (
     set_rng_state,
 )
 from mtl_bench.engine.compile import implementation_of, maybe_compile
-from mtl_bench.engine.compose import build_parts, describe_parts
+from mtl_bench.engine.compose import build_parts, describe_parts, finalise_config
 from mtl_bench.engine.diagnostics import GRAD_COS_MATRIX, GradientDiagnostics, heatmap
 from mtl_bench.engine.distributed import (
     DistInfo,
@@ -46,16 +44,18 @@ from mtl_bench.engine.front import FrontRun, front_run
 from mtl_bench.engine.gradients import clip_gradients
 from mtl_bench.engine.memory import peak_memory, reset_peak_memory
 from mtl_bench.engine.nonfinite import NonFinitePolicy, nonfinite_flag, step_unless
+from mtl_bench.engine.preemption import StopSignals, resume_hint, signal_name
 from mtl_bench.engine.profile import maybe_profile
 from mtl_bench.engine.progress import Progress
-from mtl_bench.engine.selection import Selection
+from mtl_bench.engine.selection import ModelSelection, eval_steps, score
 from mtl_bench.engine.step import StepResult, StepRunner
 from mtl_bench.engine.threads import choose_threads
 from mtl_bench.errors import Interrupted, ResumeError
 from mtl_bench.files import write_json
+from mtl_bench.loggers import Logger, Loggers, RunInfo
+from mtl_bench.loggers.hparams import flatten_hparams, hparam_values
 from mtl_bench.optim.cyclic import group_momentum
 from mtl_bench.records import METRICS_FILE, previous_status, record_failure
-from mtl_bench.run_logger import RunLogger, flatten_hparams, hparam_values
 
 log = logging.getLogger("mtl_bench")
 
@@ -111,19 +111,17 @@ class Recipe:
         self.step = 0
         self.elapsed_before = 0.0  # wall time of earlier sessions of a resumed run
         self.initial_test: Metrics = {}
-        self.logger: RunLogger | None = None
+        self.logger: Logger | None = None  # rank 0's loggers (logger=<option>), as one
         self.dist: DistInfo | None = None
-        self.layout_written = False
-        self.stop_signal: int | None = None  # set by SIGINT, SIGTERM, SIGUSR1 or SIGUSR2 (preemption)
+        self.signals = StopSignals(self._say, self._abort)
         self.stopped_together = False  # every rank stopped after the same step (an agreed stop signal)
-        self.previous_handlers: dict[int, Any] = {}
         self.front_record: dict[str, Any] | None = None  # metrics.json's `front` (trainer.front.rays)
         self.saved_step: int | None = None  # the step of checkpoints/last.pt, once this run wrote or read one
 
     # ------------------------------------------------------------------ setup
 
     def setup(self) -> None:
-        """Build everything; on rank 0 open the run's TensorBoard writer."""
+        """Build everything; on rank 0 open the run's loggers."""
         conf, cfg = self.conf, self.cfg
         device = pick_device(conf.device)
         self.dist = init_distributed(device)
@@ -155,14 +153,13 @@ class Recipe:
             if conf.diagnostics
             else None
         )
-        self.selection = Selection(
-            conf.select,
-            conf.select_criterion,
-            conf.select_k,
-            self.higher_is_better,
-            self.taskset.reference,
-            self.total_steps,
-            self.every.eval,
+        self.selection: ModelSelection = build(
+            "select",
+            cfg.select,
+            ModelSelection,
+            higher_is_better=self.higher_is_better,
+            reference=self.taskset.reference,
+            eval_steps=eval_steps(self.total_steps, self.every.eval),
         )
         # Compiled after the balancer is built (it may hook the last shared layer); checkpoints and evaluation
         # use the eager model, whose parameters the compiled forward shares.
@@ -195,7 +192,7 @@ class Recipe:
         if checkpoint is not None:
             self.restore(load_checkpoint(checkpoint, device), checkpoint)
         if self.dist.is_main:
-            self.logger = RunLogger(self.run_dir, purge_step=self.step or None)
+            self.logger = self._build_loggers()
             if self.step == 0:
                 self._write_hparams()
         if conf.compile:  # the optimizer says its own path when it is built
@@ -221,12 +218,25 @@ class Recipe:
                 return "auto"
         return self.conf.resume
 
+    def _build_loggers(self) -> Logger:
+        """Each node under `logger:` (none: nothing is logged but the console), as one."""
+        run = RunInfo(self.run_dir, self.step or None, self.metric_names, self.choices.get("tasks"))
+        nodes = node_dict(self.cfg.logger) if self.cfg.get("logger") else {}
+        loggers: list[Logger] = []
+        try:
+            for name, node in nodes.items():
+                loggers.append(build(f"logger.{name}", node, Logger, run=run))
+        except BaseException:
+            Loggers(loggers).close()  # those already open
+            raise
+        return Loggers(loggers)
+
     def _write_hparams(self) -> None:
         assert self.logger is not None
         config = OmegaConf.to_container(self.cfg, resolve=True)
         values = hparam_values(config, self.choices)  # type: ignore[arg-type]
         final = [tags.metric("test", t, m) for t, names in self.metric_names.items() for m in names]
-        self.logger.write_hparams(values, final + [tags.TEST_LOSS_RATIO_SUM])
+        self.logger.log_hparams(values, final + [tags.TEST_LOSS_RATIO_SUM])
 
     @property
     def metric_names(self) -> dict[str, list[str]]:
@@ -278,7 +288,7 @@ class Recipe:
             key
             for key in sorted(set(saved) | set(now))
             if saved.get(key, "(unset)") != now.get(key, "(unset)")
-            and key not in RESUMABLE_KEYS
+            and not any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS)  # logger.* too
             # an option added since the checkpoint was written, at its default: what the earlier version did
             and not (
                 key not in saved and key in defaults and now.get(key) == flatten_hparams({key: defaults[key]})[key]
@@ -314,8 +324,7 @@ class Recipe:
         set_rng_state(state["rng"])
         self.step = state["step"]
         self.initial_test = state["initial_test"]
-        if "selection" in state:
-            self.selection.load_state_dict(state["selection"])
+        self.selection.load_state_dict(state["selection"])
         self.elapsed_before = state["elapsed_s"]
         self.saved_step = self.step
         log.info("resumed from %s at step %d", source, self.step)
@@ -341,16 +350,15 @@ class Recipe:
         total, conf, n = self.total_steps, self.conf, len(self.taskset.tasks)
         if not self.initial_test:  # L_i(0) for the loss-ratio summary, measured before any update
             self.initial_test = self.evaluate("test")
-        if conf.detect_anomalous_params and self.logger is not None:  # called once, on the first losses
+        if conf.detect_anomalous_params and self.is_main:  # called once, on the first losses
             self.runner.on_first_losses = self._report_parameters_outside_graph
         progress = Progress(total, self.step, self.bar)
         started = time.perf_counter()
-        previous_handlers = self._catch_stop_signals()
         start = self.step
         window_losses, window_steps, window_start = torch.zeros(n, device=self.device), 0, time.perf_counter()
         self.model.train()
         try:
-            with maybe_profile(conf.profile and self.logger is not None, self.run_dir) as profiler:
+            with self.signals, maybe_profile(conf.profile and self.is_main, self.run_dir) as profiler:
                 while self.step < total:
                     if self.step % self.runner.steps_per_epoch == 0 or self.step == start:
                         self._set_progress()
@@ -385,8 +393,6 @@ class Recipe:
                         self._stop(self.elapsed_before + time.perf_counter() - started)
         finally:
             progress.close()
-            for signum, handler in previous_handlers.items():
-                signal.signal(signum, handler)
         val, test = self._evaluate_and_select()
         assert test is not None  # the last evaluation always tests
         val, test = self._selected(val, test)
@@ -396,7 +402,7 @@ class Recipe:
             self.front_record = self.front.record(fronts)
         summary = {"test_loss_ratio_sum": loss_ratio_sum(test, self.initial_test)}
         if self.logger is not None:
-            self.logger.scalars({tags.TEST_LOSS_RATIO_SUM: summary["test_loss_ratio_sum"]}, self.step)
+            self.logger.log_scalars({tags.TEST_LOSS_RATIO_SUM: summary["test_loss_ratio_sum"]}, self.step)
         wall = self.elapsed_before + time.perf_counter() - started
         self.save(wall)
         return TrainResult(self.step, val, test, summary, wall, self.initial_test)
@@ -412,7 +418,13 @@ class Recipe:
         self._log_eval("val", val)
         if hasattr(self.scheduler, "validation_step"):  # a schedule stepped by a validation criterion (Plateau)
             self.scheduler.validation_step(
-                self.selection.score(val, self.scheduler.criterion, "optim.schedule.criterion")
+                score(
+                    val,
+                    self.scheduler.criterion,
+                    self.higher_is_better,
+                    self.taskset.reference,
+                    "optim.schedule.criterion",
+                )
             )
         if self.front is not None and self.front.rays and self.step < self.total_steps:
             self.front.log(self.front.evaluate(lambda: self._evaluate("val")), self.logger, self.step)
@@ -424,60 +436,26 @@ class Recipe:
         return val, test
 
     def _selected(self, val: Metrics, test: Metrics) -> tuple[Metrics, Metrics]:
-        """The val and test metrics the run reports (trainer.select); the final model stays in the checkpoint."""
-        selection = self.selection
-        if selection.select == "last_k":
-            return val, selection.last_k_mean()
-        if selection.select != "best_val" or selection.best_step in (-1, self.step) or selection.best_state is None:
-            return val, test
-        final = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict(selection.best_state)
-        try:
-            best_test = self.evaluate("test")
-        finally:
-            self.model.load_state_dict(final)
-        self._log_eval(f"test (best val {selection.criterion} at step {selection.best_step})", best_test, log_only=True)
-        return selection.best_val, best_test
+        """The val and test metrics the run reports (select=<option>); the final model stays in the checkpoint."""
 
-    def _catch_stop_signals(self) -> dict[int, Any]:
-        """SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (SLURM's and submitit's preemption notice) end the current
-        step, write a checkpoint and exit; a second SIGINT aborts at once. Returns the handlers to put back."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        signals = [signal.SIGINT, signal.SIGTERM] + [
-            getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name)
-        ]
+        def evaluate_test(label: str) -> Metrics:
+            metrics = self.evaluate("test")
+            self._log_eval(label, metrics, log_only=True)
+            return metrics
 
-        pid = os.getpid()
-
-        def stop(signum: int, frame: Any) -> None:
-            if os.getpid() != pid:  # a forked loader worker (Ctrl-C reaches the whole process group): the run stops it
-                return
-            if self.stop_signal is None:
-                self.stop_signal = signum
-                name = signal.Signals(signum).name
-                self._say(
-                    f"{name}: stopping after the current step (Ctrl-C again aborts at once, without a checkpoint)"
-                )
-            elif signum == signal.SIGINT:  # a user who will not wait; another preemption notice just waits
-                self._abort(signum)
-
-        self.previous_handlers = {signum: signal.signal(signum, stop) for signum in signals}
-        return self.previous_handlers
+        return self.selection.selected(val, test, self.model, evaluate_test)
 
     def _stopping(self, logging_now: bool) -> bool:
-        """Whether a stop signal came; under DDP the ranks agree at log points (one collective there)."""
-        if self.dist is None or self.dist.world_size == 1:
-            return self.stop_signal is not None
-        if not logging_now:
-            return False
-        flag = torch.tensor([float(self.stop_signal or 0)], device=self.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        self.stop_signal = int(flag.item()) or None
-        return self.stop_signal is not None
+        world_size = 1 if self.dist is None else self.dist.world_size
+        return self.signals.agreed(world_size, self.device, logging_now)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 (or no DDP): the rank that writes the run's files and speaks to the user."""
+        return self.dist is None or self.dist.is_main
 
     def _say(self, message: str) -> None:
-        if self.logger is not None:  # rank 0
+        if self.is_main:
             print(f"mtl-bench: {message}", file=sys.stderr, flush=True)
 
     def _abort(self, signum: int) -> None:
@@ -487,30 +465,26 @@ class Recipe:
             kept = "no checkpoint was written"
         else:
             kept = (
-                f"checkpoint {self.checkpoint_path} (step {self.saved_step}) is unchanged. Resume with the same "
-                f"command plus hydra.run.dir={self.run_dir} trainer.resume=auto"
+                f"checkpoint {self.checkpoint_path} (step {self.saved_step}) is unchanged. {resume_hint(self.run_dir)}"
             )
-        message = f"aborted by a second {signal.Signals(signum).name} at step {self.step}; {kept}"
+        message = f"aborted by a second {signal_name(signum)} at step {self.step}; {kept}"
         self._say(message)
         raise Interrupted(signum, message)
 
     def _stop(self, elapsed: float) -> None:
-        assert self.stop_signal is not None
+        received = self.signals.received
+        assert received is not None
         self.nonfinite.check(self.step)  # a checkpoint holds a good state only
         if self.saved_step != self.step:  # not just written by the periodic checkpoint
             self.save(elapsed)
-        name = signal.Signals(self.stop_signal).name
         message = (
-            f"stopped by {name} after step {self.step}; checkpoint {self.checkpoint_path} written. Resume "
-            f"with the same command plus hydra.run.dir={self.run_dir} trainer.resume=auto"
+            f"stopped by {signal_name(received)} after step {self.step}; checkpoint {self.checkpoint_path} written. "
+            f"{resume_hint(self.run_dir)}"
         )
         self._say(message)
-        previous = self.previous_handlers.get(self.stop_signal)
-        if callable(previous) and previous is not signal.default_int_handler:
-            # submitit's preemption handler: it requeues the job, which resumes from this checkpoint
-            previous(self.stop_signal, None)
+        self.signals.hand_over()
         self.stopped_together = True
-        raise Interrupted(self.stop_signal, message)
+        raise Interrupted(received, message)
 
     def optimizer_step(self, logging_now: bool) -> StepResult:
         """Forwards and backwards of one step, clipping, then the optimizer step unless it is not finite.
@@ -564,7 +538,7 @@ class Recipe:
         names, n = self.taskset.task_names, len(self.taskset.tasks)
         cos = measured.pop(GRAD_COS_MATRIX, None)
         if cos is not None and self.logger is not None:  # one image per diagnostic step
-            self.logger.writer.add_image(
+            self.logger.log_image(
                 "grad_cos/heatmap", heatmap(cos.float().cpu().numpy(), self.taskset.task_names), self.step
             )
         # One host read per log interval: losses, the non-finite record and the balancer's measurements.
@@ -593,10 +567,7 @@ class Recipe:
             log.warning("step %d: %d steps skipped so far (non-finite loss or gradients)", self.step, skipped)
             self.nonfinite.reported = skipped
         if self.logger is not None:
-            if not self.layout_written:  # the tags are known only now (they depend on the balancer)
-                self.logger.write_dashboard(self.metric_names, list(scalars), task_set=self.choices.get("tasks"))
-                self.layout_written = True
-            self.logger.scalars(scalars, self.step)
+            self.logger.log_scalars(scalars, self.step)
         progress.update(self.step, losses, rate)
 
     def _log_eval(self, split: str, metrics: Metrics, log_only: bool = False) -> None:
@@ -606,7 +577,7 @@ class Recipe:
         log.info("step %d %s | %s", self.step, split, text)
         if self.logger is not None and not log_only:
             scalars = {tags.metric(split, t, name): v for t, values in metrics.items() for name, v in values.items()}
-            self.logger.scalars(scalars, self.step)
+            self.logger.log_scalars(scalars, self.step)
             self.logger.flush()
 
     # ------------------------------------------------------------------ cleanup
@@ -657,8 +628,13 @@ def train(
     parallel_runs: int = 1,
     cores: Optional[int] = None,
 ) -> TrainResult:
-    """Set up, train and clean up one run with outputs in `run_dir`; usable without Hydra (tests, notebooks).
-    Writes metrics.json (rank 0): the results, or `"status": "failed"` with the error."""
+    """Finalise the config, set up, train and clean up one run with outputs in `run_dir`: what `mtl-bench train`
+    runs, and usable without Hydra's app (tests, notebooks: `mtl_bench.compose_config` composes as the CLI does).
+
+    `overrides`: the overrides the config was composed with (a length given there replaces the preset's). A config
+    refused by `finalise_config` raises ConfigError before anything is built or written; after that, metrics.json
+    (rank 0) records the results, or `"status": "failed"` with the error."""
+    finalise_config(cfg, overrides or [])
     recipe = Recipe(
         cfg, run_dir, overrides=overrides, choices=choices, bar=bar, parallel_runs=parallel_runs, cores=cores
     )

@@ -1,15 +1,18 @@
-"""Model selection as the papers do it (`trainer.select`): which evaluation a run reports.
+"""Model selection as the papers do it (`select=<option>`): which evaluation a run reports.
 
 final: the last step's val and test metrics. best_val: the test metrics of the evaluation whose val metrics are
-best by `trainer.select_criterion` (Nash-MTL's and FAMO's QM9 and CelebA protocols: the epoch with the best
-validation Δm or F1). last_k: the mean test metrics of the last `select_k` evaluations (the nash-mtl README's
-NYUv2 protocol: the mean over the last 10 epochs). Selection never changes what is trained.
+best by `select.criterion` (Nash-MTL's and FAMO's QM9 and CelebA protocols: the epoch with the best validation Δm
+or F1). last_k: the mean test metrics of the last `select.k` evaluations (the nash-mtl README's NYUv2 protocol: the
+mean over the last 10 epochs). Selection never changes what is trained.
+
+A rule is a `ModelSelection` built from conf/select/<option>.yaml by `_target_`; the engine supplies the task set's
+`higher_is_better` and `reference` and the steps it evaluates at (`eval_steps`). A user's own rule subclasses it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -17,6 +20,8 @@ from mtl_bench.errors import ConfigError
 from mtl_bench.report.delta_m import delta_m_flat, relative_drops
 
 Metrics = dict[str, dict[str, float]]
+HigherIsBetter = Mapping[str, Mapping[str, bool]]
+Reference = Optional[Mapping[str, Mapping[str, float]]]
 
 
 def eval_steps(total: int, every: int) -> list[int]:
@@ -25,84 +30,115 @@ def eval_steps(total: int, every: int) -> list[int]:
     return steps + [total]
 
 
-class Selection:
-    """Follows the run's evaluations and keeps what `select` needs: the best val state or the last k test metrics."""
+def score(val: Metrics, criterion: str, higher_is_better: HigherIsBetter, reference: Reference, key: str) -> float:
+    """`criterion` on `val` as a cost (lower is better): delta_m (against `reference`), a metric (its mean over the
+    tasks that have it, signed so lower is better) or <task>/<metric>; `key` names the setting in errors."""
+    if criterion == "delta_m":
+        if not reference:
+            raise ConfigError(
+                f"{key}=delta_m needs tasks.reference (single-task numbers); choose a metric instead, e.g. {key}=loss"
+            )
+        return delta_m_flat(relative_drops(val, reference, higher_is_better))
+    task, _, metric = criterion.rpartition("/")
+    tasks = [task] if task else [t for t in higher_is_better if metric in higher_is_better[t]]
+    known = {m for names in higher_is_better.values() for m in names}
+    if not tasks or any(metric not in higher_is_better.get(t, {}) for t in tasks):
+        raise ConfigError(
+            f"{key}={criterion!r}: allowed: delta_m, a metric ({', '.join(sorted(known))})"
+            f" or <task>/<metric> with a task of {', '.join(higher_is_better)}"
+        )
+    values = [val[t][metric] * (-1.0 if higher_is_better[t][metric] else 1.0) for t in tasks]
+    return sum(values) / len(values)
+
+
+class ModelSelection:
+    """The interface, and `select=final`: the last evaluation is the one reported.
+
+    The loop calls `wants_test(step)` before each evaluation (test is evaluated where it says so, and at the end),
+    `observe(...)` after it, and `selected(...)` once at the end; `record()` goes into metrics.json and the state
+    into checkpoints."""
+
+    name = "final"
+
+    def __init__(self, higher_is_better: HigherIsBetter, reference: Reference, eval_steps: Sequence[int]) -> None:
+        self.higher_is_better, self.reference, self.eval_steps = higher_is_better, reference, list(eval_steps)
+
+    def wants_test(self, step: int) -> bool:
+        """Whether the loop evaluates test at this evaluation (it always does at the last)."""
+        return False
+
+    def observe(self, step: int, val: Metrics, test: Optional[Metrics], model: torch.nn.Module) -> None:
+        """An evaluation's metrics (test is None where it was not evaluated)."""
+
+    def selected(
+        self, val: Metrics, test: Metrics, model: torch.nn.Module, evaluate_test: Callable[[str], Metrics]
+    ) -> tuple[Metrics, Metrics]:
+        """The val and test metrics the run reports, from the last evaluation's; `evaluate_test(label)` evaluates
+        the model as it is now on test (logged under `label`)."""
+        return val, test
+
+    def record(self) -> dict[str, Any]:
+        """What metrics.json says of the selection."""
+        return {"select": self.name}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+class Final(ModelSelection):
+    """select=final: the interface's own behaviour."""
+
+
+class BestVal(ModelSelection):
+    """The test metrics of the evaluation with the best val `criterion`; the first of equal scores wins, as the
+    references' strict `<`."""
+
+    name = "best_val"
 
     def __init__(
         self,
-        select: str,
-        criterion: str,
-        k: int,
-        higher_is_better: Mapping[str, Mapping[str, bool]],
-        reference: Optional[Mapping[str, Mapping[str, float]]],
-        total_steps: int,
-        eval_every: int,
+        higher_is_better: HigherIsBetter,
+        reference: Reference,
+        eval_steps: Sequence[int],
+        criterion: str = "delta_m",
     ) -> None:
-        self.select, self.criterion, self.k = select, criterion, k
-        self.higher_is_better, self.reference = higher_is_better, reference
-        self.last_k_steps = set(eval_steps(total_steps, eval_every)[-k:]) if select == "last_k" else set()
+        """criterion: delta_m (against tasks.reference) | <metric> (its mean over tasks) | <task>/<metric>."""
+        super().__init__(higher_is_better, reference, eval_steps)
+        self.criterion = criterion
         self.best_score = math.inf  # the criterion as a cost: lower is better
         self.best_step = -1
         self.best_state: dict[str, torch.Tensor] | None = None
         self.best_val: Metrics = {}
-        self.sums: Metrics = {}
-        self.count = 0
-        if select == "best_val":
-            self.score({t: {m: 1.0 for m in names} for t, names in higher_is_better.items()})  # checks the criterion
+        self.score({t: {m: 1.0 for m in names} for t, names in higher_is_better.items()})  # checks the criterion
 
-    def score(self, val: Metrics, criterion: Optional[str] = None, key: str = "trainer.select_criterion") -> float:
-        """`criterion` (the selection's by default) on `val` as a cost (lower is better); `key` names the setting
-        in errors."""
-        criterion = criterion or self.criterion
-        if criterion == "delta_m":
-            if not self.reference:
-                raise ConfigError(
-                    f"{key}=delta_m needs tasks.reference (single-task numbers); choose a metric instead, e.g. "
-                    f"{key}=loss"
-                )
-            return delta_m_flat(relative_drops(val, self.reference, self.higher_is_better))
-        task, _, metric = criterion.rpartition("/")
-        tasks = [task] if task else [t for t in self.higher_is_better if metric in self.higher_is_better[t]]
-        known = {m for names in self.higher_is_better.values() for m in names}
-        if not tasks or any(metric not in self.higher_is_better.get(t, {}) for t in tasks):
-            raise ConfigError(
-                f"{key}={criterion!r}: allowed: delta_m, a metric ({', '.join(sorted(known))})"
-                f" or <task>/<metric> with a task of {', '.join(self.higher_is_better)}"
-            )
-        values = [val[t][metric] * (-1.0 if self.higher_is_better[t][metric] else 1.0) for t in tasks]
-        return sum(values) / len(values)
-
-    def wants_test(self, step: int) -> bool:
-        """Whether the loop should evaluate test at this evaluation (last_k only)."""
-        return step in self.last_k_steps
+    def score(self, val: Metrics) -> float:
+        return score(val, self.criterion, self.higher_is_better, self.reference, "select.criterion")
 
     def observe(self, step: int, val: Metrics, test: Optional[Metrics], model: torch.nn.Module) -> None:
-        if self.select == "best_val":
-            score = self.score(val)
-            if score < self.best_score:  # the first of equal scores wins, as the references' strict `<`
-                self.best_score, self.best_step, self.best_val = score, step, val
-                self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        elif self.select == "last_k" and test is not None:
-            for task, values in test.items():
-                for name, value in values.items():
-                    self.sums.setdefault(task, {})[name] = self.sums.get(task, {}).get(name, 0.0) + value
-            self.count += 1
+        value = self.score(val)
+        if value < self.best_score:
+            self.best_score, self.best_step, self.best_val = value, step, val
+            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    def last_k_mean(self) -> Metrics:
-        return {task: {name: v / self.count for name, v in values.items()} for task, values in self.sums.items()}
+    def selected(
+        self, val: Metrics, test: Metrics, model: torch.nn.Module, evaluate_test: Callable[[str], Metrics]
+    ) -> tuple[Metrics, Metrics]:
+        """The best state's test metrics; the final model is put back (it stays in the checkpoint)."""
+        if self.best_step in (-1, self.eval_steps[-1]) or self.best_state is None:
+            return val, test
+        final = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(self.best_state)
+        try:
+            best_test = evaluate_test(f"test (best val {self.criterion} at step {self.best_step})")
+        finally:
+            model.load_state_dict(final)
+        return self.best_val, best_test
 
     def record(self) -> dict[str, Any]:
-        """What metrics.json says of the selection."""
-        if self.select == "best_val":
-            return {
-                "select": "best_val",
-                "criterion": self.criterion,
-                "step": self.best_step,
-                "val_score": self.best_score,
-            }
-        if self.select == "last_k":
-            return {"select": "last_k", "k": self.k, "evaluations": self.count}
-        return {"select": "final"}
+        return {"select": self.name, "criterion": self.criterion, "step": self.best_step, "val_score": self.best_score}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -110,11 +146,54 @@ class Selection:
             "best_step": self.best_step,
             "best_state": self.best_state,
             "best_val": self.best_val,
-            "sums": self.sums,
-            "count": self.count,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.best_score, self.best_step = float(state["best_score"]), int(state["best_step"])
         self.best_state, self.best_val = state["best_state"], dict(state["best_val"])
+
+
+class LastK(ModelSelection):
+    """The mean test metrics of the last k evaluations (fewer when the run evaluates fewer times)."""
+
+    name = "last_k"
+
+    def __init__(
+        self, higher_is_better: HigherIsBetter, reference: Reference, eval_steps: Sequence[int], k: int = 10
+    ) -> None:
+        """k: how many evaluations to average (> 0)."""
+        if not isinstance(k, int) or k <= 0:
+            raise ValueError(f"k: must be an int > 0, got {k!r}")
+        super().__init__(higher_is_better, reference, eval_steps)
+        self.k = k
+        self.last_k_steps = set(self.eval_steps[-k:])
+        self.sums: Metrics = {}
+        self.count = 0
+
+    def wants_test(self, step: int) -> bool:
+        return step in self.last_k_steps
+
+    def observe(self, step: int, val: Metrics, test: Optional[Metrics], model: torch.nn.Module) -> None:
+        if test is None or step not in self.last_k_steps:
+            return
+        for task, values in test.items():
+            for name, value in values.items():
+                self.sums.setdefault(task, {})[name] = self.sums.get(task, {}).get(name, 0.0) + value
+        self.count += 1
+
+    def mean(self) -> Metrics:
+        return {task: {name: v / self.count for name, v in values.items()} for task, values in self.sums.items()}
+
+    def selected(
+        self, val: Metrics, test: Metrics, model: torch.nn.Module, evaluate_test: Callable[[str], Metrics]
+    ) -> tuple[Metrics, Metrics]:
+        return val, self.mean()
+
+    def record(self) -> dict[str, Any]:
+        return {"select": self.name, "k": self.k, "evaluations": self.count}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": self.sums, "count": self.count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.sums, self.count = {t: dict(v) for t, v in state["sums"].items()}, int(state["count"])

@@ -3,7 +3,7 @@ ReduceLROnPlateau(optimizer, "min", factor=0.7, patience=5, min_lr=1e-5) stepped
 
 torch's own `ReduceLROnPlateau` does the bookkeeping; this class gives it the engine's schedule protocol: `step()`
 after each optimizer step changes nothing, `validation_step(cost)` after each evaluation on val is torch's
-`step(metric)`, and `criterion` names what the engine measures (as `trainer.select_criterion`: delta_m, a metric's
+`step(metric)`, and `criterion` names what the engine measures (as `select.criterion`: delta_m, a metric's
 mean over tasks, or <task>/<metric>; always as a cost, lower is better).
 """
 

@@ -1,4 +1,4 @@
-"""What a user types is used or refused before anything is built (engine/compose.py check_config)."""
+"""What a user types is used or refused before anything is built (engine/compose.py finalise_config)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from mtl_bench.engine.compose import check_config
+from mtl_bench.engine.compose import finalise_config
 from mtl_bench.errors import ConfigError
 from mtl_bench.optim.schedules import MultiStep, StepDecay, to_steps
 from tests.helpers.cli import SMOKE, cli
@@ -16,7 +16,7 @@ from tests.helpers.cli import SMOKE, cli
 def checked(compose_cfg):
     def _checked(*overrides: str):
         cfg = compose_cfg(*overrides)
-        check_config(cfg, list(overrides))
+        finalise_config(cfg, list(overrides))
         return cfg
 
     return _checked

@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from mtl_bench.engine.compose import check_config
 from mtl_bench.engine.data import SampleIndex, Subset, hold_out
 from mtl_bench.engine.recipe import train
 from mtl_bench.tasks.base import Split
@@ -77,9 +76,7 @@ def test_a_bilevel_run_holds_out_rows_of_a_task_set_read_from_disk(compose_cfg, 
         "trainer.validation_holdout=0.34",  # 2 of the 6 training images
         f"trainer.num_workers={workers}",
     ]
-    cfg = compose_cfg(*overrides)
-    check_config(cfg, overrides)  # as the CLI: drops the mlp option's keys that TinyDense does not take
-    result = train(cfg, tmp_path / "run")
+    result = train(compose_cfg(*overrides), tmp_path / "run", overrides=overrides)  # drops mlp's keys TinyDense lacks
     assert result.step == 2
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["balancer"]
     assert state["opt_step"].item() == 2 and torch.isfinite(state["logits"]).all()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from mtl_bench.run_logger import dashboard_layout
+from mtl_bench.loggers.tensorboard import dashboard_layout
 
 
 def _chart_matching(layout: dict, tag: str) -> list[str]:

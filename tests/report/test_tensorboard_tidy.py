@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from mtl_bench.engine.diagnostics import colour, heatmap
-from mtl_bench.run_logger import dashboard_layout, hparam_values
+from mtl_bench.loggers.hparams import hparam_values
+from mtl_bench.loggers.tensorboard import dashboard_layout
 
 
 def composed(*overrides: str) -> tuple[dict, dict]:

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mtl_bench.engine.builders import build
-from mtl_bench.engine.compose import check_config
+from mtl_bench.engine.compose import finalise_config
 from mtl_bench.engine.evaluate import evaluate
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
@@ -224,7 +224,7 @@ def short_run(compose_cfg, *overrides: str):
         *overrides,
     )
     cfg = compose_cfg(*overrides)
-    check_config(cfg, list(overrides))  # as the CLI: drops the mlp option's keys that TinyDense does not take
+    finalise_config(cfg, list(overrides))  # as train() does: drops the mlp option's keys that TinyDense does not take
     return cfg
 
 
@@ -290,9 +290,7 @@ def test_nyuv2_trains_with_segnet(compose_cfg, tmp_path, nyu_root):
         "trainer.eval_every=2",
         "trainer.device=cpu",
     ]
-    cfg = compose_cfg(*overrides)
-    check_config(cfg, overrides)
-    train(cfg, tmp_path)
+    train(compose_cfg(*overrides), tmp_path, overrides=overrides)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert all(math.isfinite(v) for values in metrics["test"].values() for v in values.values())
 

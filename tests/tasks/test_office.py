@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from mtl_bench.engine.builders import build
-from mtl_bench.engine.compose import check_config
+from mtl_bench.engine.compose import finalise_config
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 from mtl_bench.settings import to_steps
@@ -400,7 +400,9 @@ def short_run(compose_cfg, *overrides: str):
         *overrides,
     )
     cfg = compose_cfg(*overrides)
-    check_config(cfg, list(overrides))  # as the CLI: drops the mlp option's keys that TinyClassifier does not take
+    finalise_config(
+        cfg, list(overrides)
+    )  # as train() does: drops the mlp option's keys that TinyClassifier does not take
     return cfg
 
 

@@ -1,4 +1,4 @@
-"""TensorBoard output of one run: tag names, the custom-scalars dashboard, hyper-parameters.
+"""`logger=tensorboard`: TensorBoard event files in the run directory, a custom-scalars dashboard, hyper-parameters.
 
 Tags: loss/<task>, weight/<task>, grad_norm/<task>, metric/<split>/<task>/<name>, lr/<group>, perf/steps_per_s,
 and each balancer's and architecture's own; docs/tensorboard.md ("Every tag") defines every one.
@@ -8,11 +8,13 @@ The task is always the last path component so one regex collects all tasks.
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 from torch.utils.tensorboard import SummaryWriter
-from torch.utils.tensorboard.summary import hparams
+from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+from mtl_bench.loggers.base import Logger, RunInfo
 
 
 def dashboard_layout(
@@ -57,66 +59,39 @@ def dashboard_layout(
     }
 
 
-def flatten_hparams(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config -> {"optim.lr": 0.001, ...} with only the value types TensorBoard's hparams accept."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_hparams(value, prefix=f"{name}."))
-        elif isinstance(value, (bool, int, float, str)):
-            flat[name] = value
-        else:  # lists, None
-            flat[name] = str(value)
-    return flat
-
-
-HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")  # instantiate's, not the user's
-
-
-def hparam_values(config: Mapping[str, Any], choices: Mapping[str, str]) -> dict[str, Any]:
-    """What the HParams tab shows: each config group's option (`balancer: gradnorm`) and the option's values
-    (`balancer.alpha: 1.5`), without Hydra's instantiate keys (`_target_`, `_partial_`, ...), Hydra's own
-    settings (`hydra.*`) and the task set's reference numbers (`tasks.reference.*`, read by the report only).
-
-    `config` is the resolved run config as a plain dict; `choices` the group options ({"optim/schedule": "none"}).
-    """
-    values: dict[str, Any] = {g.replace("/", "."): str(o) for g, o in choices.items() if not g.startswith("hydra")}
-    for key, value in flatten_hparams(config).items():
-        parts = key.split(".")
-        if parts[0] == "hydra" or parts[-1] in HYDRA_KEYS or key.split(".")[:2] == ["tasks", "reference"]:
-            continue
-        if key in values:  # a key named like a group (never expected): the option stays, the value is kept apart
-            key = f"{key}.value"
-        values[key] = value
-    return values
-
-
-class RunLogger:
+class TensorBoardLogger(Logger):
     """One SummaryWriter writing straight into the run directory (so TensorBoard names the run by it)."""
 
-    def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step, flush_secs=30)
+    def __init__(self, run: RunInfo, flush_secs: int = 30) -> None:
+        """flush_secs: how often the writer flushes its events to disk by itself, in seconds (> 0)."""
+        if flush_secs <= 0:
+            raise ValueError(f"flush_secs: must be > 0, got {flush_secs}")
+        self.run = run
+        self.writer = SummaryWriter(log_dir=str(run.dir), purge_step=run.resume_step or None, flush_secs=flush_secs)
+        self.layout_written = False
 
-    def write_dashboard(
-        self, metric_names: Mapping[str, list[str]], train_tags: list[str], task_set: str | None = None
-    ) -> None:
-        self.writer.add_custom_scalars(dashboard_layout(metric_names, train_tags, task_set=task_set))
-
-    def write_hparams(self, hparam_values: Mapping[str, Any], metric_tags: list[str]) -> None:
+    def log_hparams(self, hparams: Mapping[str, Any], metric_tags: Sequence[str]) -> None:
         """Hyper-parameters go into this run's own event file (add_hparams would open a timestamped sub-run).
 
         The metric tags named here are ordinary scalars logged at the end of training; the HParams tab
         reads their values from this run.
         """
-        experiment, start, end = hparams(dict(hparam_values), {tag: 0.0 for tag in metric_tags})
+        experiment, start, end = hparams_summary(dict(hparams), {tag: 0.0 for tag in metric_tags})
         file_writer = self.writer._get_file_writer()
         for summary in (experiment, start, end):
             file_writer.add_summary(summary)
 
-    def scalars(self, values: Mapping[str, float], step: int) -> None:
-        for tag, value in values.items():
+    def log_scalars(self, scalars: Mapping[str, float], step: int) -> None:
+        train_tags = [tag for tag in scalars if not tag.startswith("metric/")]
+        if not self.layout_written and train_tags:  # the tags are known only now (they depend on the balancer)
+            names = {task: list(names) for task, names in self.run.metric_names.items()}
+            self.writer.add_custom_scalars(dashboard_layout(names, train_tags, task_set=self.run.task_set))
+            self.layout_written = True
+        for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
+
+    def log_image(self, tag: str, image: np.ndarray, step: int) -> None:
+        self.writer.add_image(tag, image, step)
 
     def flush(self) -> None:
         self.writer.flush()
