@@ -7,7 +7,7 @@
 Every variant owns its own copy of the parameters and gradients. Steps are timed in interleaved rounds
 (one step of each variant per round) so load from other processes hits all variants alike; the table gives
 the median and the minimum over rounds, the ratio of medians to fused Adam, and the time of the first step.
-"ScaledAdam C++ kernel" is `compile=True` (what `compile="auto"` picks for a model this size): float32 CPU
+"ScaledAdam C++ kernel" is `kernel=True` (what `kernel="auto"` picks for a model this size): float32 CPU
 tensors through ScaledAdam's kernel, built by torch.utils.cpp_extension when the optimizer is constructed
 (outside the timed steps; a minute once per machine, then cached). A second table splits a kernel step
 (further interleaved rounds with fused Adam): the statistics pass (sum g^2 per tensor, and sum p*g, sum p^2
@@ -47,8 +47,8 @@ def copy_params(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
     return out
 
 
-def scaled_adam(params: list[torch.nn.Parameter], compile: bool, stack_max_numel: int | None) -> ScaledAdam:
-    opt = ScaledAdam(params, lr=0.02, clipping_scale=2.0, compile=compile)
+def scaled_adam(params: list[torch.nn.Parameter], kernel: bool, stack_max_numel: int | None) -> ScaledAdam:
+    opt = ScaledAdam(params, lr=0.02, clipping_scale=2.0, kernel=kernel)
     if stack_max_numel is not None:
         opt.stack_max_numel = stack_max_numel
     return opt

@@ -2,7 +2,7 @@
 """ScaledAdam: Adam whose update for each tensor is scaled by that tensor's RMS and which also learns each
 tensor's overall scale; scalars get plain Adam. See docs in `ScaledAdam`.
 
-Two implementations of one algorithm, chosen once at construction (`compile`), named by `implementation`:
+Two implementations of one algorithm, chosen once at construction (`kernel`), named by `implementation`:
 
 - "C++ kernel": float32 CPU tensors go through scaled_adam_cpu.cpp, built by torch.utils.cpp_extension at
   first use (scaled_adam_kernel.py). A step makes two passes over memory: the statistics pass reads g (p too every
@@ -37,13 +37,13 @@ from mtl_bench.optim import scaled_adam_kernel
 
 log = logging.getLogger(__name__)
 
-CompileMode = Union[bool, Literal["auto"]]
+KernelMode = Union[bool, Literal["auto"]]
 KERNEL = "C++ kernel"
 EAGER = "eager"
 
-# compile="auto" takes the kernel when the float32 CPU tensors with more than one element hold at least this
+# kernel="auto" takes the kernel when the float32 CPU tensors with more than one element hold at least this
 # many elements: building it costs a minute once per machine (then it is cached), and a small model gains little.
-AUTO_COMPILE_MIN_NUMEL = 1 << 20
+AUTO_KERNEL_MIN_NUMEL = 1 << 20
 # On CPU, tensors up to this many elements are stacked per bucket; larger ones are updated in place.
 STACK_MAX_NUMEL = 1 << 16
 # Large same-shape tensors handed to one call of `_stats` / `_update` on the eager path.
@@ -177,7 +177,7 @@ class ScaledAdam(torch.optim.Optimizer):
     State is float32 for any parameter dtype. A step makes one host read (the gradient norm: the skip and the
     clipping factor depend on it). `implementation` says which path runs ("C++ kernel": float32 CPU tensors
     through scaled_adam_cpu.cpp, the rest eagerly; or "eager") and `implementation_reason` why; both are
-    decided at construction and logged once on the "mtl_bench" logger. `compile=True` raises ValueError("compile:
+    decided at construction and logged once on the "mtl_bench" logger. `kernel=True` raises ValueError("kernel:
     ...") when the kernel cannot be had (no compiler, other dtypes or devices; ConfigError if a parameter changes
     to such later); "auto" then runs eagerly and says why.
     """
@@ -197,7 +197,7 @@ class ScaledAdam(torch.optim.Optimizer):
         scalar_max: float = 10.0,
         size_update_period: int = 4,
         clipping_update_period: int = 100,
-        compile: CompileMode = "auto",
+        kernel: KernelMode = "auto",
         diagnostics: bool = False,
     ) -> None:
         """One line per option (the signature is the options' one declaration; the class docstring explains them).
@@ -213,7 +213,7 @@ class ScaledAdam(torch.optim.Optimizer):
         scalar_max: one-element tensors are clamped to +-scalar_max (> 0) after each update.
         size_update_period: steps (>= 1) between RMS refreshes and learned-scale steps.
         clipping_update_period: steps (>= 1) between clipping thresholds, each the median of that many norms.
-        compile: True: the C++ kernel or an error; False: eager, same math; "auto": kernel from 2^20 elements.
+        kernel: True: the C++ kernel or an error; False: eager, same math; "auto": kernel from 2^20 elements.
         diagnostics: icefall's clipping lines (each threshold's norm quartiles at INFO, a gradient scaled below 0.1
             with its dominant tensor at WARNING); False: both at DEBUG. Skipped non-finite steps are always WARNING.
         """
@@ -241,8 +241,8 @@ class ScaledAdam(torch.optim.Optimizer):
                 raise ValueError(f"{name}: must be an integer >= 1, got {period!r}")
         if not isinstance(diagnostics, bool):
             raise ValueError(f"diagnostics: must be true or false, got {diagnostics!r}")
-        if compile not in ("auto", True, False) or not isinstance(compile, (bool, str)):
-            raise ValueError(f"compile: must be 'auto', True or False, got {compile!r}")
+        if kernel not in ("auto", True, False) or not isinstance(kernel, (bool, str)):
+            raise ValueError(f"kernel: must be 'auto', True or False, got {kernel!r}")
         defaults = dict(
             lr=lr,
             clipping_scale=clipping_scale,
@@ -255,7 +255,7 @@ class ScaledAdam(torch.optim.Optimizer):
             size_update_period=size_update_period,
             clipping_update_period=clipping_update_period,
         )
-        self.compile = compile
+        self.kernel = kernel
         # icefall's clipping diagnostics: their log levels (DEBUG unless asked for: a default run stays quiet)
         self.diagnostics = bool(diagnostics)
         self._info, self._warning = (logging.INFO, logging.WARNING) if diagnostics else (logging.DEBUG, logging.DEBUG)
@@ -327,11 +327,11 @@ class ScaledAdam(torch.optim.Optimizer):
             dev = b.params[0].device
             contiguous = all(p.is_contiguous() for p in b.params)
             b.native = self._native and all(kernel_takes(p) for p in b.params)
-            if self.compile is True and not b.scalar and not b.native:
+            if self.kernel is True and not b.scalar and not b.native:
                 raise ConfigError(
-                    f"compile: true needs float32 contiguous CPU parameters (ScaledAdam's C++ kernel); "
+                    f"kernel: true needs float32 contiguous CPU parameters (ScaledAdam's C++ kernel); "
                     f"{self.param_name(group_index, b.index[0])} is {dev.type} {b.params[0].dtype}"
-                    f"{'' if contiguous else ', not contiguous'}; set compile=auto or false"
+                    f"{'' if contiguous else ', not contiguous'}; set kernel=auto or false"
                 )
             b.stacked = not b.native and (
                 b.scalar or b.numel <= self.stack_max_numel or dev.type != "cpu" or not contiguous
@@ -383,39 +383,39 @@ class ScaledAdam(torch.optim.Optimizer):
             st["scale_grads"] = torch.zeros(group["size_update_period"], device=p.device)
 
     def _choose(self) -> tuple[bool, str]:
-        """(whether the C++ kernel takes the float32 CPU tensors, why). Where compile=True cannot be had: ValueError
-        "compile: ...", which the engine's builder reports as the one line `optim.compile: ...`."""
-        if self.compile is False:
-            return False, "compile=false"
+        """(whether the C++ kernel takes the float32 CPU tensors, why). Where kernel=True cannot be had: ValueError
+        "kernel: ...", which the engine's builder reports as the one line `optim.kernel: ...`."""
+        if self.kernel is False:
+            return False, "kernel=false"
         tensors = [p for g in self.param_groups for p in g["params"] if p.numel() > 1]
         takes = [p for p in tensors if kernel_takes(p)]
-        if self.compile is True:
+        if self.kernel is True:
             others = sorted(
                 {f"{p.device.type} {str(p.dtype).replace('torch.', '')}" for p in tensors} - {"cpu float32"}
             )
             if others or len(takes) < len(tensors):
                 raise ValueError(
-                    "compile: true needs float32 contiguous CPU parameters (ScaledAdam's C++ kernel); got "
+                    "kernel: true needs float32 contiguous CPU parameters (ScaledAdam's C++ kernel); got "
                     + (", ".join(others) or "non-contiguous tensors")
-                    + "; set compile=auto or false"
+                    + "; set kernel=auto or false"
                 )
         else:
             numel = sum(p.numel() for p in takes)
-            if numel < AUTO_COMPILE_MIN_NUMEL:
+            if numel < AUTO_KERNEL_MIN_NUMEL:
                 return False, (
-                    f"compile=auto: {numel} elements in float32 CPU tensors, under {AUTO_COMPILE_MIN_NUMEL} "
+                    f"kernel=auto: {numel} elements in float32 CPU tensors, under {AUTO_KERNEL_MIN_NUMEL} "
                     "where the C++ kernel starts to pay"
                 )
         module, error = scaled_adam_kernel.kernel()
         if module is None:
-            if self.compile is True:
-                raise ValueError(f"compile: true, but ScaledAdam's C++ kernel cannot be built here ({error})")
-            return False, f"compile=auto: the C++ kernel cannot be built here ({error})"
+            if self.kernel is True:
+                raise ValueError(f"kernel: true, but ScaledAdam's C++ kernel cannot be built here ({error})")
+            return False, f"kernel=auto: the C++ kernel cannot be built here ({error})"
         rest = len(tensors) - len(takes)
-        return True, f"compile={str(self.compile).lower()}" + (f"; {rest} other tensors eager" if rest else "")
+        return True, f"kernel={str(self.kernel).lower()}" + (f"; {rest} other tensors eager" if rest else "")
 
     @property
-    def compiled(self) -> bool:
+    def uses_kernel(self) -> bool:
         """Whether float32 CPU tensors go through the C++ kernel (`implementation == "C++ kernel"`)."""
         return self._native
 

@@ -32,7 +32,7 @@ def test_flag_reads_any_nan_or_inf(bad, value):
         lambda ps: torch.optim.Adam(ps, lr=0.1, fused=True),
         lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
         lambda ps: torch.optim.RMSprop(ps, lr=0.1),  # not fused: the flag is read on the host
-        lambda ps: ScaledAdam(ps, lr=0.1, compile=False),  # skips by itself
+        lambda ps: ScaledAdam(ps, lr=0.1, kernel=False),  # skips by itself
     ],
 )
 @pytest.mark.parametrize("bad", [False, True])

@@ -125,14 +125,14 @@ def test_eden_from_config_follows_icefall_formula(schedule):
 
 def test_scaled_adam_from_config(optimizer):
     opt = optimizer(
-        "scaled_adam", [torch.nn.Parameter(torch.ones(4, 4))], lr=0.01, clipping_scale="null", compile="false"
+        "scaled_adam", [torch.nn.Parameter(torch.ones(4, 4))], lr=0.01, clipping_scale="null", kernel="false"
     )
-    assert isinstance(opt, ScaledAdam) and opt.compile is False and opt.param_groups[0]["betas"] == (0.9, 0.98)
+    assert isinstance(opt, ScaledAdam) and opt.kernel is False and opt.param_groups[0]["betas"] == (0.9, 0.98)
 
 
-def test_scaled_adam_compile_true_that_cannot_be_had_is_one_line_naming_the_key(optimizer):
+def test_scaled_adam_kernel_true_that_cannot_be_had_is_one_line_naming_the_key(optimizer):
     params = [torch.nn.Parameter(torch.ones(4, 4, dtype=torch.bfloat16))]
     with pytest.raises(ConfigError) as err:
-        optimizer("scaled_adam", params, compile="true")
+        optimizer("scaled_adam", params, kernel="true")
     message = str(err.value)
-    assert message.startswith("optim.compile: true needs float32 contiguous CPU parameters") and "\n" not in message
+    assert message.startswith("optim.kernel: true needs float32 contiguous CPU parameters") and "\n" not in message

@@ -13,7 +13,7 @@ import torch
 
 from mtl_bench.errors import ConfigError
 from mtl_bench.optim import ScaledAdam, scaled_adam_kernel
-from mtl_bench.optim.scaled_adam import AUTO_COMPILE_MIN_NUMEL, CHUNK, EAGER, KERNEL
+from mtl_bench.optim.scaled_adam import AUTO_KERNEL_MIN_NUMEL, CHUNK, EAGER, KERNEL
 
 BETAS = (0.9, 0.98)
 
@@ -145,7 +145,7 @@ def close(a, b, rtol=2e-5, atol=1e-7) -> None:
 def test_first_step_by_hand():
     w = torch.nn.Parameter(torch.tensor([[1.0, -2.0], [3.0, -4.0]]))
     s = torch.nn.Parameter(torch.tensor(0.5))
-    opt = ScaledAdam([w, s], lr=0.1, compile=False)
+    opt = ScaledAdam([w, s], lr=0.1, kernel=False)
     w.grad = torch.tensor([[0.5, -1.0], [2.0, 0.25]])
     s.grad = torch.tensor(-3.0)
     opt.step()
@@ -163,7 +163,7 @@ def test_first_step_by_hand():
 
 def test_second_step_momentum_by_hand():
     p = torch.nn.Parameter(torch.tensor([2.0, -2.0]))  # rms 2
-    opt = ScaledAdam([p], lr=0.1, compile=False)
+    opt = ScaledAdam([p], lr=0.1, kernel=False)
     p.grad = torch.tensor([1.0, 1.0])
     opt.step()
     p.grad = torch.tensor([1.0, 1.0])
@@ -179,7 +179,7 @@ def test_matches_per_parameter_reference(stack_max_numel, clipping_scale):
     params = make_params()
     ref_params = clone_params(params)
     opt = ScaledAdam(
-        params, lr=0.05, clipping_scale=clipping_scale, clipping_update_period=16, param_max_rms=0.5, compile=False
+        params, lr=0.05, clipping_scale=clipping_scale, clipping_update_period=16, param_max_rms=0.5, kernel=False
     )
     opt.stack_max_numel = stack_max_numel
     ref = Reference(ref_params, lr=0.05, clipping_scale=clipping_scale, clipping_update_period=16, param_max_rms=0.5)
@@ -198,7 +198,7 @@ def test_long_run_matches_reference():
     # past step ~228, where icefall stops bias-correcting exp_avg_sq, and two regular clipping estimates
     params = make_params(seed=1)
     ref_params = clone_params(params)
-    opt = ScaledAdam(params, lr=0.02, clipping_scale=2.0, compile=False)
+    opt = ScaledAdam(params, lr=0.02, clipping_scale=2.0, kernel=False)
     ref = Reference(ref_params, lr=0.02, clipping_scale=2.0)
     for s in range(240):
         set_grads(params, s)
@@ -211,7 +211,7 @@ def test_long_run_matches_reference():
 def test_scalar_is_clamped_after_the_update():
     hi = torch.nn.Parameter(torch.tensor(12.0))  # above the bound, pushed down by 0.01
     top = torch.nn.Parameter(torch.tensor([10.0]))  # at the bound, pushed up by 0.01
-    opt = ScaledAdam([hi, top], lr=1.0, scalar_max=10.0, compile=False)
+    opt = ScaledAdam([hi, top], lr=1.0, scalar_max=10.0, kernel=False)
     hi.grad, top.grad = torch.tensor(1.0), torch.tensor([-1.0])
     opt.step()
     assert hi.item() == 10.0  # clamping before the update would leave 9.99
@@ -224,7 +224,7 @@ def test_scale_limits_match_reference():
     big = torch.nn.Parameter(torch.randn(8, 8, generator=torch.Generator().manual_seed(3)) * 0.8)
     tiny = torch.nn.Parameter(torch.full((5,), 1e-6))
     params, ref_params = [big, tiny], clone_params([big, tiny])
-    opt = ScaledAdam(params, lr=0.05, param_max_rms=0.5, compile=False)
+    opt = ScaledAdam(params, lr=0.05, param_max_rms=0.5, kernel=False)
     ref = Reference(ref_params, lr=0.05, param_max_rms=0.5)
     rms0 = big.detach().pow(2).mean().sqrt().item()
     for s in range(24):
@@ -239,11 +239,11 @@ def test_scale_limits_match_reference():
 def test_clipping_shrinks_the_update():
     base = make_params()
     a_params, b_params, c_params = clone_params(base), clone_params(base), clone_params(base)
-    a = ScaledAdam(a_params, lr=0.05, clipping_scale=1.0, clipping_update_period=8, compile=False)
+    a = ScaledAdam(a_params, lr=0.05, clipping_scale=1.0, clipping_update_period=8, kernel=False)
     run(a, a_params, 9)  # threshold first set at step 8 (a period boundary)
     state = copy.deepcopy(a.state_dict())
-    b = ScaledAdam(b_params, compile=False)
-    c = ScaledAdam(c_params, compile=False)
+    b = ScaledAdam(b_params, kernel=False)
+    c = ScaledAdam(c_params, kernel=False)
     for opt, ps in ((b, b_params), (c, c_params)):
         for p, q in zip(ps, a_params):
             p.data.copy_(q.detach())
@@ -271,14 +271,14 @@ def test_clipping_shrinks_the_update():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_state_dict_round_trip_mid_training(dtype):
     params = [torch.nn.Parameter(p.detach().to(dtype)) for p in make_params()]
-    opt = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=6, compile=False)
+    opt = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=6, kernel=False)
     run(opt, params, 7)  # mid size-period and mid clipping-period
     buf = io.BytesIO()
     torch.save(opt.state_dict(), buf)
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
     params2 = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    opt2 = ScaledAdam(params2, lr=0.05, clipping_scale=2.0, clipping_update_period=6, compile=False)
+    opt2 = ScaledAdam(params2, lr=0.05, clipping_scale=2.0, clipping_update_period=6, kernel=False)
     opt2.load_state_dict(saved)
     assert all(
         v.dtype == torch.float32 for st in opt2.state.values() for v in st.values() if isinstance(v, torch.Tensor)
@@ -291,7 +291,7 @@ def test_state_dict_round_trip_mid_training(dtype):
 
 def test_nonfinite_step_is_skipped_and_logged(caplog):
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    opt = ScaledAdam(model.named_parameters(), clipping_scale=2.0, compile=False)
+    opt = ScaledAdam(model.named_parameters(), clipping_scale=2.0, kernel=False)
     params = list(model.parameters())
     run(opt, params, 3)
     before_p = [p.detach().clone() for p in params]
@@ -316,7 +316,7 @@ def test_nonfinite_step_is_skipped_and_logged(caplog):
 def strongly_clipped_step(caplog, level: int, **options) -> list[logging.LogRecord]:
     """Five steps, then one whose gradient is scaled far below 0.1 by clipping; the records logged at `level`+."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    opt = ScaledAdam(model.named_parameters(), clipping_scale=1.0, clipping_update_period=4, compile=False, **options)
+    opt = ScaledAdam(model.named_parameters(), clipping_scale=1.0, clipping_update_period=4, kernel=False, **options)
     params = list(model.parameters())
     with caplog.at_level(level, logger="mtl_bench.optim.scaled_adam"):
         run(opt, params, 5)
@@ -350,14 +350,14 @@ def test_diagnostics_must_be_a_bool():
 
 def test_accepts_params_groups_and_names():
     model = torch.nn.Linear(3, 2)
-    plain = ScaledAdam(model.parameters(), compile=False)
+    plain = ScaledAdam(model.parameters(), kernel=False)
     assert plain.param_name(0, 1) == "group0.params[1](2,)"
-    named = ScaledAdam(model.named_parameters(), compile=False)
+    named = ScaledAdam(model.named_parameters(), kernel=False)
     assert named.param_name(0, 0) == "weight"
     groups = ScaledAdam(
         [{"named_params": [("w", model.weight)], "lr": 0.1}, {"named_params": [("b", model.bias)]}],
         lr=0.01,
-        compile=False,
+        kernel=False,
     )
     assert [g["lr"] for g in groups.param_groups] == [0.1, 0.01]
     assert groups.param_name(1, 0) == "b"
@@ -373,7 +373,7 @@ def test_chunked_per_tensor_layout_matches_reference():
     g = torch.Generator().manual_seed(5)
     params = make_params() + [torch.nn.Parameter(torch.randn(8, 6, generator=g) * 0.2) for _ in range(CHUNK + 2)]
     ref_params = clone_params(params)
-    opt = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, compile=False)
+    opt = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, kernel=False)
     opt.stack_max_numel = 0
     ref = Reference(ref_params, lr=0.05, clipping_scale=2.0, clipping_update_period=8)
     for s in range(13):
@@ -406,8 +406,8 @@ def test_native_kernel_matches_eager_and_reference():
     eager_params, ref_params = clone_params(params), clone_params(params)
     kw = dict(lr=0.05, clipping_scale=2.0, clipping_update_period=8, param_max_rms=0.5)
     kernel_or_skip()
-    native = ScaledAdam(params, compile=True, **kw)
-    eager = ScaledAdam(eager_params, compile=False, **kw)
+    native = ScaledAdam(params, kernel=True, **kw)
+    eager = ScaledAdam(eager_params, kernel=False, **kw)
     ref = Reference(ref_params, **kw)
     for s in range(45):
         for ps in (params, eager_params, ref_params):
@@ -416,7 +416,7 @@ def test_native_kernel_matches_eager_and_reference():
             if s == 7:
                 ps[9].grad = torch.zeros_like(ps[9]) if ps is ref_params else None
         native.step(), eager.step(), ref.step()
-    assert native.compiled and not eager.compiled
+    assert native.uses_kernel and not eager.uses_kernel
     assert native.implementation == KERNEL and eager.implementation == EAGER
     assert all(b.native != b.scalar for b in native._plans[0][1])
     close(params, eager_params, rtol=1e-5, atol=1e-7)
@@ -428,13 +428,13 @@ def test_native_kernel_matches_eager_and_reference():
 def test_native_kernel_skips_a_nonfinite_step():
     kernel_or_skip()
     params = make_params()
-    opt = ScaledAdam(params, lr=0.05, clipping_scale=2.0, compile=True)
+    opt = ScaledAdam(params, lr=0.05, clipping_scale=2.0, kernel=True)
     run(opt, params, 3)
     before = [p.detach().clone() for p in params]
     set_grads(params, 3)
     params[1].grad[2, 3] = float("nan")
     opt.step()
-    assert opt.compiled and opt.skipped_steps == 1
+    assert opt.uses_kernel and opt.skipped_steps == 1
     assert all(torch.equal(p.detach(), q) for p, q in zip(params, before))
     run(opt, params, 2, start=4)
     assert all(torch.isfinite(p).all() for p in params)
@@ -444,7 +444,7 @@ def test_native_kernel_skips_a_nonfinite_step():
 def test_native_plan_follows_a_parameter_that_changes_layout():
     kernel_or_skip()
     params = make_params()
-    opt = ScaledAdam(params, compile="auto")
+    opt = ScaledAdam(params, kernel="auto")
     opt._native = True  # as if the model were large enough
     run(opt, params, 2)
     buckets, native = opt._plan(0, opt.param_groups[0])
@@ -467,7 +467,7 @@ INVALID = [
     ("scalar_max", dict(scalar_max=0.0)),
     ("size_update_period", dict(size_update_period=0)),
     ("clipping_update_period", dict(clipping_update_period=2.5)),
-    ("compile", dict(compile="yes")),
+    ("kernel", dict(kernel="yes")),
 ]
 
 
@@ -499,8 +499,8 @@ def test_kernel_blocks_and_threads_match_eager():
     g = torch.Generator().manual_seed(7)
     params = make_params() + [torch.nn.Parameter(torch.randn(1030, 1030, generator=g) * 0.1) for _ in range(2)]
     eager_params = clone_params(params)
-    kernel = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, compile=True)
-    eager = ScaledAdam(eager_params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, compile=False)
+    kernel = ScaledAdam(params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, kernel=True)
+    eager = ScaledAdam(eager_params, lr=0.05, clipping_scale=2.0, clipping_update_period=8, kernel=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -511,57 +511,57 @@ def test_kernel_blocks_and_threads_match_eager():
             eager.step()
     finally:
         torch.set_num_threads(threads)
-    assert kernel.compiled and not eager.compiled
+    assert kernel.uses_kernel and not eager.uses_kernel
     close(params, eager_params, rtol=1e-5, atol=1e-6)
 
 
 def big_params() -> list[torch.nn.Parameter]:
-    return [torch.nn.Parameter(torch.zeros(AUTO_COMPILE_MIN_NUMEL)), torch.nn.Parameter(torch.zeros(()))]
+    return [torch.nn.Parameter(torch.zeros(AUTO_KERNEL_MIN_NUMEL)), torch.nn.Parameter(torch.zeros(()))]
 
 
 def test_unbuildable_kernel_auto_says_why_and_true_is_a_config_error(monkeypatch, caplog):
     monkeypatch.setattr(scaled_adam_kernel, "kernel", lambda: (None, "RuntimeError: Ninja is required"))
     with caplog.at_level(logging.INFO, logger="mtl_bench"):
-        auto = ScaledAdam(big_params(), compile="auto")
-    assert auto.implementation == EAGER and not auto.compiled
+        auto = ScaledAdam(big_params(), kernel="auto")
+    assert auto.implementation == EAGER and not auto.uses_kernel
     assert "cannot be built here (RuntimeError: Ninja is required)" in auto.implementation_reason
     lines = [r.getMessage() for r in caplog.records if r.name == "mtl_bench"]
     assert lines == [f"ScaledAdam: eager update ({auto.implementation_reason})"]
-    with pytest.raises(ValueError) as err:  # the builder reports it as `optim.compile: ...`
-        ScaledAdam(big_params(), compile=True)
+    with pytest.raises(ValueError) as err:  # the builder reports it as `optim.kernel: ...`
+        ScaledAdam(big_params(), kernel=True)
     message = str(err.value)
-    assert message.startswith("compile: true, but ScaledAdam's C++ kernel cannot be built here") and "Ninja" in message
+    assert message.startswith("kernel: true, but ScaledAdam's C++ kernel cannot be built here") and "Ninja" in message
     assert "\n" not in message
 
 
-def test_compile_true_refuses_what_the_kernel_cannot_take():
-    with pytest.raises(ValueError, match=r"^compile: true needs float32 contiguous CPU parameters.*bfloat16"):
-        ScaledAdam([torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))], compile=True)
+def test_kernel_true_refuses_what_the_kernel_cannot_take():
+    with pytest.raises(ValueError, match=r"^kernel: true needs float32 contiguous CPU parameters.*bfloat16"):
+        ScaledAdam([torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))], kernel=True)
 
 
-def test_compile_auto_decides_by_size(monkeypatch):
-    small = ScaledAdam([torch.nn.Parameter(torch.zeros(10, 10))], compile="auto")
+def test_kernel_auto_decides_by_size(monkeypatch):
+    small = ScaledAdam([torch.nn.Parameter(torch.zeros(10, 10))], kernel="auto")
     small.param_groups[0]["params"][0].grad = torch.ones(10, 10)
     small.step()
-    assert not small.compiled and small.implementation == EAGER
-    assert small.implementation_reason.startswith("compile=auto: 100 elements in float32 CPU tensors, under")
-    off = ScaledAdam(big_params(), compile=False)
-    assert off.implementation == EAGER and off.implementation_reason == "compile=false"
+    assert not small.uses_kernel and small.implementation == EAGER
+    assert small.implementation_reason.startswith("kernel=auto: 100 elements in float32 CPU tensors, under")
+    off = ScaledAdam(big_params(), kernel=False)
+    assert off.implementation == EAGER and off.implementation_reason == "kernel=false"
     built = []
     monkeypatch.setattr(scaled_adam_kernel, "kernel", lambda: (built.append(1) or object(), ""))
-    big = ScaledAdam(big_params(), compile="auto")  # from AUTO_COMPILE_MIN_NUMEL elements on: the kernel
-    assert big.compiled and big.implementation == KERNEL and big.implementation_reason == "compile=auto" and built
+    big = ScaledAdam(big_params(), kernel="auto")  # from AUTO_KERNEL_MIN_NUMEL elements on: the kernel
+    assert big.uses_kernel and big.implementation == KERNEL and big.implementation_reason == "kernel=auto" and built
 
 
-def test_compile_true_refuses_a_parameter_that_changes_layout_later(monkeypatch):
+def test_kernel_true_refuses_a_parameter_that_changes_layout_later(monkeypatch):
     monkeypatch.setattr(scaled_adam_kernel, "kernel", lambda: (object(), ""))  # never called: the plan refuses first
     params = make_params()
-    opt = ScaledAdam(params, compile=True)
-    assert opt.implementation == KERNEL and opt.implementation_reason == "compile=true"
+    opt = ScaledAdam(params, kernel=True)
+    assert opt.implementation == KERNEL and opt.implementation_reason == "kernel=true"
     params[0].data = params[0].data.t().contiguous().t()  # same values, no longer contiguous
     set_grads(params, 0)
     with pytest.raises(
         ConfigError,
-        match=r"^compile: true needs float32 .*group0.params\[0\]\(6, 5\) is cpu torch.float32, not contiguous;",
+        match=r"^kernel: true needs float32 .*group0.params\[0\]\(6, 5\) is cpu torch.float32, not contiguous;",
     ):
         opt.step()
