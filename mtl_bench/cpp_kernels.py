@@ -1,10 +1,11 @@
-"""C++ CPU kernels built with torch.utils.cpp_extension at first use: ScaledAdam's update
-(optim/scaled_adam_cpu.cpp), the gradient methods' Gramian (balancers/gramian_cpu.cpp), TrimmedMean's trim=1
-direction (balancers/trimmed_mean_cpu.cpp) and ExcessMTL's excess risks (balancers/excess_mtl_cpu.cpp).
+"""C++ CPU kernels built with torch.utils.cpp_extension at first use. The sources sit in mtl_bench/cpp/ (its
+README says what each does, when it is built, and what happens without a compiler, on ARM and on a GPU):
+ScaledAdam's update (scaled_adam_cpu.cpp), the gradient methods' Gramian (gramian_cpu.cpp), TrimmedMean's trim=1
+direction (trimmed_mean_cpu.cpp) and ExcessMTL's excess risks (excess_mtl_cpu.cpp).
 
 A build is cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions) and rebuilt when the
 source or the flags change. It needs a C++ compiler and ninja, as torch.compile's CPU backend needs a compiler.
-The sources pick AVX-512 / AVX2 / baseline code at load time (target_clones), so the flags stay portable.
+On x86-64 the sources pick AVX-512 / AVX2 / baseline code at load time (target_clones), so the flags stay portable.
 """
 
 from __future__ import annotations
@@ -15,9 +16,16 @@ from typing import Any, Sequence
 
 log = logging.getLogger("mtl_bench")
 
+SOURCES = Path(__file__).resolve().with_name("cpp")
+
 _built: dict[str, Any] = {}
 _errors: dict[str, str] = {}
 _said: set[str] = set()  # kernels whose missing build was said
+
+
+def source(filename: str) -> Path:
+    """The path of a kernel's source in mtl_bench/cpp/."""
+    return SOURCES / filename
 
 
 def build(name: str, source: Path, cflags: Sequence[str], what: str) -> tuple[Any, str]:

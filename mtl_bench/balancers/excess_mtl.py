@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 import torch
@@ -22,7 +21,7 @@ HEAD_WEIGHTS = ("weights", "ones")
 
 # The excess risk of large float32 CPU blocks (takes_kernel: the Gramian kernel's rule) in one C++ pass
 # (excess_mtl_cpu.cpp); -ffp-contract=off: no fused multiply-add, so S' has the bits of the torch path.
-EXCESS_SOURCE = Path(__file__).with_name("excess_mtl_cpu.cpp")
+EXCESS_SOURCE = cpp_kernels.source("excess_mtl_cpu.cpp")
 EXCESS_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 

@@ -4,7 +4,6 @@ about 3x faster than torch.mm on this shape: scripts/bench_gramian.py), and what
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
@@ -16,7 +15,7 @@ from mtl_bench.balancers.blocks import flat_rows
 # The C++ Gramian kernel (gramian_cpu.cpp) takes float32 CPU blocks of at least KERNEL_MIN_NUMEL floats: below
 # that a block's Gramian takes well under a millisecond either way, and a toy run never waits for the build.
 KERNEL_MIN_NUMEL = 1 << 20
-GRAMIAN_SOURCE = Path(__file__).with_name("gramian_cpu.cpp")
+GRAMIAN_SOURCE = cpp_kernels.source("gramian_cpu.cpp")
 GRAMIAN_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 import torch
@@ -14,7 +13,7 @@ from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.gramian import GRAMIAN_CFLAGS, gram_metrics, takes_kernel
 from mtl_bench.balancers.leaf_grads import write_leaf_grads
 
-TRIM_SOURCE = Path(__file__).with_name("trimmed_mean_cpu.cpp")
+TRIM_SOURCE = cpp_kernels.source("trimmed_mean_cpu.cpp")
 
 
 class TrimmedMean(GradientBalancer):

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from mtl_bench import cpp_kernels
 
-SOURCE = Path(__file__).with_name("scaled_adam_cpu.cpp")
+SOURCE = cpp_kernels.source("scaled_adam_cpu.cpp")
 # -ffp-contract=off keeps a*b+c as two roundings, as the eager path computes it.
 CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 

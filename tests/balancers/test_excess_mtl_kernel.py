@@ -1,4 +1,4 @@
-"""ExcessMTL's C++ excess-risk kernel (balancers/excess_mtl_cpu.cpp): the same S' bits and excess risks as the torch
+"""ExcessMTL's C++ excess-risk kernel (mtl_bench/cpp/excess_mtl_cpu.cpp): the same S' bits and excess risks as the torch
 path, and when the balancer takes it."""
 
 from __future__ import annotations

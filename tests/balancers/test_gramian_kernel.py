@@ -1,4 +1,4 @@
-"""The gradient methods' C++ Gramian kernel (balancers/gramian_cpu.cpp) and when `block_gramian` takes it."""
+"""The gradient methods' C++ Gramian kernel (mtl_bench/cpp/gramian_cpu.cpp) and when `block_gramian` takes it."""
 
 from __future__ import annotations
 

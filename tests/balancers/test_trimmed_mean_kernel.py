@@ -1,4 +1,4 @@
-"""TrimmedMean's C++ trim=1 kernel (balancers/trimmed_mean_cpu.cpp) and when `block_drop_extremes` takes it."""
+"""TrimmedMean's C++ trim=1 kernel (mtl_bench/cpp/trimmed_mean_cpu.cpp) and when `block_drop_extremes` takes it."""
 
 from __future__ import annotations
 

@@ -16,6 +16,14 @@
 #include <cmath>
 #include <vector>
 
+// target_clones (one build holding AVX-512, AVX2+FMA and baseline loops, picked at load time) is a GCC/clang x86
+// feature: elsewhere (ARM, other compilers) the loops are built once for the target's baseline.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MTL_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+#else
+#define MTL_CLONES
+#endif
+
 namespace {
 
 constexpr int64_t kChunk = 512;          // terms held in L1 between the elementwise loop and the sum
@@ -45,7 +53,7 @@ __attribute__((always_inline)) inline void segment(const float* g, const float* 
 }
 
 // One row's columns [0, n) of a group: S' into out, the terms' sum into lanes[8].
-__attribute__((target_clones("avx512f", "avx2,fma", "default")))
+MTL_CLONES
 void row_segment(const float* g, const float* s, float* out, int64_t n, int scale, float c, float inv,
                  double* lanes) {
   switch (scale) {

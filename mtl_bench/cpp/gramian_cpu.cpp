@@ -15,6 +15,14 @@
 #include <algorithm>
 #include <vector>
 
+// target_clones (one build holding AVX-512, AVX2+FMA and baseline loops, picked at load time) is a GCC/clang x86
+// feature: elsewhere (ARM, other compilers) the loops are built once for the target's baseline.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MTL_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+#else
+#define MTL_CLONES
+#endif
+
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -60,7 +68,7 @@ __attribute__((always_inline)) inline void tile_rows(int a, const float* const* 
 }
 
 // The lower triangle of the Gramian of columns [begin, end), added to g (t x t, row-major).
-__attribute__((target_clones("avx512f", "avx2,fma", "default")))
+MTL_CLONES
 void lower_gramian(const float* base, int64_t ld, int t, int64_t begin, int64_t end, double* g) {
   for (int64_t k0 = begin; k0 < end; k0 += kChunk) {
     const int64_t n = std::min(kChunk, end - k0);

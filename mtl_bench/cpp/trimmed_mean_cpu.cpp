@@ -22,6 +22,14 @@
 #include <cstdint>
 #include <vector>
 
+// target_clones (one build holding AVX-512, AVX2+FMA and baseline loops, picked at load time) is a GCC/clang x86
+// feature: elsewhere (ARM, other compilers) the loops are built once for the target's baseline.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MTL_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+#else
+#define MTL_CLONES
+#endif
+
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -53,7 +61,7 @@ inline void drop_column(const float* base, int64_t ld, int t, int64_t k, float* 
 }
 
 // Columns [begin, end): the direction into out, each row's dropped count added to removed (t counters).
-__attribute__((target_clones("avx512f", "avx2,fma", "default")))
+MTL_CLONES
 void drop_columns(const float* base, int64_t ld, int t, int64_t begin, int64_t end, float* out, int64_t* removed) {
   // per row and lane: minus the drops (a true comparison is -1); int32, not v16i: a std::vector of vector types
   // does not get their 64-byte alignment
