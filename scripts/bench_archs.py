@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.peers import libmtl_module, restore_dselect_k_codes
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.bench.peers import libmtl_module, restore_dselect_k_codes
 from mtl_bench.models import ResNet18, ResNetDilated
 from mtl_bench.models.archs import CGC, HPS, MTAN, PLE, CrossStitch, DSelectK, MMoE
 

@@ -21,7 +21,7 @@ ReLU layers of 100, T=10, batch 100) and a wider MLP (four shared layers of 512,
 heads of each size in --head-dims (100: the toy task's targets; 1: scalar heads, where the balancer's own work is
 the largest share of the step). Variants of one configuration run interleaved, round after round, and
 each time is the median over rounds, so a background load that drifts hits all variants alike.
-"encodec Balancer (peer)" is EnCodec's own Balancer (mtl_bench/bench/encodec_balancer.py, its public code
+"encodec Balancer (peer)" is EnCodec's own Balancer (benchmarks/encodec_balancer.py, its public code
 step for step; its heads get no gradient), the reference rescaled_norm is held to; "encodec Balancer + heads"
 adds the heads' gradients, each head's loss scaled by EnCodec's factor, as one backward restricted to the heads:
 the same gradients as rescaled_norm, so the same work for the optimizer.
@@ -42,14 +42,14 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from benchmarks.encodec_balancer import encodec_step
+from benchmarks.peers import libmtl_weighting
+from benchmarks.runs import hps_mlp
+from benchmarks.timing import interleaved, markdown_table, medians, seconds_per_call, sync
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
 from mtl_bench.balancers.base import BackwardContext
 from mtl_bench.balancers.upgrad import UPGradWeighting
-from mtl_bench.bench.encodec_balancer import encodec_step
-from mtl_bench.bench.peers import libmtl_weighting
-from mtl_bench.bench.runs import hps_mlp
-from mtl_bench.bench.timing import interleaved, markdown_table, medians, seconds_per_call, sync
 from mtl_bench.models.base import MultiTaskModel
 
 VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer | Callable]] = {

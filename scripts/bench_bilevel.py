@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from benchmarks.runs import recipe, recipe_step
+from benchmarks.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.bench.runs import recipe, recipe_step
-from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
 
 EXPERIMENTS = {
     "toy (MLP, T=2, batch 128)": [],

@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks.timing import markdown_table, ratio, timed_command
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.bench.timing import markdown_table, ratio, timed_command
 
 
 def before_and_after(ref: str, repeats: int, cwd: str) -> list[tuple[str, float, int]]:

@@ -41,10 +41,10 @@ def main() -> None:
 
     import torch
 
+    from benchmarks.runs import recipe as set_up
+    from benchmarks.runs import recipe_step
+    from benchmarks.timing import interleaved, markdown_table, medians, ratio, seconds_per_call, sync
     from mtl_bench.analysis.machine import machine_description
-    from mtl_bench.bench.runs import recipe as set_up
-    from mtl_bench.bench.runs import recipe_step
-    from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio, seconds_per_call, sync
     from mtl_bench.engine.compile import maybe_compile
 
     torch.set_num_threads(args.threads)

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from mtl_bench.bench.runs import build_model as build_from_config
-from mtl_bench.bench.runs import compose
-from mtl_bench.bench.timing import ratio, seconds_per_call, sync
+from benchmarks.runs import build_model as build_from_config
+from benchmarks.runs import compose
+from benchmarks.timing import ratio, seconds_per_call, sync
 from mtl_bench.engine.data import BatchSource, StepSampler
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.tasks import NYUv2

@@ -5,7 +5,7 @@
 Both models get the same parameters and the same real batch (the first molecules of tasks=qm9's training split, with
 Complete + Distance edges); a step is forward, the 11 MSE losses summed, backward and an Adam step. Blocks of the
 two alternate; the table gives the median seconds per step and ours / reference (goal: <= 0.5x). Needs the chem
-extra; reads or builds the 2,000-molecule QM9 cache. The reference module is mtl_bench/bench/nash_mtl_net.py.
+extra; reads or builds the 2,000-molecule QM9 cache. The reference module is benchmarks/nash_mtl_net.py.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 import torch
 from torch.nn import functional as F
 
+from benchmarks.nash_mtl_net import ReferenceNet
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.bench.nash_mtl_net import ReferenceNet
 from mtl_bench.models.mpnn import MPNN
 from mtl_bench.tasks.qm9 import QM9
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
+from benchmarks.runs import recipe, recipe_step
+from benchmarks.timing import markdown_table, ratio, seconds_per_call
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.bench.runs import recipe, recipe_step
-from mtl_bench.bench.timing import markdown_table, ratio, seconds_per_call
 from mtl_bench.engine.builders import pick_device
 
 EXPERIMENTS = {"toy + mlp (default)": [], "digits + lenet": ["experiment=digits_lenet"]}

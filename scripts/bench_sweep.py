@@ -14,8 +14,8 @@ import platform
 import sys
 import tempfile
 
+from benchmarks.timing import markdown_table, ratio, timed_command
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.bench.timing import markdown_table, ratio, timed_command
 
 
 def sweep(extra: list[str], steps: int, cwd: str) -> float:

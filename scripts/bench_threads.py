@@ -65,7 +65,7 @@ AUTO_CASES = [
 
 def model_numel(overrides: list[str]) -> int:
     """Parameters of the experiment's model, built from its config as the recipe builds it."""
-    from mtl_bench.bench.runs import build_model, build_taskset, compose
+    from benchmarks.runs import build_model, build_taskset, compose
 
     cfg = compose(overrides)
     return sum(p.numel() for p in build_model(cfg, build_taskset(cfg)).parameters())
@@ -150,8 +150,8 @@ def print_copies_table(
     repeats: int,
     copies_list: list[int],
 ) -> None:
+    from benchmarks.timing import markdown_table, ratio
     from mtl_bench.analysis.machine import machine_description
-    from mtl_bench.bench.timing import markdown_table, ratio
     from mtl_bench.engine.threads import available_cores
 
     print(
@@ -214,8 +214,8 @@ def table_from_log(path: str, max_steps: int) -> None:
 
 def time_steps(recipe: Any, steps: int) -> float:
     """Seconds per optimizer step over `steps` steps of the recipe's real step."""
-    from mtl_bench.bench.runs import recipe_step
-    from mtl_bench.bench.timing import seconds_per_call
+    from benchmarks.runs import recipe_step
+    from benchmarks.timing import seconds_per_call
 
     return seconds_per_call(lambda: recipe_step(recipe), steps)
 
@@ -223,9 +223,9 @@ def time_steps(recipe: Any, steps: int) -> float:
 def sizes_table(args: argparse.Namespace) -> None:
     import torch
 
+    from benchmarks.runs import recipe as set_up
+    from benchmarks.timing import interleaved, markdown_table, medians, ratio
     from mtl_bench.analysis.machine import machine_description
-    from mtl_bench.bench.runs import recipe as set_up
-    from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio
     from mtl_bench.engine.threads import available_cores
 
     cores = available_cores()
@@ -277,9 +277,9 @@ def auto_table(args: argparse.Namespace) -> None:
 
     import torch
 
+    from benchmarks.runs import recipe as set_up
+    from benchmarks.timing import interleaved, markdown_table, medians, ratio
     from mtl_bench.analysis.machine import machine_description
-    from mtl_bench.bench.runs import recipe as set_up
-    from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio
     from mtl_bench.engine.threads import available_cores, choose_threads
 
     cores = available_cores()

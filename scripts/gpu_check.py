@@ -2,7 +2,7 @@
 docs/gpu.md (the card, torch and CUDA versions, the date, every section's numbers).
 
     python scripts/gpu_check.py                          # CUDA: every section in full, docs/gpu.md
-    python scripts/gpu_check.py --device cpu             # the reduced form CI runs (tests/bench/test_gpu_check.py);
+    python scripts/gpu_check.py --device cpu             # the reduced form CI runs (tests/benchmarks/test_gpu_check.py);
                                                          # writes outputs/gpu_check_cpu.md unless --output says
     python scripts/gpu_check.py --only balancers,ddp     # some sections ( --reduced: the small sizes on CUDA too)
 
@@ -17,7 +17,7 @@ Sections (each one's failures are listed and the others still run):
 - compile: trainer.compile=true against false for the default run (balancer=fixed) and a gradient method
   (balancer=upgrad): the first step (the compile), ms per step after it, and the losses after the same steps.
 - qm9: model=mpnn at batch 120 on a small tasks.limit: the engine's step against nash-mtl's `Net`
-  (mtl_bench/bench/nash_mtl_net.py, the same parameters and batch), and the data path (collation, pinning and the
+  (benchmarks/nash_mtl_net.py, the same parameters and batch), and the data path (collation, pinning and the
   copy to the device) as a share of the engine's step. Needs the chem extra (QM9 from qm9pack: docs/qm9.md).
 - segnet: one SegNet-MTAN step on a generated NYUv2-shaped tree (288x384) with each of fixed, nash_mtl, famo.
 - ddp: DistributedDataParallel with NCCL on every GPU present (one process if there is one; gloo on the CPU with
@@ -47,9 +47,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.runs import hps_mlp, recipe
+from benchmarks.timing import interleaved, markdown_table, medians, seconds_per_call, sync
 from mtl_bench.analysis.machine import machine_description
-from mtl_bench.bench.runs import hps_mlp, recipe
-from mtl_bench.bench.timing import interleaved, markdown_table, medians, seconds_per_call, sync
 from mtl_bench.catalog import config_options
 
 REPO = Path(__file__).resolve().parent.parent
@@ -337,7 +337,7 @@ def check_qm9(check: Check, section: Section) -> None:
     except ImportError as err:  # a one-line message naming the extra
         section.fail(str(err))
         return
-    from mtl_bench.bench.nash_mtl_net import ReferenceNet
+    from benchmarks.nash_mtl_net import ReferenceNet
     from mtl_bench.engine.data import to_device
     from mtl_bench.models.mpnn import MPNN
 

@@ -17,9 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.timing import markdown_table
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.analysis.runs import Run, find_runs, spearman
-from mtl_bench.bench.timing import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SIGMAS = [48.0, 3.0, 54.0, 16.0, 9.0, 30.0, 52.0, 26.0, 47.0, 81.0]  # conf/tasks/toy10.yaml

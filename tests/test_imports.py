@@ -34,7 +34,7 @@ LAYERS = (
     ),
     ("rooms", ("tasks", "models", "balancers", "optim", "loggers", "analysis", "report")),
     ("engine", ("engine",)),
-    ("app", ("train", "cli", "__main__", "bench", "prepare", "study", "api")),
+    ("app", ("train", "cli", "__main__", "prepare", "study", "api")),
 )
 
 

@@ -305,9 +305,9 @@ def test_hot_path_has_no_host_sync(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_trunk_gradients_match_encodecs_balancer():
-    """Ours against EnCodec's Balancer (mtl_bench.bench.encodec_balancer, its public code step for step) on the
+    """Ours against EnCodec's Balancer (benchmarks.encodec_balancer, its public code step for step) on the
     same model and batches over three steps of the EMA: the trunk's gradients agree; EnCodec's heads get none."""
-    from mtl_bench.bench.encodec_balancer import EncodecBalancer
+    from benchmarks.encodec_balancer import EncodecBalancer
 
     model = make_model()
     ours = rescaled({"a": 1.0, "b": 3.0}, ema_decay=0.5)

@@ -5,7 +5,7 @@
   initial parameters, the resume / GradScaler / skipped-step / no-host-sync checks and the 2-process DDP run;
 - the seeded three-task case of the gradient methods (mtl_bench.balancers.gradient_balancer) and GradNorm: a tiny
   hard-parameter-sharing model, SGD runs of our balancers, and the reference implementations (LibMTL 1.1.5's
-  weighting modules loaded from the installed files by `mtl_bench.bench.peers`, torchjd 0.18) on the same
+  weighting modules loaded from the installed files by `benchmarks.peers`, torchjd 0.18) on the same
   model, data and initial parameters.
 """
 
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from benchmarks import peers
 from mtl_bench.balancers import BackwardContext
-from mtl_bench.bench import peers
 from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.host_sync import no_host_sync  # noqa: F401  (the balancer tests import it from here)
 from tests.helpers.processes import spawn_and_wait
@@ -369,7 +369,7 @@ def assert_resume_and_skip_keep_the_state(
 def libmtl_module(
     name: str, package: str = "weighting", needs: Sequence[str] = ("abstract_weighting",)
 ) -> types.ModuleType:
-    """`mtl_bench.bench.peers.libmtl_module`, skipping the test when LibMTL (the peers extra) is not installed."""
+    """`benchmarks.peers.libmtl_module`, skipping the test when LibMTL (the peers extra) is not installed."""
     try:
         return peers.libmtl_module(name, package, needs)
     except ModuleNotFoundError as error:
@@ -384,7 +384,7 @@ def load_libmtl(name: str):
 
 
 def libmtl_weighting(name: str, model: MultiTaskModel, tasks: Sequence[str], rep_grad: bool = False):
-    """The weighting as LibMTL's trainer mixes it into the model (`mtl_bench.bench.peers.libmtl_weighting`)."""
+    """The weighting as LibMTL's trainer mixes it into the model (`benchmarks.peers.libmtl_weighting`)."""
     libmtl_module(name)  # skips without LibMTL
     return peers.libmtl_weighting(name, model, tasks, rep_grad)
 

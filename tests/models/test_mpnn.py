@@ -1,4 +1,4 @@
-"""model=mpnn against nash-mtl's `Net` (mtl_bench/bench/nash_mtl_net.py, adapted from their code): the same outputs and
+"""model=mpnn against nash-mtl's `Net` (benchmarks/nash_mtl_net.py, adapted from their code): the same outputs and
 gradients given the same parameters, although ours computes the edge network once per forward."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ pytest.importorskip("torch_geometric")
 
 from torch_geometric.data import Batch, Data  # noqa: E402
 
-from mtl_bench.bench.nash_mtl_net import ReferenceNet  # noqa: E402
+from benchmarks.nash_mtl_net import ReferenceNet  # noqa: E402
 from mtl_bench.models.mpnn import MPNN  # noqa: E402
 
 NAMES = ["mu", "alpha", "homo"]

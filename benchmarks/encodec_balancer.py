@@ -93,7 +93,7 @@ def encodec_step(names: list[str], train_heads: bool = False) -> Callable:
     `train_heads`: then also each head's gradient of its loss times the factor EnCodec gave that loss, by one
     backward of Σ factor_k L_k restricted to the heads' parameters (`inputs=`, so it stops at the shared
     representation): the least a user of EnCodec's Balancer adds for heads with parameters, and the same
-    gradients as `RescaledNormBalancer` gives them (tests/bench/test_encodec_balancer.py)."""
+    gradients as `RescaledNormBalancer` gives them (tests/benchmarks/test_encodec_balancer.py)."""
     import torch.nn.functional as F
 
     balancer = EncodecBalancer({n: 1.0 for n in names})

@@ -1,4 +1,4 @@
-"""mtl_bench.bench.peers: LibMTL loaded from its files, or a clear error naming the extra."""
+"""benchmarks.peers: LibMTL loaded from its files, or a clear error naming the extra."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from mtl_bench.bench import peers
+from benchmarks import peers
 
 
 def test_a_missing_libmtl_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,15 +13,13 @@ from mtl_bench.models.base import MultiTaskModel
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
-    """The run config `mtl-bench train <overrides>` composes."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    """The run config `mtl-bench train <overrides>` composes and `train()` finalises."""
+    from mtl_bench.api import compose_config
+    from mtl_bench.engine.compose import finalise_config
 
-    import mtl_bench.config  # noqa: F401  (registers the schema)
-    from mtl_bench.catalog import conf_root
-
-    with initialize_config_dir(str(conf_root()), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+    cfg = compose_config(overrides)
+    finalise_config(cfg, list(overrides))
+    return cfg
 
 
 def build_taskset(cfg: DictConfig) -> Any:

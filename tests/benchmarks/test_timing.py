@@ -1,10 +1,10 @@
-"""mtl_bench.bench.timing: interleaved rounds, medians, tables."""
+"""benchmarks.timing: interleaved rounds, medians, tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from mtl_bench.bench.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
+from benchmarks.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
 
 
 def test_interleaved_alternates_the_order_and_collects_each_variants_values() -> None:
@@ -27,7 +27,7 @@ def test_interleaved_alternates_the_order_and_collects_each_variants_values() ->
 
 def test_seconds_per_call_is_the_mean_over_the_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter([10.0, 16.0])
-    monkeypatch.setattr("mtl_bench.bench.timing.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("benchmarks.timing.time.perf_counter", lambda: next(clock))
     count = []
     assert seconds_per_call(lambda: count.append(1), 3) == 2.0
     assert len(count) == 3

@@ -1,9 +1,9 @@
 import torch
 import torch.nn.functional as F
 
+from benchmarks.encodec_balancer import EncodecBalancer, encodec_step
+from benchmarks.runs import hps_mlp
 from mtl_bench.balancers import RescaledNormBalancer
-from mtl_bench.bench.encodec_balancer import EncodecBalancer, encodec_step
-from mtl_bench.bench.runs import hps_mlp
 
 
 def test_the_upstream_test():
