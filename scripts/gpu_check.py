@@ -2,7 +2,7 @@
 docs/gpu.md (the card, torch and CUDA versions, the date, every section's numbers).
 
     python scripts/gpu_check.py                          # CUDA: every section in full, docs/gpu.md
-    python scripts/gpu_check.py --device cpu             # the reduced form CI runs (tests/benchmarks/test_gpu_check.py);
+    python scripts/gpu_check.py --device cpu             # the reduced form CI runs (tests/benchmarks/test_gpu_check.py)
                                                          # writes outputs/gpu_check_cpu.md unless --output says
     python scripts/gpu_check.py --only balancers,ddp     # some sections ( --reduced: the small sizes on CUDA too)
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from mtl_bench.catalog import config_options
 from mtl_bench.cli import app
-from tests.helpers.cli import ON_DISK, SMOKE, cli
+from tests.helpers.cli import ON_DISK, SMOKE, cli, run_cli
 
 
 def test_root_help_lists_subcommands_without_importing_torch():
@@ -33,7 +33,7 @@ def test_root_help_is_fast():
 
 
 def test_train_help_is_a_short_summary_within_100_columns_pointing_to_the_docs():
-    result = cli("train", "--help")
+    result = run_cli("train", "--help")
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert max(map(len, lines)) <= 100 and len(lines) <= 60, result.stdout
@@ -76,13 +76,13 @@ def test_prepare_help_says_what_it_takes():
     ],
 )
 def test_hydras_flags_after_an_override_are_named_with_the_command_in_order(args, expected):
-    result = cli("train", *args)
+    result = run_cli("train", *args)
     assert result.returncode == 2 and result.stderr.strip() == f"mtl-bench: error: {expected}", result.stderr
     assert "unrecognized arguments" not in result.stderr
 
 
 def test_cfg_job_prints_the_composed_config():
-    result = cli("train", "--cfg", "job", "optim=sgd", "optim.lr=0.05", "optim/schedule=cosine")
+    result = run_cli("train", "--cfg", "job", "optim=sgd", "optim.lr=0.05", "optim/schedule=cosine")
     assert result.returncode == 0
     assert "_target_: torch.optim.SGD" in result.stdout and "lr: 0.05" in result.stdout
     assert "_target_: mtl_bench.optim.Cosine" in result.stdout
@@ -134,11 +134,30 @@ def test_cfg_job_prints_the_composed_config():
     ],
 )
 def test_user_errors_are_one_clear_line_without_traceback(tmp_path, args, expected):
-    result = cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
-    assert result.returncode != 0
+    """In this process (an exception that escaped would fail the test here); the two tests below run a fresh one."""
+    result = run_cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
+    assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["optim=nope"],
+            "mtl-bench: error: optim=nope: no such option; allowed: adam, adamw, custom, scaled_adam, sgd",
+        ),
+        (["balancer=gradnorm", "balancer.alpha=-1"], "mtl-bench: error: balancer.alpha: must be >= 0, got -1"),
+    ],
+    ids=["composition", "build"],
+)
+def test_a_users_shell_sees_one_line_and_exit_status_2(tmp_path, args, expected):
+    """As a shell runs it: a composition error (before torch is imported) and a build error (after)."""
+    result = cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [expected]
 
 
 @pytest.mark.parametrize("kind", ["missing", "a file"])
@@ -179,7 +198,7 @@ def test_the_early_data_root_check_leaves_what_it_cannot_judge_to_the_task_set(t
 
 def test_nonfinite_raise_ends_the_log_with_one_error_line(tmp_path):
     # diverges in two steps: a training failure reported like a user error, after the run's own log lines
-    result = cli(
+    result = run_cli(
         "train", "optim=sgd", "optim.lr=1e8", "trainer.on_nonfinite=raise", f"hydra.run.dir={tmp_path}", *SMOKE
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -137,7 +137,8 @@ def check_loggers(cfg: DictConfig) -> None:
             f"logger={loggers!r}: expected loggers by name (logger=tensorboard, logger=[tensorboard,csv], "
             "+logger.<name>._target_=<class>)"
         )
-    for name, node in loggers.items():
+    for name in map(str, loggers):
+        node = loggers[name]
         if not isinstance(node, DictConfig):
             raise ConfigError(f"logger.{name}: expected a node with _target_, got {node!r}")
         check_part(f"logger.{name}", node_dict(node), LOGGER_SUPPLIED)

@@ -61,6 +61,8 @@ class ModelSelection:
     name = "final"
 
     def __init__(self, higher_is_better: HigherIsBetter, reference: Reference, eval_steps: Sequence[int]) -> None:
+        """higher_is_better: each task's metrics and whether higher is better; reference: the task set's
+        reference numbers (None without); eval_steps: the steps the loop evaluates at (the engine gives all three)."""
         self.higher_is_better, self.reference, self.eval_steps = higher_is_better, reference, list(eval_steps)
 
     def wants_test(self, step: int) -> bool:
@@ -105,7 +107,9 @@ class BestVal(ModelSelection):
         eval_steps: Sequence[int],
         criterion: str = "delta_m",
     ) -> None:
-        """criterion: delta_m (against tasks.reference) | <metric> (its mean over tasks) | <task>/<metric>."""
+        """criterion: delta_m (against tasks.reference) | <metric> (its mean over tasks) | <task>/<metric>.
+        higher_is_better: each task's metrics and whether higher is better; reference: the task set's
+        reference numbers (None without); eval_steps: the steps the loop evaluates at (the engine gives all three)."""
         super().__init__(higher_is_better, reference, eval_steps)
         self.criterion = criterion
         self.best_score = math.inf  # the criterion as a cost: lower is better
@@ -161,7 +165,9 @@ class LastK(ModelSelection):
     def __init__(
         self, higher_is_better: HigherIsBetter, reference: Reference, eval_steps: Sequence[int], k: int = 10
     ) -> None:
-        """k: how many evaluations to average (> 0)."""
+        """k: how many evaluations to average (> 0).
+        higher_is_better: each task's metrics and whether higher is better; reference: the task set's
+        reference numbers (None without); eval_steps: the steps the loop evaluates at (the engine gives all three)."""
         if not isinstance(k, int) or k <= 0:
             raise ValueError(f"k: must be an int > 0, got {k!r}")
         super().__init__(higher_is_better, reference, eval_steps)

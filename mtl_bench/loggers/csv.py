@@ -21,7 +21,8 @@ HEADER = ["step", "tag", "value"]
 
 class CSVLogger(Logger):
     def __init__(self, run: RunInfo, filename: str = "metrics.csv") -> None:
-        """filename: the scalars' file in the run directory (a plain name ending in .csv)."""
+        """run: the run's facts (given by the engine); filename: the scalars' file in the run directory (a plain
+        name ending in .csv)."""
         if Path(filename).name != filename or not filename.endswith(".csv"):
             raise ValueError(f"filename: must be a plain file name ending in .csv, got {filename!r}")
         self.dir = Path(run.dir)

@@ -63,7 +63,8 @@ class TensorBoardLogger(Logger):
     """One SummaryWriter writing straight into the run directory (so TensorBoard names the run by it)."""
 
     def __init__(self, run: RunInfo, flush_secs: int = 30) -> None:
-        """flush_secs: how often the writer flushes its events to disk by itself, in seconds (> 0)."""
+        """run: the run's facts (given by the engine); flush_secs: how often the writer flushes its events to disk by
+        itself, in seconds (> 0)."""
         if flush_secs <= 0:
             raise ValueError(f"flush_secs: must be > 0, got {flush_secs}")
         self.run = run

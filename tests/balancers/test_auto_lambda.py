@@ -17,7 +17,7 @@ from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.balancer_kit import TASKS, X, Y, no_host_sync, pair_model, pair_rows
-from tests.helpers.cli import SMALL, cli
+from tests.helpers.cli import SMALL, run_cli
 
 # ---------------------------------------------------------------------------------------------- the formula
 
@@ -242,7 +242,7 @@ def test_metrics_are_0_d_and_a_step_reads_nothing_from_the_device(monkeypatch: p
 
 def test_the_smoke_command_trains_and_reports_the_weights(tmp_path):
     """`mtl-bench train balancer=auto_lambda trainer=smoke` as typed, on the default task set (10,000 rows)."""
-    result = cli("train", "balancer=auto_lambda", "trainer=smoke", f"hydra.run.dir={tmp_path}")
+    result = run_cli("train", "balancer=auto_lambda", "trainer=smoke", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "completed"
     assert "final loss weights: t0 " in result.stdout

@@ -18,7 +18,7 @@ from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.balancer_kit import TASKS, TASKS3, X, Y, batch, make_model, pair_model, pair_rows
-from tests.helpers.cli import SMALL, cli
+from tests.helpers.cli import SMALL, run_cli
 
 # ---------------------------------------------------------------------------------------------- the formula
 
@@ -379,7 +379,7 @@ def test_metrics_are_the_0_d_weights():
 
 def test_the_smoke_command_trains_and_reports_the_weights(tmp_path):
     """`mtl-bench train balancer=moml trainer=smoke` as typed, on the default task set (10,000 rows)."""
-    result = cli("train", "balancer=moml", "trainer=smoke", f"hydra.run.dir={tmp_path}")
+    result = run_cli("train", "balancer=moml", "trainer=smoke", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "completed"
     assert "final loss weights: t0 " in result.stdout

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from mtl_bench.engine.compose import finalise_config
 from mtl_bench.errors import ConfigError
 from mtl_bench.optim.schedules import MultiStep, StepDecay, to_steps
-from tests.helpers.cli import SMOKE, cli
+from tests.helpers.cli import SMOKE, run_cli
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_trainer_smoke_shortens_any_preset_and_typed_keys_win(checked):
 
 
 def test_a_constructors_message_names_the_full_key(tmp_path):
-    result = cli("train", "optim.lr=-1", f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
+    result = run_cli("train", "optim.lr=-1", f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
     assert result.returncode == 2
     assert result.stderr.strip() == "mtl-bench: error: optim.lr: Invalid learning rate: -1"
 
@@ -73,7 +73,7 @@ def test_a_constructors_message_names_the_full_key(tmp_path):
     ],
 )
 def test_misspelled_groups_and_options_suggest_the_closest(tmp_path, args, expected):
-    result = cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2 and result.stderr.startswith(expected), result.stderr
 
 
@@ -101,7 +101,7 @@ def test_misspelled_groups_and_options_suggest_the_closest(tmp_path, args, expec
     ],
 )
 def test_misspelled_keys_of_every_part_suggest_the_closest(tmp_path, args, expected):
-    result = cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    result = run_cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert result.returncode == 2 and result.stderr.startswith(f"mtl-bench: error: {expected}"), result.stderr
     assert "+balancer.alpa" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
@@ -138,7 +138,7 @@ def test_schedule_lengths_in_epochs_and_percent_follow_the_run():
 @pytest.mark.parametrize("balancer, name", [("modo", "MoDo"), ("sdmgrad", "SDMGrad")])
 def test_a_balancer_that_needs_micro_batches_gets_them_without_another_key(tmp_path, balancer, name):
     """`balancer=sdmgrad` trains as typed: the balancer's 3 micro-batches, said in one log line."""
-    result = cli("train", f"balancer={balancer}", f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
+    result = run_cli("train", f"balancer={balancer}", f"hydra.run.dir={tmp_path / 'run'}", *SMOKE)
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "trainer.grad_accumulation_steps=3" in line]
     assert len(said) == 1 and f"{name} takes 3 micro-batches per optimizer step" in said[0]
@@ -147,7 +147,7 @@ def test_a_balancer_that_needs_micro_batches_gets_them_without_another_key(tmp_p
 
 def test_a_users_explicit_incompatible_accumulation_is_refused_in_one_line(tmp_path):
     args = ("train", "balancer=modo", "trainer.grad_accumulation_steps=1", f"hydra.run.dir={tmp_path / 'run'}")
-    result = cli(*args, *SMOKE)
+    result = run_cli(*args, *SMOKE)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "mtl-bench: error: trainer.grad_accumulation_steps=1: MoDo needs 2 or 3 micro-batches per step "
@@ -195,7 +195,7 @@ def test_validation_stream_keys_are_used_or_refused(checked, overrides, expected
 
 
 def test_a_bilevel_balancer_on_a_too_small_holdout_stops_in_one_line(tmp_path):
-    result = cli(
+    result = run_cli(
         "train", "balancer=auto_lambda", "trainer.validation_holdout=0.05", f"hydra.run.dir={tmp_path}", *SMOKE
     )
     assert result.returncode == 2
@@ -220,6 +220,6 @@ def test_intervals_in_epochs_and_percent_become_steps(checked):
 
 
 def test_an_interval_of_no_steps_stops_in_one_line(tmp_path):
-    result = cli("train", "trainer.eval_every=0.001 epochs", f"hydra.run.dir={tmp_path}", *SMOKE)
+    result = run_cli("train", "trainer.eval_every=0.001 epochs", f"hydra.run.dir={tmp_path}", *SMOKE)
     assert result.returncode == 2
     assert result.stderr.strip().startswith("mtl-bench: error: trainer.eval_every='0.001 epochs' is 0 steps here (")

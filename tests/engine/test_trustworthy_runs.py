@@ -4,9 +4,7 @@ places are one line, and a typo leaves no run directory behind."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,18 +13,12 @@ from omegaconf import OmegaConf
 
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError, DivergedError, NonFiniteLossError
-from tests.helpers.cli import SMALL
+from tests.helpers.cli import SMALL, run_cli
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mtl_bench", "train", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
+    """`mtl-bench train ...` in this process (tests/test_cli.py runs the one-line errors in a fresh one)."""
+    return run_cli("train", *args, cwd=cwd)
 
 
 def test_a_run_whose_steps_are_mostly_skipped_stops_as_diverged(compose_cfg, tmp_path):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.helpers.cli import run_cli
+
 PROJECT = Path(__file__).parents[1] / "fixtures" / "my_lab_project"
 SHORT = ["trainer.max_steps=6", "trainer.log_every=3", "trainer.eval_every=3", "trainer.batch_size=32"]
 
@@ -49,17 +51,28 @@ def test_own_model_tasks_and_balancer_from_own_config_dir(tmp_path):
     assert weights["b"][0] < weights["a"][0]  # b's loss is ~25x larger: a smaller inverse-loss weight
 
 
-def test_own_class_on_the_command_line_with_a_new_key(tmp_path):
+def train_here(*args: str, cwd: Path, monkeypatch) -> subprocess.CompletedProcess:
+    """`train` in this process, the user's package on sys.path (the test above runs a fresh one)."""
+    monkeypatch.syspath_prepend(str(PROJECT))
+    return run_cli("train", *args, cwd=cwd)
+
+
+def test_own_class_on_the_command_line_with_a_new_key(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    result = train(
-        "model._target_=my_lab.nets.TinyNet", "+model.hidden=8", f"hydra.run.dir={run_dir}", *SHORT, cwd=tmp_path
+    result = train_here(
+        "model._target_=my_lab.nets.TinyNet",
+        "+model.hidden=8",
+        f"hydra.run.dir={run_dir}",
+        *SHORT,
+        cwd=tmp_path,
+        monkeypatch=monkeypatch,
     )
     assert result.returncode == 0, result.stderr
     assert json.loads((run_dir / "metrics.json").read_text())["status"] == "completed"
 
 
-def test_a_bad_value_of_a_users_class_is_one_line(tmp_path):
-    result = train(
+def test_a_bad_value_of_a_users_class_is_one_line(tmp_path, monkeypatch):
+    result = train_here(
         "--config-dir",
         str(PROJECT / "my_conf"),
         "balancer=my_balancer",
@@ -67,6 +80,7 @@ def test_a_bad_value_of_a_users_class_is_one_line(tmp_path):
         f"hydra.run.dir={tmp_path / 'run'}",
         *SHORT,
         cwd=tmp_path,
+        monkeypatch=monkeypatch,
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["mtl-bench: error: balancer.eps: must be > 0, got 0"]
