@@ -15,7 +15,7 @@ def significant(x: float, digits: int) -> str:
 
 
 def selection_text(record: Any) -> str:
-    """A run's trainer.select as metrics.json records it, in words."""
+    """A run's model selection (select=<option>) as metrics.json records it, in words."""
     if not isinstance(record, dict):
         return str(record or "final step")
     if record.get("select") == "best_val":

@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtl_bench.catalog import conf_root
-from mtl_bench.engine.compose import build_parts, check_config
+from mtl_bench.engine.compose import build_parts, finalise_config
 from mtl_bench.engine.front import front_run, preference_balancers, simplex_rays
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
@@ -26,7 +26,7 @@ def test_the_balancers_that_draw_a_preference_are_found_from_their_classes():
 
 def built(small_conf, *overrides: str):
     cfg = small_conf(*overrides)
-    check_config(cfg, list(overrides))
+    finalise_config(cfg, list(overrides))
     conf = __import__("omegaconf").OmegaConf.to_object(cfg.trainer)
     parts = build_parts(cfg, conf, torch.device("cpu"))
     return cfg, conf, parts
