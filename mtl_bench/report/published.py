@@ -104,7 +104,7 @@ def joint_ranks(table: PublishedTable, groups: Sequence[Metrics]) -> tuple[list[
     return ranks[: len(groups)], [float(r) for r in theirs if r is not None]
 
 
-LENGTH, SELECT = "trainer.epochs", "trainer.select"
+LENGTH, SELECT = "trainer.epochs", "select"
 
 
 def protocol_gaps(table: PublishedTable, settings: Optional[dict[str, Any]]) -> Optional[list[str]]:
@@ -116,10 +116,8 @@ def protocol_gaps(table: PublishedTable, settings: Optional[dict[str, Any]]) -> 
         return None
     gaps = []
     for key, wanted in table.protocol.items():
-        if key in ("trainer.select_criterion", "trainer.select_k") and settings.get(SELECT) != table.protocol.get(
-            SELECT
-        ):
-            continue  # another selection altogether: named once, by trainer.select
+        if key in ("select.criterion", "select.k") and settings.get(SELECT) != table.protocol.get(SELECT):
+            continue  # another selection altogether: named once, by select
         value = settings.get(key)
         if value == wanted:
             continue

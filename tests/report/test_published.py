@@ -376,11 +376,11 @@ def test_runs_off_the_papers_protocol_are_called_not_comparable_in_every_form(qm
     assert "every group ran the length, split and model selection of nash_mtl's Table 1 (experiment=qm9)" in text
     assert "NOT COMPARABLE" not in text
     steps = tmp_path / "steps"  # a length in steps, another selection
-    write_qm9_run(steps, "a", ["experiment=qm9", "trainer.max_steps=60", "trainer.select=final"], 1.0)
-    write_qm9_run(steps, "b", ["experiment=qm9", "trainer.max_steps=60", "trainer.select=final", "balancer=uw"], 1.0)
+    write_qm9_run(steps, "a", ["experiment=qm9", "trainer.max_steps=60", "select=final"], 1.0)
+    write_qm9_run(steps, "b", ["experiment=qm9", "trainer.max_steps=60", "select=final", "balancer=uw"], 1.0)
     text = " ".join(make_report([steps], "table", None, None, published="nash_mtl")[0].split())
-    assert "trainer.max_steps=60 (paper: trainer.epochs=300), trainer.select=final (paper: best_val)" in text
-    assert "select_criterion" not in text  # another selection is named once
+    assert "trainer.max_steps=60 (paper: trainer.epochs=300), select=final (paper: best_val)" in text
+    assert "select.criterion" not in text  # another selection is named once
 
 
 def test_runs_without_their_config_cannot_be_told_on_or_off_the_protocol(sweep):
