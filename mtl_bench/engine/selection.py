@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
+from mtl_bench.balancers.checks import number  # the options' range checks, one line naming the option
 from mtl_bench.errors import ConfigError
 from mtl_bench.report.delta_m import delta_m_flat, relative_drops
 
@@ -168,8 +169,7 @@ class LastK(ModelSelection):
         """k: how many evaluations to average (> 0).
         higher_is_better: each task's metrics and whether higher is better; reference: the task set's
         reference numbers (None without); eval_steps: the steps the loop evaluates at (the engine gives all three)."""
-        if not isinstance(k, int) or k <= 0:
-            raise ValueError(f"k: must be an int > 0, got {k!r}")
+        number("k", k, 1, integer=True)
         super().__init__(higher_is_better, reference, eval_steps)
         self.k = k
         self.last_k_steps = set(self.eval_steps[-k:])

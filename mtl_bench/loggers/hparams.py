@@ -25,14 +25,17 @@ HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")  # 
 def hparam_values(config: Mapping[str, Any], choices: Mapping[str, str]) -> dict[str, Any]:
     """What the HParams tab shows: each config group's option (`balancer: gradnorm`) and the option's values
     (`balancer.alpha: 1.5`), without Hydra's instantiate keys (`_target_`, `_partial_`, ...), Hydra's own
-    settings (`hydra.*`) and the task set's reference numbers (`tasks.reference.*`, read by the report only).
+    settings (`hydra.*`), the task set's reference numbers (`tasks.reference.*`, read by the report only) and where
+    the run logs (`logger`, `logger.*`: not a hyper-parameter).
 
     `config` is the resolved run config as a plain dict; `choices` the group options ({"optim/schedule": "none"}).
     """
-    values: dict[str, Any] = {g.replace("/", "."): str(o) for g, o in choices.items() if not g.startswith("hydra")}
+    values: dict[str, Any] = {
+        g.replace("/", "."): str(o) for g, o in choices.items() if not g.startswith(("hydra", "logger"))
+    }
     for key, value in flatten_hparams(config).items():
         parts = key.split(".")
-        if parts[0] == "hydra" or parts[-1] in HYDRA_KEYS or key.split(".")[:2] == ["tasks", "reference"]:
+        if parts[0] in ("hydra", "logger") or parts[-1] in HYDRA_KEYS or parts[:2] == ["tasks", "reference"]:
             continue
         if key in values:  # a key named like a group (never expected): the option stays, the value is kept apart
             key = f"{key}.value"

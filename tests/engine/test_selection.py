@@ -44,6 +44,17 @@ def test_a_criterion_is_checked_when_the_selection_is_made():
     assert delta.score({"a": {"acc": 0.6, "loss": 1.0}}) == pytest.approx(-20.0)  # 20% better than the reference
 
 
+def test_select_options_are_checked_and_named(compose_cfg):
+    from mtl_bench.engine.builders import build
+    from mtl_bench.engine.selection import ModelSelection
+
+    with pytest.raises(ValueError, match=r"^k: must be an integer >= 1, got 0$"):
+        LastK(HIGHER, None, [5, 10], k=0)
+    node = compose_cfg("select=last_k", "select.k=0").select
+    with pytest.raises(ConfigError, match=r"^select.k: must be an integer >= 1, got 0$"):
+        build("select", node, ModelSelection, higher_is_better=HIGHER, reference=None, eval_steps=[5, 10])
+
+
 def test_best_val_reports_the_test_metrics_of_the_best_evaluation(compose_cfg, tmp_path):
     """The selected test metrics equal those of a run stopped at the selected step (same seed, constant lr).
     At lr 0.05 task t0's validation loss is best at step 5 of 20, so the best state is not the final one."""

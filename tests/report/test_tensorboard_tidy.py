@@ -28,6 +28,7 @@ def test_hparams_are_the_options_and_their_values_without_hydra_internals():
     assert values["optim"] == "adam" and values["tasks"] == "toy" and "seed" in values
     assert not [k for k in values if "_target_" in k or "_partial_" in k or k.startswith("hydra")]
     assert not [k for k in values if k.startswith("tasks.reference")]
+    assert not [k for k in values if k.split(".")[0] == "logger"]  # where the run logs is no hyper-parameter
     assert all(isinstance(v, (bool, int, float, str)) for v in values.values())  # what HParams accepts
 
 
