@@ -74,7 +74,7 @@ def task_names(experiment: list[str]) -> list[str]:
 def check_composes(launcher: list[str], runs: list[list[str]]) -> None:
     """Compose the launcher's config and each of `runs` (overrides) as its job would be; Hydra's errors name a bad
     option or key, the engine's config check a bad value."""
-    from mtl_bench.engine.compose import check_config
+    from mtl_bench.engine.compose import finalise_config
 
     with hydra_session():
         hydra, cfg = compose_base([*MULTIRUN, *QUIET, *launcher])
@@ -82,7 +82,7 @@ def check_composes(launcher: list[str], runs: list[list[str]]) -> None:
             job = hydra.config_loader.load_sweep_config(cfg, overrides)
             with open_dict(job):
                 del job["hydra"]  # the run's own config, as the task function gets it
-            check_config(job, overrides)
+            finalise_config(job, overrides)
 
 
 def launch(runs: Sequence[PlannedRun], runs_dir: Path, launcher: list[str], resume: set[str]) -> None:

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mtl_bench.balancers import BackwardContext, GramianBalancer
-from mtl_bench.engine.compose import check_config
+from mtl_bench.engine.compose import finalise_config
 from mtl_bench.engine.recipe import train
 from tests.helpers.balancer_kit import TASKS3, assert_state_is, batch, make_model, task_losses
 
@@ -70,7 +70,7 @@ def test_a_run_from_the_users_config_node(my_lab, compose_cfg, tmp_path):
     overrides = ["model=mlp", "trainer=smoke", "trainer.num_threads=1"]
     cfg = compose_cfg(*overrides)
     cfg.balancer = node
-    check_config(cfg, overrides)
+    finalise_config(cfg, overrides)
     result = train(cfg, tmp_path / "run")
     assert result.step > 0
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["balancer"]

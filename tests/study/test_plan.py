@@ -120,14 +120,14 @@ def test_experiment_may_not_set_what_the_study_sets():
 def test_every_row_of_every_preset_composes_and_passes_the_config_check(compose_cfg, preset):
     """Each row's first trial as `mtl-bench train` would compose it: balancer options, fixed keys and tuned keys
     exist and have legal values (nothing is built or trained)."""
-    from mtl_bench.engine.compose import check_config
+    from mtl_bench.engine.compose import finalise_config
 
     cfg = load_study(preset, [])
     runs = tuning_runs(cfg, list(cfg.tasks))
     for row in dict.fromkeys(r.row for r in runs):
         run = next(r for r in runs if r.row == row)
         composed = compose_cfg(*run.overrides)
-        check_config(composed, run.overrides)
+        finalise_config(composed, run.overrides)
         assert composed.seed == cfg.tune_seed
 
 
