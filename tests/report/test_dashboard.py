@@ -58,5 +58,5 @@ def test_sweep_dashboard(tmp_path):
             (patterns,) = [p for title, p in charts.items() if title.startswith(family + " ")]
             assert all(any(re.fullmatch(pattern, f"{family}/{t}") for pattern in patterns) for t in ("t0", "t1"))
         if balancer == "gradnorm":
-            assert any(title.startswith("ratio ") for title in charts)
+            assert any(title.startswith("gradnorm/norm_share ") for title in charts)  # its share of weighted norms
             assert any(title.startswith("grad_norm ") for title in charts)
