@@ -9,13 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from mtl_bench.catalog import conf_root
 from mtl_bench.report.front_metrics import front_summary, hypervolume, igd, non_dominated, spacing
 from mtl_bench.report.main import make_report
+from tests.helpers.run_dirs import saved_run
 
 pytest.importorskip("pymoo")
 
@@ -48,15 +45,7 @@ def test_igd_spacing_and_non_dominated_by_hand():
 
 
 def write_run(root: Path, name: str, overrides: list[str], test: dict, front: list[dict] | None = None) -> None:
-    with initialize_config_dir(str(conf_root()), version_base="1.3"):
-        cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if v is not None and not k.startswith("hydra/")}
-    OmegaConf.set_struct(cfg, False)
-    del cfg["hydra"]
-    run = root / name
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    run, cfg, choices = saved_run(root, name, overrides)
     metrics = {
         "status": "completed",
         "overrides": overrides,

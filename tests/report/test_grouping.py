@@ -15,15 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 import mtl_bench.config  # noqa: F401  (registers schemas)
 from mtl_bench.analysis.runs import NOT_TRAINING_KEYS
-from mtl_bench.catalog import conf_root
 from mtl_bench.cli import app
 from mtl_bench.report.main import make_report
+from tests.helpers.run_dirs import saved_run
 
 HIB = {"t0": {"loss": False, "mse": False}, "t1": {"loss": False, "mse": False}}
 
@@ -39,15 +37,7 @@ def write_run(
     root: Path, name: str, overrides: list[str], status: str = "completed", t0: float = 0.5, t1: float = 2500.0, **extra
 ) -> Path:
     """A run directory as `mtl-bench train OVERRIDES` leaves it (without training)."""
-    with initialize_config_dir(str(conf_root()), version_base="1.3"):
-        cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if v is not None and not k.startswith("hydra/")}
-    OmegaConf.set_struct(cfg, False)
-    del cfg["hydra"]
-    run = root / name
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    run, cfg, choices = saved_run(root, name, overrides)
     if status == "incomplete":
         return run
     metrics = {

@@ -290,20 +290,9 @@ def test_a_qm9_group_with_nash_mtls_own_maes_ties_its_row_on_every_target(tmp_pa
 
 
 def write_qm9_run(root: Path, name: str, overrides: list[str], factor: float) -> None:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from tests.helpers.run_dirs import saved_run
 
-    import mtl_bench.config  # noqa: F401  (registers the schemas)
-    from mtl_bench.catalog import conf_root
-
-    with initialize_config_dir(str(conf_root()), version_base="1.3"):
-        cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if v is not None and not k.startswith("hydra/")}
-    OmegaConf.set_struct(cfg, False)
-    del cfg["hydra"]
-    run = root / name
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    run, cfg, choices = saved_run(root, name, overrides)
     table = load("nash_mtl")["qm9"]
     nash = table.metrics(next(r for r in table.rows if r.method == "Nash-MTL"))
     metrics = {
