@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
+from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.errors import ConfigError
 from mtl_bench.hydra_errors import closest
 
@@ -214,9 +215,12 @@ def option_names(key: str, node: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys([*(k for k in node if k not in HYDRA_KEYS), *taken]))
 
 
-def build(key: str, node: Any, kind: type | None = None, ignore: Iterable[str] = (), **supplied: Any) -> Any:
+def build(key: str, node: Any, kind: type | None = None, ignore: Iterable[str] | None = None, **supplied: Any) -> Any:
     """Check `node`, then instantiate its `_target_` with the config's options and the engine's `supplied`
-    arguments that the signature takes; any error is one ConfigError line naming `key`."""
+    arguments that the signature takes; any error is one ConfigError line naming `key`. The keys the engine
+    reads itself (`config.ENGINE_KEYS[key]`, e.g. `tasks.front_reference`) are left out unless `ignore` says."""
+    if ignore is None:
+        ignore = ENGINE_KEYS.get(key, ())
     config = {k: v for k, v in node_dict(node).items() if k not in set(ignore)}
     target = check_part(key, config, supplied, ignore)
     params = parameters(target)
