@@ -10,6 +10,7 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
+from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.engine.builders import build, node_dict
 from mtl_bench.tasks import Digits, TaskSet, ToyRegression
 from mtl_bench.tasks.digits import source_pools
@@ -247,7 +248,7 @@ def test_config_options_build_their_class(compose_cfg, option, cls):
     node = compose_cfg(f"tasks={option}", *(f"tasks.{k}={v}" for k, v in SMALL.items())).tasks
     built = build("tasks", node, TaskSet)
     assert type(built) is cls
-    direct = cls(**{k: v for k, v in node_dict(node).items() if k != "_target_"})
+    direct = cls(**{k: v for k, v in node_dict(node).items() if k not in ("_target_", *ENGINE_KEYS["tasks"])})
     assert built.task_names == direct.task_names and built.input_shape == direct.input_shape
     for split in ("train", "val", "test"):
         assert torch.equal(getattr(built, split).inputs, getattr(direct, split).inputs)
