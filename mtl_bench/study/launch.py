@@ -15,7 +15,12 @@ from mtl_bench.errors import ConfigError
 from mtl_bench.study.plan import PlannedRun
 
 # The runs log to their own train.log only: the study prints one line per run.
-QUIET = ["hydra/hydra_logging=disabled", "hydra.job_logging.root.handlers=[file]"]
+# Hydra's `disabled` hydra_logging would also disable every logger that exists (dictConfig's default): not here.
+QUIET = [
+    "hydra/hydra_logging=disabled",
+    "hydra.hydra_logging.disable_existing_loggers=false",
+    "hydra.job_logging.root.handlers=[file]",
+]
 # What `-m` sets: the jobs know they are part of a sweep (no end-of-run summary each, failures recorded).
 MULTIRUN = ["hydra.mode=MULTIRUN"]
 

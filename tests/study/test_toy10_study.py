@@ -5,6 +5,7 @@ plan is refused, peak memory is in metrics.json, and the report prints the table
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -78,6 +79,15 @@ def test_peak_memory_is_in_every_metrics_json(study_dir):
     for record in records(study_dir).values():
         peak = record["peak_memory"]
         assert peak["kind"] == "cpu_peak_rss" and peak["label"] == "CPU process peak RSS" and peak["bytes"] > 2**20
+
+
+def test_every_run_logs_to_its_train_log_and_the_process_keeps_its_loggers(study_dir):
+    # Hydra's `hydra_logging=disabled` disables every logger that exists (dictConfig's disable_existing_loggers):
+    # the study's later runs, and whatever the process does after the study, would log nothing.
+    assert not logging.getLogger("mtl_bench").disabled
+    for run in json.loads((study_dir / "index.json").read_text())["runs"]:
+        log = (study_dir / run["dir"] / "train.log").read_text()
+        assert "][mtl_bench" in log, run["dir"]
 
 
 def test_selection_never_reads_test_metrics(study_dir, tmp_path):
