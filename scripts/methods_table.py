@@ -17,6 +17,7 @@ import sys
 import textwrap
 import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from hydra.utils import instantiate
@@ -25,6 +26,7 @@ from omegaconf import OmegaConf
 from mtl_bench.balancers.base import Balancer
 from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.scalarization import ScalarizedBalancer
+from mtl_bench.balancers.validation import METHODS, needs_validation
 from mtl_bench.catalog import conf_root
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +41,14 @@ def target(path: Path) -> type[Balancer]:
     return getattr(importlib.import_module(module), name)
 
 
+def _unused(*args: object) -> None:
+    raise AssertionError("the table reads a bilevel method's buffers only, never its validation source")
+
+
+# A bilevel method's validation source, for its build: every method of the protocol, none ever called.
+UNUSED_VALIDATION = SimpleNamespace(**{name: _unused for name in METHODS})
+
+
 def build(cls: type[Balancer], options: dict) -> Balancer | None:
     """An instance on three tasks and a small shared layer, or None when it cannot be built here (an
     optional dependency missing)."""
@@ -49,6 +59,7 @@ def build(cls: type[Balancer], options: dict) -> Balancer | None:
         "shared_layer": layer,
         "world_size": 1,
         "initial_losses_known": {t: None for t in TASKS},
+        "validation": UNUSED_VALIDATION,
     }
     wanted = inspect.signature(cls).parameters
     try:  # nested config nodes (CR-MOGM's base) built as the engine builds them
@@ -59,7 +70,7 @@ def build(cls: type[Balancer], options: dict) -> Balancer | None:
 
 
 def kind(cls: type[Balancer]) -> str:
-    if cls.NEEDS_VALIDATION:
+    if needs_validation(cls):
         return "bilevel"
     if issubclass(cls, GradientBalancer) or "grad_source" in inspect.signature(cls).parameters:
         return "gradient"

@@ -39,6 +39,7 @@ from mtl_bench.balancers.stch import SmoothTchebycheff
 from mtl_bench.balancers.trimmed_mean import TrimmedMean
 from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
+from mtl_bench.balancers.validation import ValidationSource, needs_validation
 from mtl_bench.balancers.weighting import Solution, Weighting
 
 __all__ = [
@@ -46,7 +47,9 @@ __all__ = [
     "Balancer",
     "GramianBalancer",
     "Solution",
+    "ValidationSource",
     "Weighting",
+    "needs_validation",
     "AlignedMTL",
     "AutoLambda",
     "CAGrad",

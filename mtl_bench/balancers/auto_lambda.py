@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -11,7 +11,8 @@ from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import BackwardContext, Context
 from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
-from mtl_bench.balancers.staged import JOINT, current_scale
+from mtl_bench.balancers.staged import JOINT
+from mtl_bench.balancers.validation import ValidationSource
 
 
 class AutoLambda(SoftmaxLogitsBalancer):
@@ -34,11 +35,11 @@ class AutoLambda(SoftmaxLogitsBalancer):
     ("inner") batch, the validation ("outer") batch and the training batch as three independent batches of
     the training data, the first two of half the batch size; here the look-ahead batch is the step's training
     batch itself (as in the authors' code, which saves a forward and a backward: ∇_θ Σ λ_i L_i comes from the
-    step's own graph) and the validation batch comes from the engine's validation stream
-    (`trainer.validation_source`, a full batch). The look-ahead forwards leave BatchNorm's running statistics
+    step's own graph) and the validation batch comes from `validation` (the engine's validation stream,
+    `trainer.validation_source`, a full batch). The look-ahead forwards leave BatchNorm's running statistics
     alone (LibMTL's ±ε forwards run on the live model and update them; they do not change the update).
 
-    Needs the engine's validation stream (NEEDS_VALIDATION); one process (the look-ahead is not synchronized
+    Needs a validation source (`validation`, given by the engine); one process (the look-ahead is not synchronized
     across DDP ranks), joint mode, no gradient accumulation. Under fp16 the look-ahead gradients are taken
     through the grad scaler's scale and divided by it. A step whose α update is not finite keeps the old α.
 
@@ -49,13 +50,21 @@ class AutoLambda(SoftmaxLogitsBalancer):
     VALIDATION_WORK = "the validation loss"
     STEP_WORK = "one look-ahead step"
 
-    def __init__(self, task_names: Sequence[str], outer_lr: float = 1e-3, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        outer_lr: float = 1e-3,
+        world_size: int = 1,
+        validation: Optional[ValidationSource] = None,
+    ) -> None:
         """
         task_names: the tasks (given by the engine).
         outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
         world_size: the number of DDP processes (given by the engine); must be 1.
+        validation: the training batch, validation batches, task losses, parameters and lr (given by the engine;
+            in your own loop, any ValidationSource).
         """
-        super().__init__(task_names, world_size)
+        super().__init__(task_names, world_size, validation)
         if not outer_lr > 0:
             raise ValueError(f"outer_lr: must be > 0, got {outer_lr}")
         self.outer_lr = float(outer_lr)
@@ -66,19 +75,15 @@ class AutoLambda(SoftmaxLogitsBalancer):
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         context = BackwardContext.of(ctx)
-        if context is None or context.batch is None or context.validation is None:
-            raise ValueError(
-                "AutoLambda needs a BackwardContext with batch, validation, task_losses, params and learning_rate "
-                "(the engine fills them for a balancer that NEEDS_VALIDATION)"
-            )
-        assert context.task_losses is not None and context.learning_rate is not None and context.params
+        source = self.validation
         self._begin(JOINT, context, shared)
         # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
-        scale = current_scale(context.scaler, shared) if context.scaler is not None else None
-        names, params = list(context.params), list(context.params.values())
+        scale = self._loss_scale  # the grad scaler's, set by _begin (None without one)
+        trainable = source.trainable_parameters()
+        names, params = list(trainable), list(trainable.values())
         ordered = self._stacked(losses)
         alpha = self.logits
-        lr = context.learning_rate()
+        lr = source.learning_rate()
 
         # The look-ahead step θ' = θ − η ∇_θ Σ λ_i L_i, from this step's graph (kept for the real backward).
         inner = (torch.softmax(alpha, dim=-1) * ordered).sum()
@@ -90,20 +95,20 @@ class AutoLambda(SoftmaxLogitsBalancer):
             }
 
         # d = ∇_θ' of the validation loss at θ'.
-        val_inputs, val_targets = context.validation()
-        outer = self._stacked(context.task_losses(val_inputs, val_targets, ahead)).sum()
+        val_inputs, val_targets = source.next_validation_batch()
+        outer = self._stacked(source.task_losses(val_inputs, val_targets, ahead)).sum()
         outer = outer * scale if scale is not None else outer
         found = torch.autograd.grad(outer, list(ahead.values()), allow_unused=True)
         d = [self._unscale(g, scale) if g is not None else torch.zeros_like(p) for g, p in zip(found, params)]
 
         # ∇²_{α,θ} Σ λ_i L_i · d by central differences at θ ± ε d on the training batch.
         eps = 0.01 / torch.linalg.vector_norm(torch.stack(torch._foreach_norm(d)))
-        inputs, targets = context.batch
+        inputs, targets = source.training_batch()
         with torch.no_grad():
             plus = {n: p + eps * g for n, p, g in zip(names, params, d)}
             minus = {n: p - eps * g for n, p, g in zip(names, params, d)}
-            at_plus = self._stacked(context.task_losses(inputs, targets, plus))
-            at_minus = self._stacked(context.task_losses(inputs, targets, minus))
+            at_plus = self._stacked(source.task_losses(inputs, targets, plus))
+            at_minus = self._stacked(source.task_losses(inputs, targets, minus))
             z = torch.softmax(alpha, dim=-1)
             # ∇_α Σ softmax(α)_i L_i = z ∘ (L − z·L): the softmax's backward, as autograd computes it.
             hessian = (z * (at_plus - (z * at_plus).sum()) - z * (at_minus - (z * at_minus).sum())) / (2 * eps)

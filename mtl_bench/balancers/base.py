@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +18,7 @@ BUILD_ARGUMENTS = {
     "shared_layer": "the model's last shared layer (nn.Module)",
     "world_size": "the number of DDP processes (int)",
     "initial_losses_known": "each task's theoretical initial loss or None (dict[str, float | None])",
+    "validation": "the loop's batches, validation stream and task losses, for a bilevel method (ValidationSource)",
 }
 
 
@@ -30,30 +31,20 @@ class BackwardContext:
     finite, so that every gradient is and the step is skipped on the device); `accumulation_steps`: k, the
     number of `backward` calls (per task in per-task mode) before the step's `step()`.
 
-    For a balancer that NEEDS_VALIDATION (bilevel methods) the loop also hands: `batch`, this micro-batch's
-    training (inputs, targets), whose losses `backward` receives; `validation()`, the next
-    (inputs, targets) batch of the validation stream on the device (one per micro-batch; the stream cycles);
-    `task_losses(inputs, targets, params)`, each task's loss of the model on a batch (float32, under the
-    precision's autocast), with `params` ({name: tensor}, some or all of `params`) in place of the model's own
-    parameters, and then leaving the model's buffers (BatchNorm statistics) as they were; `params`, the
-    trainable parameters by name; `learning_rate()`, the optimizer's current lr (its first param group's).
-
     `epoch`: the index of the epoch the step belongs to (optimizer step // steps per epoch, from 0; set by the loop
     before each step, also after a resume), for methods whose schedule follows epochs (FORUM's λ average).
 
     `measure`: whether the loop reads this step's measurements (a logging step). When False a balancer may leave
     out work done only for them (a Gramian that only gives `grad_cos/...`, a pass that only gives `grad_norm/...`)
     and the keys they fill; the gradients it writes and the state it stages must not change.
+
+    What only some methods need is given at build time instead: a bilevel method's batches, validation stream
+    and task losses come from the `validation` argument it declares (balancers/validation.py).
     """
 
     scaler: Optional[torch.amp.GradScaler] = None
     factor: Union[Tensor, float] = 1.0
     accumulation_steps: int = 1
-    batch: Optional[tuple[Any, dict[str, Tensor]]] = None
-    validation: Optional[Callable[[], tuple[Any, dict[str, Tensor]]]] = None
-    task_losses: Optional[Callable[..., dict[str, Tensor]]] = None
-    params: dict[str, nn.Parameter] = field(default_factory=dict)
-    learning_rate: Optional[Callable[[], float]] = None
     epoch: int = 0
     measure: bool = True
 
@@ -77,11 +68,12 @@ class Balancer(nn.Module):
     """Runs the backward of a multi-task step.
 
     Built with what it needs (see BUILD_ARGUMENTS: task names, the model's shared parameters or last shared
-    layer, the world size) plus its options. Each step, `backward(losses, shared, ctx)` decides the per-task
-    weights (possibly from gradients measured at `shared`, the shared representation, or at the shared
-    parameters), runs the backward (through `ctx.scale`), stages its state update and returns its
-    measurements as 0-d tensors keyed by TensorBoard tag (`weight/<task>`, `grad_norm/<task>`, ...; see
-    mtl_bench.tags). It never calls `.item()`: the loop reads the values only every `log_every` steps.
+    layer, the world size, a bilevel method's validation source) plus its options. Each step,
+    `backward(losses, shared, ctx)` decides the per-task weights (possibly from gradients measured at `shared`,
+    the shared representation, or at the shared parameters), runs the backward (through `ctx.scale`), stages its
+    state update and returns its measurements as 0-d tensors keyed by TensorBoard tag (`weight/<task>`,
+    `grad_norm/<task>`, ...; see mtl_bench.tags). It never calls `.item()`: the loop reads the values only every
+    `log_every` steps.
 
     Being an `nn.Module`, learnable state (GradNorm's weights) and running statistics (EMA buffers) are part
     of `state_dict()`, so checkpoints restore them.
@@ -102,9 +94,6 @@ class Balancer(nn.Module):
     """
 
     task_names: list[str]
-    # True for a bilevel method: the loop then fills BackwardContext's validation(), task_losses, params and
-    # learning_rate (see trainer.validation_source for where the validation batches come from).
-    NEEDS_VALIDATION: bool = False
     # What the method computes on the host, where it does: on a GPU that solve's read of the device (one copy of
     # the Gramian or the program's data, after which the device queue is empty) is the step's one host
     # synchronisation. It happens inside the method named by HOST_SOLVE_IN; every other method never reads the

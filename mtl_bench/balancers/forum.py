@@ -13,7 +13,8 @@ from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import BackwardContext, Context
 from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
-from mtl_bench.balancers.staged import JOINT, current_scale
+from mtl_bench.balancers.staged import JOINT
+from mtl_bench.balancers.validation import ValidationSource
 
 # LibMTL stops the inner SGD steps once f exceeds this ("caused by too large inner_lr and inner_step").
 INNER_LOSS_LIMIT = 1e5
@@ -50,8 +51,8 @@ class FORUM(SoftmaxLogitsBalancer):
       and stops a run that skips too many) and α and λ keep their values.
     - The data: LibMTL's inner batch and outer batch are two independent half-size batches of the training
       data; here the inner batch is the step's training batch (so g_f comes from the step's own graph: one
-      forward fewer) and the outer batch comes from the engine's validation stream
-      (`trainer.validation_source`, a full batch). As in LibMTL, the validation forward runs on the model
+      forward fewer) and the outer batch comes from `validation` (the engine's validation stream,
+      `trainer.validation_source`, a full batch). As in LibMTL, the validation forward runs on the model
       itself (its BatchNorm statistics see the validation batch) and the inner steps on copies of its buffers.
     - No host read for LibMTL's `loss.item() > 1e5` test (a device-side mask). The program itself runs on the
       host: one host sync per step (the (T+1)² Gram matrix and π), as LibMTL's.
@@ -59,10 +60,10 @@ class FORUM(SoftmaxLogitsBalancer):
     Where SGD at inner_lr diverges on the model, the last inner iterate's loss (only the ones before it are checked
     against 1e5, as in LibMTL) may be infinite: g_q and the program are then not finite and the step is skipped.
 
-    Needs the engine's validation stream (NEEDS_VALIDATION); one process, joint mode, no gradient
+    Needs a validation source (`validation`, given by the engine); one process, joint mode, no gradient
     accumulation. Under fp16 every gradient is taken through the grad scaler's scale and divided by it, and
     the direction d_θ is written as the gradient of Σ_p ⟨d_p, p⟩ through `ctx.scale`. Outside the engine
-    `ctx.epoch` stays 0: λ is then the program's w of each step.
+    `ctx.epoch` is what the loop sets (0 by default and without a context: λ is then the program's w of each step).
 
     Cost per step: the step's forward, one backward for g_f, inner_step forwards and backwards (plus one
     forward) at the inner copies, one forward and T backwards on the validation batch, and the program.
@@ -86,6 +87,7 @@ class FORUM(SoftmaxLogitsBalancer):
         inner_step: int = 5,
         phi: float = 0.1,
         world_size: int = 1,
+        validation: Optional[ValidationSource] = None,
     ) -> None:
         """
         task_names: the tasks (given by the engine).
@@ -94,8 +96,10 @@ class FORUM(SoftmaxLogitsBalancer):
         inner_step: the number of inner SGD steps (an int >= 1; LibMTL's --inner_step default 5).
         phi: φ, the constraint's margin (>= 0; LibMTL's --FORUM_phi default 0.1).
         world_size: the number of DDP processes (given by the engine); must be 1.
+        validation: the training batch, validation batches, task losses and parameters (given by the engine; in
+            your own loop, any ValidationSource).
         """
-        super().__init__(task_names, world_size)
+        super().__init__(task_names, world_size, validation)
         if not outer_lr > 0:
             raise ValueError(f"outer_lr: must be > 0, got {outer_lr}")
         if not inner_lr > 0:
@@ -116,16 +120,12 @@ class FORUM(SoftmaxLogitsBalancer):
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         context = BackwardContext.of(ctx)
-        if context is None or context.batch is None or context.validation is None:
-            raise ValueError(
-                "FORUM needs a BackwardContext with batch, validation, task_losses and params "
-                "(the engine fills them for a balancer that NEEDS_VALIDATION)"
-            )
-        assert context.task_losses is not None and context.params
+        source = self.validation
         self._begin(JOINT, context, shared)
         # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
-        scale = current_scale(context.scaler, shared) if context.scaler is not None else None
-        names, params = list(context.params), list(context.params.values())
+        scale = self._loss_scale  # the grad scaler's, set by _begin (None without one)
+        trainable = source.trainable_parameters()
+        names, params = list(trainable), list(trainable.values())
         ordered = self._stacked(losses)
         alpha = self.logits
         z = torch.softmax(alpha, dim=-1)
@@ -136,12 +136,12 @@ class FORUM(SoftmaxLogitsBalancer):
         g_f_alpha = self._softmax_grad(z, ordered.detach())
 
         # θ^K: inner_step SGD steps of f(α, ·) on the training batch, from θ, at copies of the parameters.
-        inputs, targets = context.batch
+        inputs, targets = source.training_batch()
         current = {name: p.detach() for name, p in zip(names, params)}
         going = torch.ones((), dtype=torch.bool, device=shared.device)
         for _ in range(self.inner_step):
             current = {name: p.detach().requires_grad_() for name, p in current.items()}
-            inner = (z.detach() * self._stacked(context.task_losses(inputs, targets, current))).sum()
+            inner = (z.detach() * self._stacked(source.task_losses(inputs, targets, current))).sum()
             going = going & ~(inner.detach() > INNER_LOSS_LIMIT)  # LibMTL breaks out of its loop here
             found = self._grad(inner, list(current.values()), scale, allow_unused=True)
             with torch.no_grad():
@@ -150,13 +150,13 @@ class FORUM(SoftmaxLogitsBalancer):
                     for (name, p), g in zip(current.items(), found)
                 }
         with torch.no_grad():
-            at_inner = self._stacked(context.task_losses(inputs, targets, current))
+            at_inner = self._stacked(source.task_losses(inputs, targets, current))
         g_q_alpha = (g_f_alpha - self._softmax_grad(z, at_inner)).to(g_f.dtype)
         g_q = torch.cat([g_q_alpha, g_f])
 
         # g_F: each task's validation gradient at θ, normalized, zero in α. The model itself runs this forward.
-        val_inputs, val_targets = context.validation()
-        outer = self._stacked(context.task_losses(val_inputs, val_targets))
+        val_inputs, val_targets = source.next_validation_batch()
+        outer = self._stacked(source.task_losses(val_inputs, val_targets))
         g_F = torch.stack([self._flat(self._grad(outer[i], params, scale, True), params, scale) for i in range(n)])
         g_F = g_F / g_F.pow(2).sum(-1).sqrt().unsqueeze(1)
         g_F = torch.cat([g_F.new_zeros(n, n), g_F], dim=1)
@@ -169,7 +169,8 @@ class FORUM(SoftmaxLogitsBalancer):
         gram, pi_host, q_norm_host = host[: (n + 1) ** 2].reshape(n + 1, n + 1), host[-n - 1 : -1], host[-1]
         w = torch.as_tensor(forum_weights(gram, pi_host, self.phi * q_norm_host), device=alpha.device)
 
-        lambdas = self.lambdas + (w[:n].to(self.lambdas.dtype) - self.lambdas) / (context.epoch + 1) ** 0.75
+        epoch = context.epoch if context is not None else 0
+        lambdas = self.lambdas + (w[:n].to(self.lambdas.dtype) - self.lambdas) / (epoch + 1) ** 0.75
         nu = (lambdas.to(pi.dtype) * pi).sum().clamp(min=0)
         direction = lambdas.to(g_F.dtype) @ g_F + nu * g_q
         with torch.no_grad():

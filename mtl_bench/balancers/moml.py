@@ -14,7 +14,8 @@ from mtl_bench.balancers.base import BackwardContext, Context
 from mtl_bench.balancers.host import host_gramian
 from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
 from mtl_bench.balancers.solvers import min_norm_simplex
-from mtl_bench.balancers.staged import JOINT, current_scale
+from mtl_bench.balancers.staged import JOINT
+from mtl_bench.balancers.validation import ValidationSource
 
 
 class MOML(SoftmaxLogitsBalancer):
@@ -40,13 +41,14 @@ class MOML(SoftmaxLogitsBalancer):
     LibMTL draws the inner ("look-ahead") batch, the outer ("validation") batch and the training batch as three
     independent batches of the training data, the first two of half the batch size; here the inner batch is the
     step's training batch itself (g_f comes from the step's own graph: T backwards, no extra forward) and the
-    outer batch comes from the engine's validation stream (`trainer.validation_source`, a full batch). The
+    outer batch comes from `validation` (the engine's validation stream, `trainer.validation_source`, a full
+    batch). The
     softmax Jacobian is written out, diag(λ) − λλᵀ (LibMTL asks autograd for it), and the min-norm solve runs
     in float64 on the host (`solvers.min_norm_simplex`, LibMTL's solver in the tensors' dtype): the same
     numbers up to rounding. The look-ahead forward leaves BatchNorm's running statistics alone (LibMTL's runs
     on a deep copy of the model, whose statistics are thrown away: the same).
 
-    Needs the engine's validation stream (NEEDS_VALIDATION); one process (the look-ahead and the α update are not
+    Needs a validation source (`validation`, given by the engine); one process (the look-ahead and the α update are not
     synchronized across DDP ranks), joint mode, no gradient accumulation. Under fp16 the per-task gradients are
     taken through the grad scaler's scale and divided by it. A step whose α update is not finite (a task's α
     gradient of zero norm, e.g. with one task) keeps the old α. One host read per step: the T×T Gramian of the
@@ -63,15 +65,22 @@ class MOML(SoftmaxLogitsBalancer):
     STEP_WORK = "one look-ahead step"
 
     def __init__(
-        self, task_names: Sequence[str], inner_lr: float = 0.1, outer_lr: float = 1e-3, world_size: int = 1
+        self,
+        task_names: Sequence[str],
+        inner_lr: float = 0.1,
+        outer_lr: float = 1e-3,
+        world_size: int = 1,
+        validation: Optional[ValidationSource] = None,
     ) -> None:
         """
         task_names: the tasks (given by the engine).
         inner_lr: the lr of the one-step SGD look-ahead (> 0; LibMTL's --inner_lr default 0.1).
         outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
         world_size: the number of DDP processes (given by the engine); must be 1.
+        validation: the validation batches, task losses and parameters (given by the engine; in your own loop,
+            any ValidationSource).
         """
-        super().__init__(task_names, world_size)
+        super().__init__(task_names, world_size, validation)
         for name, value in (("inner_lr", inner_lr), ("outer_lr", outer_lr)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name}: must be a number > 0, got {value!r}")
@@ -83,15 +92,12 @@ class MOML(SoftmaxLogitsBalancer):
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         context = BackwardContext.of(ctx)
-        if context is None or context.validation is None or context.task_losses is None or not context.params:
-            raise ValueError(
-                "MOML needs a BackwardContext with validation, task_losses and params "
-                "(the engine fills them for a balancer that NEEDS_VALIDATION)"
-            )
+        source = self.validation
         self._begin(JOINT, context, shared)
         # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
-        scale = current_scale(context.scaler, shared) if context.scaler is not None else None
-        names, params = list(context.params), list(context.params.values())
+        scale = self._loss_scale  # the grad scaler's, set by _begin (None without one)
+        trainable = source.trainable_parameters()
+        names, params = list(trainable), list(trainable.values())
         alpha = self.logits
         z = torch.softmax(alpha, dim=-1)
 
@@ -103,8 +109,8 @@ class MOML(SoftmaxLogitsBalancer):
             }
 
         # g_F: each task's validation gradient at θ'.
-        val_inputs, val_targets = context.validation()
-        outer = context.task_losses(val_inputs, val_targets, ahead)
+        val_inputs, val_targets = source.next_validation_batch()
+        outer = source.task_losses(val_inputs, val_targets, ahead)
         g_F = self._per_task_grads([outer[name] for name in self.task_names], list(ahead.values()), scale)
 
         with torch.no_grad():

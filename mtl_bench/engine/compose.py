@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from mtl_bench.analysis.runs import override_key
 from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
+from mtl_bench.balancers.validation import needs_validation
 from mtl_bench.catalog import conf_root
 from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf, section_schema
 from mtl_bench.engine.builders import (
@@ -38,6 +39,7 @@ from mtl_bench.engine.data import hold_out
 from mtl_bench.engine.front import build_front_model, check_front
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import optimizer_steps_per_epoch, resolve_accumulation, samples_per_epoch
+from mtl_bench.engine.validation import ValidationStream
 from mtl_bench.errors import ConfigError
 from mtl_bench.hydra_errors import closest
 from mtl_bench.models import MultiTaskModel
@@ -145,13 +147,13 @@ def check_loggers(cfg: DictConfig) -> None:
 
 
 def check_validation_keys(cfg: DictConfig, typed: dict[str, str]) -> None:
-    """The validation stream's keys, typed, are used or refused: only a balancer that NEEDS_VALIDATION reads
+    """The validation stream's keys, typed, are used or refused: only a balancer that declares `validation` reads
     them, and validation_holdout only with validation_source=holdout."""
     keys = [k for k in ("trainer.validation_source", "trainer.validation_holdout") if k in typed]
     if not keys:
         return
     balancer = target_of("balancer", node_dict(cfg.balancer))
-    if not getattr(balancer, "NEEDS_VALIDATION", False):
+    if not needs_validation(balancer):
         raise ConfigError(
             f"{keys[0]}: read only by a balancer that draws validation batches (a bilevel method, kind bilevel in "
             f"docs/methods.md); {getattr(balancer, '__name__', balancer)} draws none"
@@ -203,7 +205,7 @@ class Parts:
     precision: Precision
     total_steps: int
     every: Intervals
-    validation: Optional[Dataset] = None  # the validation stream's data, for a balancer that NEEDS_VALIDATION
+    validation: Optional[ValidationStream] = None  # the balancer's, when it declares `validation` (bilevel)
 
 
 def build_tasks(cfg: DictConfig, conf: TrainerConf, device: torch.device) -> TaskSet:
@@ -236,14 +238,17 @@ def build_model(cfg: DictConfig, taskset: TaskSet, device: torch.device) -> Mult
 
 def build_balancer(
     cfg: DictConfig, conf: TrainerConf, taskset: TaskSet, model: MultiTaskModel, world_size: int, device: torch.device
-) -> Balancer:
-    """Built before the training forwards: a balancer may hook the model's last shared layer."""
+) -> tuple[Balancer, Optional[ValidationStream]]:
+    """Built before the training forwards: a balancer may hook the model's last shared layer. One that declares
+    `validation` (a bilevel method) is given the engine's validation stream, returned with it."""
+    validation = validation_for(target_of("balancer", node_dict(cfg.balancer)), conf, taskset, int(cfg.seed))
     supplied: dict[str, Any] = {
         "task_names": taskset.task_names,
         "shared_params": list(model.shared_parameters()),
         "shared_layer": model.last_shared_layer,
         "world_size": world_size,
         "initial_losses_known": {t.name: t.initial_loss for t in taskset.tasks},
+        "validation": validation,
     }
     assert set(supplied) == set(BUILD_ARGUMENTS)
     balancer: Balancer = build("balancer", cfg.balancer, Balancer, **supplied).to(device)
@@ -256,13 +261,21 @@ def build_balancer(
     problem = balancer.accumulation_problem(steps)
     if problem is not None:
         raise ConfigError(f"trainer.grad_accumulation_steps={steps}: {problem}")
-    return balancer
+    return balancer, validation
+
+
+def validation_for(
+    balancer: Callable[..., Any], conf: TrainerConf, taskset: TaskSet, seed: int
+) -> Optional[ValidationStream]:
+    """The engine's validation stream for a balancer class that declares `validation`, holding its data (taken out
+    of `taskset.train` with validation_source=holdout); None, and nothing held out, for any other."""
+    return ValidationStream(validation_data(conf, taskset, seed)) if needs_validation(balancer) else None
 
 
 def validation_data(conf: TrainerConf, taskset: TaskSet, seed: int) -> Dataset:
     """A bilevel balancer's validation batches come from the task set's val split, or from rows of the training
     split held out by the seed (taken out of `taskset.train`, so they are never trained on)."""
-    if taskset.multi_input:  # unreachable while no bilevel balancer has a per-task mode; kept for the next
+    if taskset.multi_input:
         raise ConfigError(f"tasks={type(taskset).__name__}: validation batches need a single-input task set")
     if conf.validation_source == "val":
         data: Dataset = taskset.val  # type: ignore[assignment]
@@ -312,8 +325,7 @@ def intervals(conf: TrainerConf, steps_per_epoch: int, total_steps: int) -> Inte
 def build_parts(cfg: DictConfig, conf: TrainerConf, device: torch.device, world_size: int = 1) -> Parts:
     taskset = build_tasks(cfg, conf, device)
     model = build_model(cfg, taskset, device)
-    balancer = build_balancer(cfg, conf, taskset, model, world_size, device)
-    validation = validation_data(conf, taskset, int(cfg.seed)) if balancer.NEEDS_VALIDATION else None
+    balancer, validation = build_balancer(cfg, conf, taskset, model, world_size, device)
     optimizer = build_optimizer(cfg, model)
     steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)
     total_steps = conf.epochs * steps_per_epoch if conf.epochs else conf.max_steps

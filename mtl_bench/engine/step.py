@@ -17,10 +17,12 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from mtl_bench.balancers import BackwardContext, Balancer
+from mtl_bench.balancers.validation import needs_validation
 from mtl_bench.config import TrainerConf
-from mtl_bench.engine.data import HOLDOUT_STREAM, BatchSource, StepSampler, task_split
+from mtl_bench.engine.data import BatchSource, StepSampler, task_split
 from mtl_bench.engine.diagnostics import GradientDiagnostics
 from mtl_bench.engine.precision import Precision
+from mtl_bench.engine.validation import ValidationStream
 from mtl_bench.tasks.base import TaskSet
 
 log = logging.getLogger("mtl_bench")
@@ -87,9 +89,10 @@ class StepRunner:
         rank: int = 0,
         world_size: int = 1,
         optimizer: Optional[torch.optim.Optimizer] = None,
-        validation: Optional[Dataset] = None,
+        validation: Optional[ValidationStream] = None,
     ) -> None:
-        """`optimizer`, `validation`: for a balancer that NEEDS_VALIDATION (its lr, the validation stream's data)."""
+        """`optimizer`, `validation`: for a balancer that declares `validation` (a bilevel method), the optimizer
+        whose lr it reads and the stream it was built with, connected here to this run."""
         self.model, self.taskset, self.balancer = model, taskset, balancer
         self.precision, self.conf = precision, conf
         self.k = resolve_accumulation(conf, balancer)
@@ -115,43 +118,21 @@ class StepRunner:
         ]
         self.steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)
         self.on_first_losses: Optional[Callable[[list[Tensor]], None]] = None  # detect_anomalous_params
-        self.validation: Optional[BatchSource] = None
-        self._validation_step = 0
-        if balancer.NEEDS_VALIDATION:
-            if validation is None or optimizer is None:
-                raise ValueError(f"{type(balancer).__name__} needs validation data and the optimizer")
-            sampler = StepSampler(len(validation), global_batch, seed, stream=HOLDOUT_STREAM)  # type: ignore[arg-type]
-            self.validation = BatchSource(validation, sampler, rank, conf.batch_size, device, conf.num_workers)
-            groups = optimizer.param_groups
-            self.ctx.validation = self._next_validation
-            self.ctx.task_losses = self._task_losses
-            self.ctx.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-            self.ctx.learning_rate = lambda: float(groups[0]["lr"])
-
-    def _next_validation(self) -> tuple[Any, dict[str, Tensor]]:
-        """The validation stream's batch of this micro-batch; a second call in the same one takes the next."""
-        assert self.validation is not None
-        batch = self.validation.batch(self._validation_step)
-        self._validation_step += 1
-        return batch
-
-    def _task_losses(
-        self, inputs: Any, targets: dict[str, Tensor], params: Optional[Mapping[str, Tensor]] = None
-    ) -> dict[str, Tensor]:
-        """Each task's loss of the model on a batch; with `params`, of the model at those parameters, on copies of
-        its buffers (a bilevel method's look-ahead forwards leave BatchNorm's running statistics alone)."""
-        with self.precision.autocast():
-            if params is None:
-                out = self.model(inputs)
-            else:
-                buffers = {name: b.clone() for name, b in self.model.named_buffers()}
-                out = torch.func.functional_call(self.model, {**buffers, **params}, (inputs,))
-        return {t.name: t.loss(out.preds[t.name].float(), targets[t.name]) for t in self.taskset.tasks}
+        self.validation = validation
+        if needs_validation(type(balancer)) and (validation is None or optimizer is None):
+            raise ValueError(
+                f"{type(balancer).__name__} needs the validation stream it was built with and the optimizer"
+            )
+        if validation is not None:
+            assert optimizer is not None
+            validation.connect(model, taskset.tasks, precision, optimizer, conf, seed, device, rank, world_size)
 
     def close(self) -> None:
         """Stop the training loaders' worker processes (a run that stops or ends)."""
         for source in self.sources:
             source.close()
+        if self.validation is not None:
+            self.validation.close()
 
     def _sync(self, last: bool) -> ContextManager[Any]:
         no_sync = getattr(self.model, "no_sync", None)  # DDP only
@@ -176,11 +157,12 @@ class StepRunner:
         self.ctx.measure = measure
         for j in range(self.k):
             loader_step = step * self.k + j
-            self._validation_step = loader_step  # a pure function of the step, so a resumed run draws the same
+            if self.validation is not None:
+                self.validation.at_micro_batch(loader_step)
             if self.conf.step_mode == "joint":
                 inputs, targets = self.sources[0].batch(loader_step)
                 if self.validation is not None:
-                    self.ctx.batch = (inputs, targets)
+                    self.validation.set_training_batch((inputs, targets))
                 with self._sync(last=j == self.k - 1):
                     with self.precision.autocast():
                         out = self.model(inputs)
@@ -196,6 +178,8 @@ class StepRunner:
             per_task = []
             for i, task in enumerate(tasks):
                 inputs, targets = self.sources[i].batch(loader_step)
+                if self.validation is not None:
+                    self.validation.set_training_batch((inputs, targets))
                 with self._sync(last=j == self.k - 1 and i == len(tasks) - 1):
                     with self.precision.autocast():
                         out = self.model(inputs, tasks=[task.name])

@@ -15,9 +15,9 @@ from torch import nn
 from mtl_bench.balancers import AutoLambda, BackwardContext
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
-from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.balancer_kit import TASKS, X, Y, no_host_sync, pair_model, pair_rows
 from tests.helpers.cli import SMALL, run_cli
+from tests.helpers.validation import GivenBatches, model_batches
 
 # ---------------------------------------------------------------------------------------------- the formula
 
@@ -36,15 +36,9 @@ def test_one_step_by_hand_on_quadratic_losses():
         t = theta if params is None else params["theta"]
         return {k: (t - c) ** 2 for k, c in centers[inputs].items()}
 
-    ctx = BackwardContext(
-        batch=("train", {}),
-        validation=lambda: ("val", {}),
-        task_losses=task_losses,
-        params={"theta": theta},
-        learning_rate=lambda: 0.1,
-    )
-    bal = AutoLambda(list(TASKS), outer_lr=0.1).double()
-    metrics = bal.backward(task_losses("train", {}), theta, ctx)
+    source = GivenBatches(task_losses, {"theta": theta}, lr=0.1).feed(("train", {}), ("val", {}))
+    bal = AutoLambda(list(TASKS), outer_lr=0.1, validation=source).double()
+    metrics = bal.backward(task_losses("train", {}), theta, BackwardContext())
     bal.step()
     delta = 0.1 * 0.24 / (0.24 + 1e-8)
     assert bal.logits.tolist() == pytest.approx([0.5 + delta, 0.5 - delta], abs=1e-12)
@@ -54,22 +48,6 @@ def test_one_step_by_hand_on_quadratic_losses():
 
 
 # ---------------------------------------------------------------------------------------------- the reference
-
-
-def context_for(model: MultiTaskModel, opt: torch.optim.Optimizer, inputs, targets, val) -> BackwardContext:
-    """What the engine's StepRunner hands AutoLambda, for a model outside the engine."""
-
-    def task_losses(x, y, params=None):
-        out = model(x) if params is None else torch.func.functional_call(model, dict(params), (x,))
-        return {t: F.mse_loss(out.preds[t], y[t]) for t in TASKS}
-
-    return BackwardContext(
-        batch=(inputs, targets),
-        validation=lambda: val,
-        task_losses=task_losses,
-        params=dict(model.named_parameters()),
-        learning_rate=lambda: opt.param_groups[0]["lr"],
-    )
 
 
 def batch_at(rows: list[int]):
@@ -157,14 +135,15 @@ def test_parameters_and_weights_equal_libmtl_after_six_steps(outer_lr):
         ref.step(batch, batch_at(val_rows(step)), batch)
 
     model = pair_model().double()
-    bal = AutoLambda(list(TASKS), outer_lr=outer_lr).double()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
+    source = model_batches(model, TASKS, opt)
+    bal = AutoLambda(list(TASKS), outer_lr=outer_lr, validation=source).double()
     for step in range(steps):
         inputs, targets = batch_at(pair_rows(step))
-        ctx = context_for(model, opt, inputs, targets, batch_at(val_rows(step)))
+        source.feed((inputs, targets), batch_at(val_rows(step)))
         opt.zero_grad()
         out = model(inputs)
-        bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
+        bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, BackwardContext())
         opt.step()
         bal.step()
     torch.testing.assert_close(ref.tw.detach(), torch.tensor(LIBMTL_LOGITS_AFTER_6[outer_lr], dtype=torch.float64))
@@ -182,16 +161,17 @@ def test_grad_scaler_gives_the_fp32_update():
     results = []
     for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**12)):
         model = pair_model()
-        bal = AutoLambda(list(TASKS), outer_lr=0.3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        source = model_batches(model, TASKS, opt)
+        bal = AutoLambda(list(TASKS), outer_lr=0.3, validation=source)
         for step in range(4):
             inputs, targets = X[pair_rows(step)], {t: Y[t][pair_rows(step)] for t in TASKS}
-            val = X[val_rows(step)], {t: Y[t][val_rows(step)] for t in TASKS}
-            ctx = context_for(model, opt, inputs, targets, val)
-            ctx.scaler = scaler
+            source.feed((inputs, targets), (X[val_rows(step)], {t: Y[t][val_rows(step)] for t in TASKS}))
             opt.zero_grad()
             out = model(inputs)
-            bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
+            bal.backward(
+                {t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, BackwardContext(scaler=scaler)
+            )
             if scaler is None:
                 opt.step()
             else:
@@ -224,16 +204,15 @@ def test_resumed_run_ends_like_the_uninterrupted_one(compose_cfg, tmp_path):
 
 
 def test_metrics_are_0_d_and_a_step_reads_nothing_from_the_device(monkeypatch: pytest.MonkeyPatch):
-    model, bal = pair_model(), AutoLambda(list(TASKS))
+    model = pair_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cpu")
+    source = model_batches(model, TASKS, opt)
+    bal = AutoLambda(list(TASKS), validation=source)
+    ctx = BackwardContext(scaler=torch.amp.GradScaler("cpu"))
     with no_host_sync(monkeypatch):
         for step in range(2):
             inputs, targets = X[pair_rows(step)], {t: Y[t][pair_rows(step)] for t in TASKS}
-            ctx = context_for(
-                model, opt, inputs, targets, (X[val_rows(step)], {t: Y[t][val_rows(step)] for t in TASKS})
-            )
-            ctx.scaler = scaler
+            source.feed((inputs, targets), (X[val_rows(step)], {t: Y[t][val_rows(step)] for t in TASKS}))
             out = model(inputs)
             metrics = bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
             bal.step(False)
@@ -267,11 +246,8 @@ def test_meaningless_settings_stop_in_one_line_before_training(compose_cfg, tmp_
     assert not list(tmp_path.glob("events.out.tfevents.*"))
 
 
-def test_several_processes_and_a_missing_validation_stream_are_refused():
+def test_several_processes_and_a_missing_validation_source_are_refused():
     with pytest.raises(ValueError, match="^world_size: AutoLambda runs in one process"):
         AutoLambda(list(TASKS), world_size=2)
-    model = pair_model()
-    out = model(X)
-    losses = {t: F.mse_loss(out.preds[t], Y[t]) for t in TASKS}
-    with pytest.raises(ValueError, match="AutoLambda needs a BackwardContext with batch, validation"):
-        AutoLambda(list(TASKS)).backward(losses, out.shared, BackwardContext())
+    with pytest.raises(ValueError, match="^validation: AutoLambda learns on validation batches; pass an object"):
+        AutoLambda(list(TASKS))

@@ -18,9 +18,9 @@ from mtl_bench.balancers import FORUM, BackwardContext, forum
 from mtl_bench.balancers.forum import forum_weights
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
-from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.balancer_kit import TASKS, X, Y, pair_model, pair_rows
 from tests.helpers.cli import SMALL, run_cli
+from tests.helpers.validation import GivenBatches, model_batches
 
 # ---------------------------------------------------------------------------------------------- the formula
 
@@ -43,12 +43,9 @@ def test_one_step_by_hand_on_quadratic_losses(epoch):
         t = theta if params is None else params["theta"]
         return {k: (t - c) ** 2 for k, c in centers[inputs].items()}
 
-    ctx = BackwardContext(
-        batch=("train", {}), validation=lambda: ("val", {}), task_losses=task_losses, params={"theta": theta}
-    )
-    ctx.epoch = epoch
-    bal = FORUM(list(TASKS), outer_lr=0.1, inner_lr=0.1, inner_step=1, phi=0.1).double()
-    metrics = bal.backward(task_losses("train", {}), theta, ctx)
+    source = GivenBatches(task_losses, {"theta": theta}, lr=0.1).feed(("train", {}), ("val", {}))
+    bal = FORUM(list(TASKS), outer_lr=0.1, inner_lr=0.1, inner_step=1, phi=0.1, validation=source).double()
+    metrics = bal.backward(task_losses("train", {}), theta, BackwardContext(epoch=epoch))
     bal.step()
     pi_a = 0.1 + 1 / (1.02 + 1e-8)
     lam = 1 / (epoch + 1) ** 0.75
@@ -257,24 +254,6 @@ def bacth_forward_FORUM(self, inner_x, inner_y, outer_x, outer_y, lambda_buffer,
 LibMTLForum.bacth_forward_FORUM = bacth_forward_FORUM  # the source's method, on this stand-in
 
 
-def context_for(model: MultiTaskModel, opt: torch.optim.Optimizer, inputs, targets, val, epoch) -> BackwardContext:
-    """What the engine's StepRunner hands FORUM, for a model outside the engine."""
-
-    def task_losses(x, y, params=None):
-        out = model(x) if params is None else torch.func.functional_call(model, dict(params), (x,))
-        return {t: F.mse_loss(out.preds[t], y[t]) for t in TASKS}
-
-    ctx = BackwardContext(
-        batch=(inputs, targets),
-        validation=lambda: val,
-        task_losses=task_losses,
-        params=dict(model.named_parameters()),
-        learning_rate=lambda: opt.param_groups[0]["lr"],
-    )
-    ctx.epoch = epoch
-    return ctx
-
-
 def batch_at(rows: list[int], dtype=torch.float64):
     return X[rows].to(dtype), {t: Y[t][rows].to(dtype) for t in TASKS}
 
@@ -288,14 +267,15 @@ EPOCHS = [0, 0, 1, 1, 2, 3]  # two steps per epoch, then one: the λ average at 
 
 def ours_after(steps: int, outer_lr: float, inner_lr: float, inner_step: int, dtype=torch.float64, scaler=None):
     model = pair_model().to(dtype)
-    bal = FORUM(list(TASKS), outer_lr=outer_lr, inner_lr=inner_lr, inner_step=inner_step).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    source = model_batches(model, TASKS, opt)
+    bal = FORUM(list(TASKS), outer_lr=outer_lr, inner_lr=inner_lr, inner_step=inner_step, validation=source).to(dtype)
     for step in range(steps):
         inputs, targets = batch_at(pair_rows(step), dtype)
-        ctx = context_for(model, opt, inputs, targets, batch_at(val_rows(step), dtype), EPOCHS[step])
-        ctx.scaler = scaler
+        source.feed((inputs, targets), batch_at(val_rows(step), dtype))
         opt.zero_grad()
         out = model(inputs)
+        ctx = BackwardContext(scaler=scaler, epoch=EPOCHS[step])
         bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
         if scaler is None:
             opt.step()
@@ -336,19 +316,19 @@ def test_inner_steps_stop_once_f_exceeds_1e5_as_libmtls_loop_breaks():
     for inner_step in (2, 3, 4, 10):
         model = pair_model().double()
         inputs, targets = batch_at(pair_rows(0))
-        ctx = context_for(model, torch.optim.SGD(model.parameters(), lr=0.1), inputs, targets, batch_at(val_rows(0)), 0)
+        of_model = model_batches(model, TASKS, lr=0.1)
+        losses_at = of_model.task_losses
         seen = []
-        losses_at = ctx.task_losses
 
         def recording(x, y, params=None, losses_at=losses_at, seen=seen):
             if params is not None:
                 seen.append({name: p.detach().clone() for name, p in params.items()})
             return losses_at(x, y, params)
 
-        ctx.task_losses = recording
+        source = GivenBatches(recording, of_model.params, lr=0.1).feed((inputs, targets), batch_at(val_rows(0)))
         out = model(inputs)
-        FORUM(list(TASKS), inner_lr=20.0, inner_step=inner_step).double().backward(
-            {t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx
+        FORUM(list(TASKS), inner_lr=20.0, inner_step=inner_step, validation=source).double().backward(
+            {t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, BackwardContext()
         )
         assert len(seen) == inner_step + 1
         last[inner_step] = torch.cat([p.reshape(-1) for p in seen[-1].values()])
@@ -396,12 +376,11 @@ def test_resumed_run_ends_like_the_uninterrupted_one(compose_cfg, tmp_path):
 
 def test_a_skipped_step_keeps_logits_and_lambdas():
     model = pair_model()
-    bal = FORUM(list(TASKS), outer_lr=0.3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     inputs, targets = batch_at(pair_rows(0), torch.float32)
+    source = model_batches(model, TASKS, lr=0.1).feed((inputs, targets), batch_at(val_rows(0), torch.float32))
+    bal = FORUM(list(TASKS), outer_lr=0.3, validation=source)
     out = model(inputs)
-    ctx = context_for(model, opt, inputs, targets, batch_at(val_rows(0), torch.float32), 0)
-    bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
+    bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, BackwardContext())
     bal.step(torch.tensor(True))
     assert torch.equal(bal.logits, torch.full((2,), 0.5)) and torch.equal(bal.lambdas, torch.zeros(2))
     assert bal.opt_step.item() == 0
@@ -434,11 +413,8 @@ def test_meaningless_settings_stop_in_one_line_before_training(compose_cfg, tmp_
     assert not list(tmp_path.glob("events.out.tfevents.*"))
 
 
-def test_several_processes_and_a_missing_validation_stream_are_refused():
+def test_several_processes_and_a_missing_validation_source_are_refused():
     with pytest.raises(ValueError, match="^world_size: FORUM runs in one process"):
         FORUM(list(TASKS), world_size=2)
-    model = pair_model()
-    out = model(X)
-    losses = {t: F.mse_loss(out.preds[t], Y[t]) for t in TASKS}
-    with pytest.raises(ValueError, match="FORUM needs a BackwardContext with batch, validation"):
-        FORUM(list(TASKS)).backward(losses, out.shared, BackwardContext())
+    with pytest.raises(ValueError, match="^validation: FORUM learns on validation batches; pass an object"):
+        FORUM(list(TASKS))

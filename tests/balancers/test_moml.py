@@ -16,9 +16,9 @@ from torch import nn
 from mtl_bench.balancers import MOML, BackwardContext
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
-from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.balancer_kit import TASKS, TASKS3, X, Y, batch, make_model, pair_model, pair_rows
 from tests.helpers.cli import SMALL, run_cli
+from tests.helpers.validation import GivenBatches, model_batches
 
 # ---------------------------------------------------------------------------------------------- the formula
 
@@ -33,15 +33,9 @@ def quadratic_step(val_centers: dict[str, float]):
         t = theta if params is None else params["theta"]
         return {k: (t - c) ** 2 for k, c in centers[inputs].items()}
 
-    ctx = BackwardContext(
-        batch=("train", {}),
-        validation=lambda: ("val", {}),
-        task_losses=task_losses,
-        params={"theta": theta},
-        learning_rate=lambda: 1.0,
-    )
-    bal = MOML(list(TASKS), inner_lr=0.1, outer_lr=0.1).double()
-    metrics = bal.backward(task_losses("train", {}), theta, ctx)
+    source = GivenBatches(task_losses, {"theta": theta}, lr=1.0).feed(("train", {}), ("val", {}))
+    bal = MOML(list(TASKS), inner_lr=0.1, outer_lr=0.1, validation=source).double()
+    metrics = bal.backward(task_losses("train", {}), theta, BackwardContext())
     bal.step()
     return bal, metrics, theta
 
@@ -73,22 +67,6 @@ def test_one_step_by_hand_when_the_validation_losses_conflict():
 
 
 # ---------------------------------------------------------------------------------------------- the reference
-
-
-def context_for(model: MultiTaskModel, tasks, inputs, targets, val) -> BackwardContext:
-    """What the engine's StepRunner hands MOML, for a model outside the engine."""
-
-    def task_losses(x, y, params=None):
-        out = model(x) if params is None else torch.func.functional_call(model, dict(params), (x,))
-        return {t: F.mse_loss(out.preds[t], y[t]) for t in tasks}
-
-    return BackwardContext(
-        batch=(inputs, targets),
-        validation=lambda: val,
-        task_losses=task_losses,
-        params=dict(model.named_parameters()),
-        learning_rate=lambda: 0.1,
-    )
 
 
 def find_min_norm_element(grads):
@@ -259,13 +237,14 @@ LIBMTL_LOGITS_AFTER_6 = {
 def run_ours(case: str, outer_lr: float, dtype: torch.dtype, steps: int = 6):
     make, tasks, batches = CASES[case]
     model = make().to(dtype)
-    bal = MOML(list(tasks), inner_lr=0.1, outer_lr=outer_lr).to(dtype)
+    source = model_batches(model, tasks, lr=0.1)
+    bal = MOML(list(tasks), inner_lr=0.1, outer_lr=outer_lr, validation=source).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for (inputs, targets), val in cast(batches(steps), dtype):
         opt.zero_grad()
         out = model(inputs)
-        ctx = context_for(model, tasks, inputs, targets, val)
-        bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in tasks}, out.shared, ctx)
+        source.feed((inputs, targets), val)
+        bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in tasks}, out.shared, BackwardContext())
         opt.step()
         bal.step()
     return bal, model
@@ -314,14 +293,16 @@ def test_grad_scaler_gives_the_fp32_update():
     results = []
     for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**12)):
         model = pair_model()
-        bal = MOML(list(TASKS), outer_lr=0.3)
+        source = model_batches(model, TASKS, lr=0.1)
+        bal = MOML(list(TASKS), outer_lr=0.3, validation=source)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for (inputs, targets), val in pair_batches(4):
-            ctx = context_for(model, TASKS, inputs, targets, val)
-            ctx.scaler = scaler
+            source.feed((inputs, targets), val)
             opt.zero_grad()
             out = model(inputs)
-            bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
+            bal.backward(
+                {t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, BackwardContext(scaler=scaler)
+            )
             if scaler is None:
                 opt.step()
             else:
@@ -336,12 +317,12 @@ def test_grad_scaler_gives_the_fp32_update():
 
 
 def test_a_skipped_step_keeps_the_weights_and_their_adam_state():
-    model, bal = pair_model(), MOML(list(TASKS), outer_lr=0.3)
+    model = pair_model()
     (inputs, targets), val = pair_batches(1)[0]
+    bal = MOML(list(TASKS), outer_lr=0.3, validation=model_batches(model, TASKS, lr=0.1).feed((inputs, targets), val))
     before = {k: v.clone() for k, v in bal.state_dict().items()}
     out = model(inputs)
-    ctx = context_for(model, TASKS, inputs, targets, val)
-    metrics = bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
+    metrics = bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, BackwardContext())
     assert metrics["weight/a"].item() != 0.5  # the staged α was used for this step's weights
     bal.step(True)
     for key, value in bal.state_dict().items():
@@ -367,11 +348,11 @@ def test_resumed_run_ends_like_the_uninterrupted_one(compose_cfg, tmp_path):
 
 
 def test_metrics_are_the_0_d_weights():
-    model, bal = pair_model(), MOML(list(TASKS))
+    model = pair_model()
     (inputs, targets), val = pair_batches(1)[0]
+    bal = MOML(list(TASKS), validation=model_batches(model, TASKS, lr=0.1).feed((inputs, targets), val))
     out = model(inputs)
-    ctx = context_for(model, TASKS, inputs, targets, val)
-    metrics = bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, ctx)
+    metrics = bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, BackwardContext())
     bal.step(False)
     assert set(metrics) == {"weight/a", "weight/b"} and all(v.dim() == 0 for v in metrics.values())
     assert sum(v.item() for v in metrics.values()) == pytest.approx(1.0)
@@ -401,11 +382,10 @@ def test_meaningless_settings_stop_in_one_line_before_training(compose_cfg, tmp_
     assert not list(tmp_path.glob("events.out.tfevents.*"))
 
 
-def test_several_processes_and_a_missing_validation_stream_are_refused():
+def test_several_processes_and_a_missing_validation_source_are_refused():
     with pytest.raises(ValueError, match="^world_size: MOML runs in one process"):
         MOML(list(TASKS), world_size=2)
-    model = pair_model()
-    out = model(X)
-    losses = {t: F.mse_loss(out.preds[t], Y[t]) for t in TASKS}
-    with pytest.raises(ValueError, match="MOML needs a BackwardContext with validation"):
-        MOML(list(TASKS)).backward(losses, out.shared, BackwardContext())
+    with pytest.raises(ValueError, match="^validation: MOML learns on validation batches; pass an object"):
+        MOML(list(TASKS))
+    with pytest.raises(ValueError, match="^validation: MOML needs a mtl_bench.balancers.ValidationSource; list has no"):
+        MOML(list(TASKS), validation=[X, Y])  # the data itself where the source is expected

@@ -15,9 +15,9 @@ from torch._dynamo.utils import counters
 from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.config import ENGINE_KEYS
-from mtl_bench.engine.builders import build
+from mtl_bench.engine.builders import build, node_dict, target_of
 from mtl_bench.engine.compile import CompiledForward, CompileError, compile_mode, implementation_of, maybe_compile
-from mtl_bench.engine.compose import validation_data
+from mtl_bench.engine.compose import validation_for
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import StepRunner
 from mtl_bench.models import MLP, LeNet, MultiTaskModel
@@ -38,7 +38,8 @@ def fresh_dynamo():
 
 
 def parts(cfg):
-    """Task set, model and balancer built as the recipe builds them (seeded the same each call)."""
+    """Task set, model, balancer and its validation stream (a bilevel one's, else None) built as the recipe builds
+    them (seeded the same each call)."""
     torch.manual_seed(0)
     taskset = build("tasks", cfg.tasks, TaskSet)
     model = build(
@@ -48,25 +49,27 @@ def parts(cfg):
         input_shape=taskset.input_shape,
         heads={t.name: t.out_dim for t in taskset.tasks},
     )
+    conf = OmegaConf.to_object(cfg.trainer)
+    validation = validation_for(target_of("balancer", node_dict(cfg.balancer)), conf, taskset, cfg.seed)  # auto_lambda
     supplied = {
         "task_names": taskset.task_names,
         "shared_params": list(model.shared_parameters()),
         "shared_layer": model.last_shared_layer,
         "world_size": 1,
         "initial_losses_known": {t.name: t.initial_loss for t in taskset.tasks},
+        "validation": validation,
     }
     assert set(supplied) == set(BUILD_ARGUMENTS)
     balancer = build("balancer", cfg.balancer, Balancer, ignore=ENGINE_KEYS.get("balancer", ()), **supplied)
-    return taskset, model, balancer
+    return taskset, model, balancer, validation
 
 
 def train_steps(cfg, compile_setting) -> tuple[MultiTaskModel, Balancer, list[dict[str, torch.Tensor]]]:
     """STEPS optimizer steps of the engine's StepRunner with SGD, the forward compiled or not."""
-    taskset, model, balancer = parts(cfg)
+    taskset, model, balancer, validation = parts(cfg)
     conf = OmegaConf.to_object(cfg.trainer)
     forward = maybe_compile(model, compile_setting)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    validation = validation_data(conf, taskset, cfg.seed) if balancer.NEEDS_VALIDATION else None  # auto_lambda
     runner = StepRunner(
         forward,
         taskset,
@@ -240,7 +243,7 @@ def test_a_failing_compiler_stops_with_one_line(compiler_fails):
 
 def test_a_failing_compiler_stops_the_training_step(compiler_fails, compose_cfg):
     cfg = compose_cfg(*SMALL, "model.widths=[16,16]", "balancer=gradnorm")
-    taskset, model, balancer = parts(cfg)
+    taskset, model, balancer, _ = parts(cfg)
     forward = maybe_compile(model, "max-autotune")
     runner = StepRunner(
         forward,

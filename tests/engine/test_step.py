@@ -134,28 +134,28 @@ def test_per_task_mode_on_digits_with_lenet(compose_cfg, tmp_path):
     assert set(result.test) == {"left", "right", "sum"} and result.step == 20
 
 
-class RecordsItsContext(FixedWeights):
-    """A bilevel balancer's view of the loop: what the context hands it each step."""
+class RecordsWhatItSees(FixedWeights):
+    """A bilevel balancer's view of the loop: what its validation source and the context hand it each step."""
 
-    NEEDS_VALIDATION = True
-
-    def __init__(self, task_names):
+    def __init__(self, task_names, validation=None):
         super().__init__(task_names)
+        self.validation = validation
         self.seen: list[dict] = []
 
     def backward(self, losses, shared, ctx=None):
-        inputs, targets = ctx.batch
-        val_inputs, val_targets = ctx.validation()
-        ahead = {name: p.detach() + 0.5 for name, p in ctx.params.items()}
+        source = self.validation
+        inputs, targets = source.training_batch()
+        val_inputs, val_targets = source.next_validation_batch()
+        ahead = {name: p.detach() + 0.5 for name, p in source.trainable_parameters().items()}
         self.seen.append(
             {
                 "inputs": inputs,
                 "val_inputs": val_inputs,
                 "val_targets": val_targets,
-                "lr": ctx.learning_rate(),
+                "lr": source.learning_rate(),
                 "epoch": ctx.epoch,
-                "same": ctx.task_losses(inputs, targets),
-                "ahead": ctx.task_losses(val_inputs, val_targets, ahead),
+                "same": source.task_losses(inputs, targets),
+                "ahead": source.task_losses(val_inputs, val_targets, ahead),
                 "ahead_params": ahead,
                 "losses": {k: v.detach() for k, v in losses.items()},
             }
@@ -170,7 +170,7 @@ def bilevel_runner(conf, source: str = "holdout"):
     trainer = OmegaConf.to_object(conf.trainer)
     torch.manual_seed(0)
     parts = build_parts(conf, trainer, torch.device("cpu"))
-    balancer = RecordsItsContext(parts.taskset.task_names)
+    balancer = RecordsWhatItSees(parts.taskset.task_names, parts.validation)
     runner = StepRunner(
         parts.model,
         parts.taskset,
@@ -195,7 +195,7 @@ def rows_of(inputs, split) -> set[int]:
 def test_a_bilevel_balancer_gets_held_out_batches_the_training_stream_never_sees(small_conf):
     conf = small_conf("balancer=auto_lambda", "optim.lr=0.003")
     parts, balancer, runner = bilevel_runner(conf)
-    assert len(parts.taskset.train) == 512 - 51 and len(parts.validation) == 51  # trainer.validation_holdout=0.1
+    assert len(parts.taskset.train) == 512 - 51 and len(parts.validation.data) == 51  # trainer.validation_holdout=0.1
     for step in range(4):
         runner.run(step)
     _, again, runner2 = bilevel_runner(conf)
@@ -208,7 +208,7 @@ def test_a_bilevel_balancer_gets_held_out_batches_the_training_stream_never_sees
         held |= rows_of(seen["val_inputs"], full)
         trained |= rows_of(seen["inputs"], full)
         torch.testing.assert_close(seen["same"], seen["losses"])  # task_losses is the step's own loss
-    assert held <= rows_of(parts.validation.inputs, full) and not held & trained
+    assert held <= rows_of(parts.validation.data.inputs, full) and not held & trained
     # with params: the model at those parameters (here every parameter + 0.5), its own left as they were
     seen = balancer.seen[-1]
     out = torch.func.functional_call(parts.model, seen["ahead_params"], (seen["val_inputs"],))
@@ -244,7 +244,7 @@ def test_look_ahead_forwards_leave_batchnorm_statistics_alone(small_conf):
     trunk = nn.Sequential(nn.Linear(parts.taskset.input_shape[0], 8), nn.BatchNorm1d(8), nn.ReLU())
     model = MultiTaskModel(trunk, {t.name: nn.Linear(8, t.out_dim) for t in parts.taskset.tasks}, trunk[0])
     trainer = OmegaConf.to_object(conf.trainer)
-    balancer = RecordsItsContext(parts.taskset.task_names)
+    balancer = RecordsWhatItSees(parts.taskset.task_names, parts.validation)
     runner = StepRunner(
         model,
         parts.taskset,
@@ -259,8 +259,9 @@ def test_look_ahead_forwards_leave_batchnorm_statistics_alone(small_conf):
     runner.run(0)  # the balancer's look-ahead forward at θ + 0.5 runs inside the step
     inputs, targets = runner.sources[0].batch(1)
     before = {name: b.clone() for name, b in model.named_buffers()}
-    runner.ctx.task_losses(inputs, targets, {n: p + 0.1 for n, p in runner.ctx.params.items()})
+    source = runner.validation  # connected to this runner's model
+    source.task_losses(inputs, targets, {n: p + 0.1 for n, p in source.trainable_parameters().items()})
     for name, value in model.named_buffers():
         assert torch.equal(value, before[name]), name
-    runner.ctx.task_losses(inputs, targets)  # without params: the model itself, whose forward updates them
+    source.task_losses(inputs, targets)  # without params: the model itself, whose forward updates them
     assert not torch.equal(model.trunk[1].running_mean, before["trunk.1.running_mean"])

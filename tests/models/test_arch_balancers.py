@@ -12,14 +12,15 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.models.resnet import BasicBlock
 
-from mtl_bench.balancers import BackwardContext, Balancer
+from mtl_bench.balancers import BackwardContext, Balancer, needs_validation
 from mtl_bench.catalog import config_options
 from mtl_bench.config import ENGINE_KEYS
-from mtl_bench.engine.builders import build, node_dict
+from mtl_bench.engine.builders import build, node_dict, target_of
 from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.errors import ConfigError
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.models.archs import MTAN
+from tests.helpers.validation import model_batches
 
 TASKS = {"a": 2, "b": 1, "c": 3}
 ARCHS = [a for a in config_options()["model/arch"] if a != "mtan"]  # mtan needs feature maps: see test_archs.py
@@ -50,6 +51,9 @@ def test_every_balancer_trains_on_every_architecture(compose_cfg, balancer, arch
 
 
 def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...], must_move: bool = True) -> None:
+    # A bilevel method's validation stream: here one more random batch.
+    bilevel = needs_validation(target_of("balancer", node_dict(balancer_node)))
+    validation = model_batches(model, TASKS, lr=0.05) if bilevel else None
     bal = build(
         "balancer",
         balancer_node,
@@ -60,6 +64,7 @@ def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...], must
         shared_layer=model.last_shared_layer,
         world_size=1,
         initial_losses_known={t: None for t in TASKS},
+        validation=validation,
     )
     model.set_progress(1, 10)  # past LTB's warm-up: its branches are sampled
     opt = torch.optim.SGD([*model.parameters(), *bal.parameters()], lr=0.05)
@@ -75,8 +80,8 @@ def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...], must
             targets = {t: torch.randn(6, n, generator=gen) for t, n in TASKS.items()}
             losses = {t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}
             ctx = BackwardContext(None, 1.0, k)
-            if bal.NEEDS_VALIDATION:  # a bilevel method: the engine's validation stream, here one more random batch
-                fill_validation(ctx, model, opt, (x, targets), shape)
+            if validation is not None:
+                validation.feed((x, targets), validation_batch(shape))
             metrics = bal.backward(losses, out.shared, ctx)
         opt.step()
         metrics |= bal.step(False)
@@ -87,18 +92,9 @@ def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...], must
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def fill_validation(ctx: BackwardContext, model: MultiTaskModel, opt, batch, shape: tuple[int, ...]) -> None:
-    """What the engine's StepRunner hands a balancer that NEEDS_VALIDATION (engine/step.py)."""
+def validation_batch(shape: tuple[int, ...]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(2)
-    val = torch.randn(6, *shape, generator=gen), {t: torch.randn(6, n, generator=gen) for t, n in TASKS.items()}
-
-    def task_losses(x, y, params=None):
-        out = model(x) if params is None else torch.func.functional_call(model, dict(params), (x,))
-        return {t: F.mse_loss(out.preds[t], y[t]) for t in TASKS}
-
-    ctx.batch, ctx.validation, ctx.task_losses = batch, lambda: val, task_losses
-    ctx.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    ctx.learning_rate = lambda: opt.param_groups[0]["lr"]
+    return torch.randn(6, *shape, generator=gen), {t: torch.randn(6, n, generator=gen) for t, n in TASKS.items()}
 
 
 class SmallResNet(MultiTaskModel):
