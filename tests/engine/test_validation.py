@@ -5,14 +5,18 @@ real run."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mtl_bench.balancers import FORUM, MOML, AutoLambda, Balancer, FixedWeights, GradNorm, needs_validation
+from mtl_bench.config import TrainerConf
+from mtl_bench.engine.compose import validation_for
 from mtl_bench.engine.recipe import train
 from mtl_bench.engine.validation import ValidationStream
 from mtl_bench.errors import ConfigError
+from mtl_bench.tasks.base import Split
 from tests.helpers.cli import SMALL
 
 USER_BALANCER = f"{__name__}.ValidationLossWeights"
@@ -100,3 +104,20 @@ def test_a_bilevel_balancer_needs_a_source_with_every_method():
 
     with pytest.raises(ValueError, match="^validation: AutoLambda needs a mtl_bench.balancers.ValidationSource; "):
         AutoLambda(["a", "b"], validation=NoLearningRate())
+
+
+def test_only_a_balancer_that_declares_validation_holds_rows_out():
+    """compose.validation_for: the stream and its held-out rows for a bilevel class; None, and the training split
+    untouched, for any other; a multi-input task set (per-task streams) has no validation stream yet."""
+
+    def taskset():
+        return SimpleNamespace(multi_input=False, train=Split(torch.randn(100, 2), {"a": torch.randn(100, 1)}))
+
+    conf = TrainerConf(batch_size=8, validation_holdout=0.25)
+    plain = taskset()
+    assert validation_for(FixedWeights, conf, plain, seed=0) is None and len(plain.train) == 100
+    bilevel = taskset()
+    stream = validation_for(AutoLambda, conf, bilevel, seed=0)
+    assert isinstance(stream, ValidationStream) and len(stream.data) == 25 and len(bilevel.train) == 75
+    with pytest.raises(ConfigError, match="^tasks=SimpleNamespace: validation batches need a single-input task set"):
+        validation_for(AutoLambda, conf, SimpleNamespace(multi_input=True), seed=0)
