@@ -72,17 +72,22 @@ def build(cls: type[Balancer], options: dict) -> Balancer | None:
 def kind(cls: type[Balancer]) -> str:
     if needs_validation(cls):
         return "bilevel"
-    if issubclass(cls, GradientBalancer) or "grad_source" in inspect.signature(cls).parameters:
+    if (
+        issubclass(cls, GradientBalancer)
+        or "grad_source" in inspect.signature(cls).parameters
+        or hasattr(cls, "grad_source")
+    ):
         return "gradient"
     return "loss weighting"
 
 
-def modes(cls: type[Balancer], options: dict) -> str:
-    """The grad_source values the signature allows (a Literal), else the YAML's."""
+def modes(cls: type[Balancer], options: dict, instance: Balancer | None) -> str:
+    """The grad_source values the signature allows (a Literal), else the one a method without the option has
+    (its `grad_source` attribute), else the YAML's."""
     param = inspect.signature(cls, eval_str=True).parameters.get("grad_source")
     if param is not None and typing.get_origin(param.annotation) is typing.Literal:
         return ", ".join(typing.get_args(param.annotation))
-    return str(options.get("grad_source", "-"))
+    return str(getattr(instance or cls, "grad_source", options.get("grad_source", "-")))
 
 
 def state(instance: Balancer | None) -> list[str]:
@@ -148,7 +153,7 @@ def rows() -> list[dict[str, str]]:
                 "kind": kind(cls),
                 "state": state_kind(state(instance)),
                 "buffers": ", ".join(state(instance)) or "none",
-                "grad_source": modes(cls, options),
+                "grad_source": modes(cls, options, instance),
                 "per-task": per_task,
                 "AMP": covered(tests, r"GradScaler|scaler"),
                 "DDP": covered(tests, r"ddp|DDP"),

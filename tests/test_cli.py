@@ -122,7 +122,7 @@ def test_cfg_job_prints_the_composed_config():
             ["+balancer.nonsense=1"],
             "mtl-bench: error: balancer.nonsense: not an option of mtl_bench.balancers.FixedWeights; options: weights",
         ),
-        (["balancer=gradnorm", "balancer.alpha=-1"], "mtl-bench: error: balancer.alpha: must be >= 0, got -1"),
+        (["balancer=gradnorm", "balancer.alpha=-1"], "mtl-bench: error: balancer.alpha: must be a number >= 0, got -1"),
         (
             ["precision=fp16", "precision.loss_scale=auto"],
             "mtl-bench: error: precision.loss_scale: must be dynamic, a number > 0",
@@ -149,7 +149,7 @@ def test_user_errors_are_one_clear_line_without_traceback(tmp_path, args, expect
             ["optim=nope"],
             "mtl-bench: error: optim=nope: no such option; allowed: adam, adamw, custom, scaled_adam, sgd",
         ),
-        (["balancer=gradnorm", "balancer.alpha=-1"], "mtl-bench: error: balancer.alpha: must be >= 0, got -1"),
+        (["balancer=gradnorm", "balancer.alpha=-1"], "mtl-bench: error: balancer.alpha: must be a number >= 0, got -1"),
     ],
     ids=["composition", "build"],
 )

@@ -12,6 +12,7 @@ from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.engine.builders import SUPPLIED, build, check_part, node_dict, parameters, target_of
 from mtl_bench.engine.compose import finalise_config
 from mtl_bench.errors import ConfigError
+from tests.helpers.cli import run_cli
 
 OPTIONS = [(group, option) for group, options in config_options().items() for option in options]
 
@@ -28,7 +29,7 @@ def test_every_yaml_under_conf_is_an_option_the_test_below_composes():
 
 
 def single_valued(parameter) -> bool:
-    """A parameter with one legal value (`Literal["shared_params"]`) is no option: the YAML leaves it out."""
+    """A parameter with one legal value (`Literal["shared_params"]`) would be a key nobody needs to type."""
     return typing.get_origin(parameter.annotation) is typing.Literal and len(typing.get_args(parameter.annotation)) == 1
 
 
@@ -47,9 +48,10 @@ def test_every_option_keys_match_the_signature_of_its_class(compose_cfg, group, 
         options = {
             name
             for name, p in parameters(target).items()
-            if name not in supplied and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and not single_valued(p)
+            if name not in supplied and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         }
         assert options <= set(node), (key, sorted(options - set(node)))
+        assert not [name for name in options if single_valued(parameters(target)[name])], key
     finalise_config(cfg, [])
 
 
@@ -92,10 +94,31 @@ def test_bad_keys_and_types_fail_before_anything_is_built(compose_cfg, overrides
     assert str(info.value) == message
 
 
+# The gradient methods with one gradient source have no grad_source key: typed, it is an unknown key.
+ONE_SOURCE = ["db_mtl", "excess_mtl", "graddrop", "moco", "modo", "sdmgrad", "trimmed_mean", "pcgrad", "upgrad"]
+
+
+@pytest.mark.parametrize("balancer", ONE_SOURCE)
+def test_a_method_with_one_gradient_source_refuses_grad_source(compose_cfg, balancer):
+    overrides = [f"balancer={balancer}", "+balancer.grad_source=shared_params"]
+    with pytest.raises(ConfigError) as info:
+        finalise_config(compose_cfg(*overrides), overrides)
+    assert str(info.value).startswith("balancer.grad_source: not an option of mtl_bench.balancers.")
+
+
+def test_grad_source_typed_for_a_method_with_one_source_is_no_such_key():
+    result = run_cli("train", "balancer=db_mtl", "balancer.grad_source=shared_params")
+    assert result.returncode == 2
+    assert (
+        result.stderr
+        == "mtl-bench: error: balancer.grad_source: no such key; keys of balancer: beta, beta_sigma, eps\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("key", "override", "message"),
     [
-        ("balancer", "balancer.alpha=-1", "balancer.alpha: must be >= 0, got -1"),
+        ("balancer", "balancer.alpha=-1", "balancer.alpha: must be a number >= 0, got -1"),
         (
             "balancer",
             "balancer.grad_source=trunk",

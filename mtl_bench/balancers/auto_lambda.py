@@ -10,6 +10,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import BackwardContext, Context
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
 from mtl_bench.balancers.staged import JOINT
 from mtl_bench.balancers.validation import ValidationSource
@@ -65,9 +66,7 @@ class AutoLambda(SoftmaxLogitsBalancer):
             in your own loop, any ValidationSource).
         """
         super().__init__(task_names, world_size, validation)
-        if not outer_lr > 0:
-            raise ValueError(f"outer_lr: must be > 0, got {outer_lr}")
-        self.outer_lr = float(outer_lr)
+        self.outer_lr = number("outer_lr", outer_lr, 0, above=True)
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}, outer_lr={self.outer_lr}"

@@ -10,6 +10,8 @@ from typing import Any, Mapping, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from mtl_bench.balancers.checks import at_least
+
 # What the engine hands a balancer's constructor, by name, when the signature asks for it; everything
 # else in the signature is an option set from config (`balancer.<name>=...`).
 BUILD_ARGUMENTS = {
@@ -217,7 +219,4 @@ def task_weights(weights: Mapping[str, float] | None, task_names: list[str]) -> 
             [f"no weight for tasks {missing}"] if missing else []
         )
         raise ValueError(f"weights: {'; '.join(problems)}; the task set has tasks {list(task_names)}")
-    for name, w in weights.items():
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:  # also rejects NaN
-            raise ValueError(f"weights.{name}: must be a number >= 0, got {w!r}")
-    return {name: float(weights[name]) for name in task_names}
+    return {name: at_least(f"weights.{name}", weights[name], 0) for name in task_names}

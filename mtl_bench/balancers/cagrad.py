@@ -5,12 +5,10 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
-from mtl_bench.balancers.checks import at_least
+from mtl_bench.balancers.checks import at_least, number
 from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_solution
 from mtl_bench.balancers.weighting import Solution, Weighting
-
-RESCALES = (0, 1, 2)
 
 
 def cagrad_weights(gram: np.ndarray, c: float, rescale: int) -> tuple[np.ndarray, float]:
@@ -66,9 +64,7 @@ class CAGradWeighting(Weighting):
         rescale: divide the update by 1 (0), 1 + c² (1) or 1 + c (2).
         """
         super().__init__()
-        if rescale not in RESCALES or isinstance(rescale, bool):
-            raise ValueError(f"rescale: {rescale!r} is not one of 0, 1, 2")
-        self.c, self.rescale = at_least("c", c, 0), int(rescale)
+        self.c, self.rescale = at_least("c", c, 0), number("rescale", rescale, 0, 2, integer=True)
 
     def extra_repr(self) -> str:
         return f"c={self.c}, rescale={self.rescale}"

@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
+
+
+def _range(low: Optional[float], high: Optional[float], above: bool, below: bool) -> str:
+    if low is not None and high is not None:
+        return f" in {'(' if above else '['}{low}, {high}{')' if below else ']'}"
+    if low is not None:
+        return f" {'>' if above else '>='} {low}"
+    if high is not None:
+        return f" {'<' if below else '<='} {high}"
+    return ""
+
+
+def _fits(
+    value: Any, low: Optional[float], high: Optional[float], above: bool, below: bool, integer: bool, finite: bool
+) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)) or value != value:
+        return False  # a bool is an int to Python; NaN compares false everywhere
+    if finite and not math.isfinite(value):
+        return False
+    if low is not None and not (value > low if above else value >= low):
+        return False
+    return high is None or (value < high if below else value <= high)
 
 
 def number(
@@ -14,33 +37,33 @@ def number(
     above: bool = False,
     below: bool = False,
     integer: bool = False,
+    finite: bool = False,
     null: bool = False,
+    note: str = "",
 ) -> Any:
     """`value` as a float (an int with `integer`; None when `null` allows it) if it is a number (not a bool) in
-    [low, high] (`above`: low excluded, `below`: high excluded; None: unbounded), else ValueError:
-    "beta: must be a number in [0, 1), got 2"."""
+    [low, high] (`above`: low excluded, `below`: high excluded; None: unbounded; `finite`: no infinity), else
+    ValueError: "beta: must be a number in [0, 1), got 2"; `note` follows the range ("for 2 tasks (at most T - 3)")."""
     if value is None and null:
         return None
-    kinds = (int,) if integer else (int, float)
-    ok = not isinstance(value, bool) and isinstance(value, kinds)
-    if ok and low is not None:
-        ok = value > low if above else value >= low
-    if ok and high is not None:
-        ok = value < high if below else value <= high
-    if not ok or value != value:  # NaN compares false everywhere
-        what = "an integer" if integer else "a number"
-        if low is not None and high is not None:
-            what += f" in {'(' if above else '['}{low}, {high}{')' if below else ']'}"
-        elif low is not None:
-            what += f" {'>' if above else '>='} {low}"
-        elif high is not None:
-            what += f" {'<' if below else '<='} {high}"
-        raise ValueError(f"{name}: must be {what}{' or null' if null else ''}, got {value!r}")
+    if not _fits(value, low, high, above, below, integer, finite):
+        what = "an integer" if integer else "a finite number" if finite else "a number"
+        what += _range(low, high, above, below) + (f" {note}" if note else "") + (" or null" if null else "")
+        raise ValueError(f"{name}: must be {what}, got {value!r}")
     return value if integer else float(value)
 
 
 def at_least(name: str, value: Any, low: float) -> float:
     return number(name, value, low)
+
+
+def pair(name: str, value: Any, low: float, high: float, *, below: bool = False) -> tuple[float, float]:
+    """Two numbers in [low, high] (`below`: high excluded), as floats (Adam's betas), else ValueError:
+    "betas: must be two numbers in [0, 1), got [0.9, 1.0]"."""
+    ok = not isinstance(value, (str, bytes)) and hasattr(value, "__len__") and len(value) == 2
+    if not ok or not all(_fits(v, low, high, False, below, False, False) for v in value):
+        raise ValueError(f"{name}: must be two numbers{_range(low, high, False, below)}, got {value!r}")
+    return float(value[0]), float(value[1])
 
 
 def one_of(name: str, value: Any, allowed: Sequence[str]) -> str:

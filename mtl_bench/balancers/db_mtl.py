@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.checks import at_least, number
 from mtl_bench.balancers.distributed import rank_mean, world_size
 from mtl_bench.balancers.graph import head_params
 from mtl_bench.balancers.leaf_grads import write_leaf_grads
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
 from mtl_bench.balancers.task_grads import float_task_rows, pieces_norm, task_jacobian
-
-GRAD_SOURCES = ("shared_params",)
 
 
 class DualBalancing(StagedBalancer):
@@ -27,8 +26,9 @@ class DualBalancing(StagedBalancer):
     Σ_i α_i m_i. The task-specific parameters get the gradient of Σ_i log(L_i + eps) (weight 1 each).
 
     Reference: LibMTL main `LibMTL/weighting/DB_MTL.py` (commit 4336804847eaa5e0b924b743d76beec7ac3fdc97;
-    not in LibMTL 1.1.5), defaults beta = 0.9, beta_sigma = 0 from its config. Like LibMTL, the
-    representation-gradient mode (`rep_grad=True`) is not supported. LibMTL takes the T gradients with T
+    not in LibMTL 1.1.5), defaults beta = 0.9, beta_sigma = 0 from its config. The gradients are always
+    those of the shared parameters (no grad_source option): like LibMTL, which has no representation-gradient mode
+    (`rep_grad=True` raises). LibMTL takes the T gradients with T
     backwards through the whole network and then overwrites the shared gradients; here the T backwards
     (`task_grads.float_task_rows`, one per task through its head and the trunk) each make row i of the new EMA from
     g_i as it arrives (on one process without accumulation; otherwise from the (T, P) gradients, see below), and
@@ -53,6 +53,7 @@ class DualBalancing(StagedBalancer):
     grad_ema: Tensor
     steps: Tensor
     _params: list[Tensor]
+    grad_source = "shared_params"  # its only one (scripts/methods_table.py reads it)
 
     def __init__(
         self,
@@ -61,7 +62,6 @@ class DualBalancing(StagedBalancer):
         beta: float = 0.9,
         beta_sigma: float = 0.0,
         eps: float = 1e-8,
-        grad_source: Literal["shared_params"] = "shared_params",
     ) -> None:
         """
         task_names: the tasks (given by the engine).
@@ -69,24 +69,13 @@ class DualBalancing(StagedBalancer):
         beta: the EMA's decay at step 1, in [0, 1) (LibMTL: 0.9).
         beta_sigma: the decay falls as beta / t^beta_sigma (>= 0; LibMTL: 0, a constant decay).
         eps: added to each loss before the log and to each norm before dividing (> 0; LibMTL: 1e-8).
-        grad_source: where the gradients are taken: shared_params (the only mode DB-MTL has).
         """
         super().__init__(task_names)
-        if grad_source not in GRAD_SOURCES:
-            raise ValueError(
-                f"grad_source: {grad_source!r} is not supported by DB-MTL, which balances the gradients "
-                "of the shared parameters (LibMTL raises for rep_grad=True too); use shared_params"
-            )
-        if not 0 <= beta < 1:
-            raise ValueError(f"beta: must be in [0, 1), got {beta}")
-        if not beta_sigma >= 0:
-            raise ValueError(f"beta_sigma: must be >= 0, got {beta_sigma}")
-        if not eps > 0:
-            raise ValueError(f"eps: must be > 0, got {eps}")
+        self.beta, self.beta_sigma = number("beta", beta, 0, 1, below=True), at_least("beta_sigma", beta_sigma, 0)
+        self.eps = number("eps", eps, 0, above=True)
         params = [p for p in shared_params or [] if p.requires_grad]
         if not params:
             raise ValueError("shared_params: DB-MTL needs the model's shared parameters, got none that require grad")
-        self.beta, self.beta_sigma, self.eps, self.grad_source = beta, beta_sigma, eps, grad_source
         self.__dict__["_params"] = params  # the model's: kept out of this module's registry and state_dict
         self._param_ids = {id(p) for p in params}
         self._numels = [p.numel() for p in params]

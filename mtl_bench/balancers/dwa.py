@@ -48,10 +48,8 @@ class DynamicWeightAverage(StagedBalancer):
         period: optimizer steps per averaging period (>= 1); the optimizer steps of one epoch reproduce LibMTL.
         """
         super().__init__(task_names)
-        if not temperature > 0:
-            raise ValueError(f"temperature: must be > 0, got {temperature}")
-        number("period", period, 1, integer=True)
-        self.temperature, self.period = float(temperature), period
+        self.temperature = number("temperature", temperature, 0, above=True)
+        self.period = number("period", period, 1, integer=True)
         n = len(self.task_names)
         self.register_buffer("period_sum", torch.zeros(n))  # Σ items·loss in the current period
         self.register_buffer("period_items", torch.zeros(n))  # Σ items

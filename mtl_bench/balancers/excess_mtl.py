@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -41,7 +41,8 @@ class ExcessMTL(GradientBalancer):
     e_i = Σ_p g_ip² / √(S_ip + 1e-7), S the running sum of squared gradients (an AdaGrad-style diagonal
     Hessian, the paper's Eq. 6-7). During the first `warmup_steps` steps the weights stay uniform and the
     e_i average into the baseline e⁰; afterwards each step sets w ← total·softmax(log w + η·e/e⁰) (Eq. 9,
-    the exponentiated-gradient step, in log space) and trains on d = Σ_i w_i g_i.
+    the exponentiated-gradient step, in log space) and trains on d = Σ_i w_i g_i. The g_i are the exact per-task
+    gradients at the shared parameters (no grad_source option: there is no shared_rep mode here).
 
     Reference: the authors' code as in LibMTL main `ExcessMTL` (commit 4336804): weights start at 1 and sum to
     T (`total="tasks"`), the first step's e is the baseline (`warmup_steps=1`) and the heads get the weights
@@ -69,7 +70,6 @@ class ExcessMTL(GradientBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: Literal["shared_params"] = "shared_params",
         robust_step_size: float = 1.0,
         warmup_steps: int = 1,
         total: str = "tasks",
@@ -78,25 +78,19 @@ class ExcessMTL(GradientBalancer):
         """
         task_names: the tasks (given by the engine).
         shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); ExcessMTL has no shared_rep mode here.
         robust_step_size: η of the exponentiated weight update (> 0).
         warmup_steps: steps with uniform weights whose excess risks average into the baseline (>= 1; the
             authors' code: 1; the paper's appendix: 3 epochs of steps).
         total: what the weights sum to: tasks (T, the authors' code) or one (torchjd).
         head_weights: the heads' loss weights: weights (the authors' code) or ones (torchjd).
         """
-        super().__init__(task_names, shared_params, grad_source, sources=("shared_params",))
-        if (
-            isinstance(robust_step_size, bool)
-            or not isinstance(robust_step_size, (int, float))
-            or not robust_step_size > 0
-        ):
-            raise ValueError(f"robust_step_size: must be a number > 0, got {robust_step_size!r}")
-        number("warmup_steps", warmup_steps, 1, integer=True)
-        one_of("total", total, TOTALS)
-        one_of("head_weights", head_weights, HEAD_WEIGHTS)
-        self.robust_step_size, self.warmup_steps = float(robust_step_size), warmup_steps
-        self.total, self.head_weights = total, head_weights
+        super().__init__(task_names, shared_params, "shared_params")
+        self.robust_step_size = number("robust_step_size", robust_step_size, 0, above=True)
+        self.warmup_steps = number("warmup_steps", warmup_steps, 1, integer=True)
+        self.total, self.head_weights = (
+            one_of("total", total, TOTALS),
+            one_of("head_weights", head_weights, HEAD_WEIGHTS),
+        )
         self.heads_wait = head_weights == "weights"
         t = len(self.task_names)
         self._total = float(t) if total == "tasks" else 1.0

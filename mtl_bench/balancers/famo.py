@@ -10,6 +10,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.checks import at_least, number, pair
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.staged import JOINT, StagedBalancer
 
@@ -72,23 +73,14 @@ class FAMO(StagedBalancer):
         loss_eps: added to L_i − min_i before the log (> 0; FAMO: 1e-8).
         """
         super().__init__(task_names)
-        if not lr > 0:
-            raise ValueError(f"lr: must be > 0, got {lr}")
-        if not gamma >= 0:
-            raise ValueError(f"gamma: must be >= 0, got {gamma}")
-        if not eps > 0:
-            raise ValueError(f"eps: must be > 0, got {eps}")
-        if not loss_eps > 0:
-            raise ValueError(f"loss_eps: must be > 0, got {loss_eps}")
-        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"betas: must be two numbers in [0, 1), got {betas}")
+        self.lr, self.gamma = number("lr", lr, 0, above=True), at_least("gamma", gamma, 0)
+        self.eps, self.loss_eps = number("eps", eps, 0, above=True), number("loss_eps", loss_eps, 0, above=True)
+        self.betas = pair("betas", betas, 0, 1, below=True)
         minima = [0.0] * len(self.task_names)
         if min_losses is not None:
             if set(min_losses) != set(self.task_names):
                 raise ValueError(f"min_losses: tasks {sorted(min_losses)} do not match the tasks {self.task_names}")
             minima = [float(min_losses[name]) for name in self.task_names]
-        self.lr, self.gamma, self.eps, self.loss_eps = lr, gamma, eps, loss_eps
-        self.betas = (float(betas[0]), float(betas[1]))
         n = len(self.task_names)
         self.register_buffer("logits", torch.zeros(n))
         self.register_buffer("exp_avg", torch.zeros(n))

@@ -12,6 +12,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import BackwardContext, Context
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
 from mtl_bench.balancers.staged import JOINT
 from mtl_bench.balancers.validation import ValidationSource
@@ -100,15 +101,14 @@ class FORUM(SoftmaxLogitsBalancer):
             your own loop, any ValidationSource).
         """
         super().__init__(task_names, world_size, validation)
-        if not outer_lr > 0:
-            raise ValueError(f"outer_lr: must be > 0, got {outer_lr}")
-        if not inner_lr > 0:
-            raise ValueError(f"inner_lr: must be > 0, got {inner_lr}")
-        if isinstance(inner_step, bool) or not isinstance(inner_step, int) or inner_step < 1:
-            raise ValueError(f"inner_step: must be an int >= 1, got {inner_step!r}")
-        if not (phi >= 0 and np.isfinite(phi)):
-            raise ValueError(f"phi: must be a finite number >= 0, got {phi}")
-        self.outer_lr, self.inner_lr, self.inner_step, self.phi = float(outer_lr), float(inner_lr), inner_step, phi
+        self.outer_lr, self.inner_lr = (
+            number("outer_lr", outer_lr, 0, above=True),
+            number("inner_lr", inner_lr, 0, above=True),
+        )
+        self.inner_step, self.phi = (
+            number("inner_step", inner_step, 1, integer=True),
+            number("phi", phi, 0, finite=True),
+        )
         self.register_buffer("lambdas", torch.zeros(len(self.task_names)))
 
     def extra_repr(self) -> str:

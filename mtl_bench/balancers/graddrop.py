@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -27,10 +27,11 @@ class GradDrop(SeededGenerator, GradientBalancer):
     each task's gradient at the representation keeps its entries of that sign (`leak`: the fraction kept of
     the others), and the sum goes back through the trunk. The heads get their own gradients (weight 1).
 
-    Only `grad_source=shared_rep` (the method is defined on activations, as LibMTL requires rep_grad=True);
-    no per-task mode (the signs of different batches do not mix). Reference: LibMTL 1.1.5 `GradDrop`; U
-    comes from this class's own seeded generator (LibMTL: the global RNG, `torch.rand_like`), whose state
-    is in `state_dict`. Under DDP each rank draws the same U (same generator) for its own batch.
+    It always takes its gradients at the shared representation (no grad_source option: the method is defined on
+    activations, as LibMTL requires rep_grad=True); no per-task mode (the signs of different batches do not
+    mix). Reference: LibMTL 1.1.5 `GradDrop`; U comes from this class's own seeded generator (LibMTL: the global
+    RNG, `torch.rand_like`), whose state is in `state_dict`. Under DDP each rank draws the same U (same
+    generator) for its own batch.
 
     Metrics: `weight/<task>` (the kept part's coefficient on the task's gradient, ⟨g̃_i, g_i⟩/‖g_i‖²),
     `grad_norm/<task>`, `grad_cos/<a>/<b>` (at the representation), `graddrop/kept/<task>` (fraction of
@@ -41,7 +42,6 @@ class GradDrop(SeededGenerator, GradientBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: Literal["shared_rep"] = "shared_rep",
         leak: float = 0.0,
         seed: Optional[int] = None,
     ) -> None:
@@ -49,13 +49,11 @@ class GradDrop(SeededGenerator, GradientBalancer):
         task_names: the tasks (given by the engine).
         shared_params: the model's shared parameters (given by the engine; unused: GradDrop works at the
             representation).
-        grad_source: shared_rep only (GradDrop masks gradients at the shared representation).
         leak: the fraction of a dropped gradient that is kept anyway, in [0, 1].
         seed: seed of the generator of the sign draws; None draws one from torch's global RNG.
         """
-        super().__init__(task_names, shared_params, grad_source, sources=("shared_rep",))
-        number("leak", leak, 0, 1)
-        self.leak = float(leak)
+        super().__init__(task_names, shared_params, "shared_rep")
+        self.leak = number("leak", leak, 0, 1)
         self._seed_generator(seed)
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:

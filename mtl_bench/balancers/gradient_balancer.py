@@ -40,6 +40,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.blocks import combine
+from mtl_bench.balancers.checks import one_of
 from mtl_bench.balancers.distributed import rank_mean
 from mtl_bench.balancers.gramian import build_kernel_for, gram_metrics, gramian
 from mtl_bench.balancers.graph import NOT_A_CUT, task_params
@@ -65,10 +66,10 @@ class GradientBalancer(StagedBalancer):
 
     `grad_source`: "shared_params" (the exact per-task gradients at the model's shared parameters; LibMTL's
     rep_grad=False, torchjd's mtl_backward) or "shared_rep" (the gradients at the shared representation
-    passed to backward, flattened over the batch: MGDA-UB; cheap: no per-task trunk backward), where the
-    method allows it (`sources`). shared_rep needs every prediction to read the shared parameters only through
-    that representation (a ValueError at the first backward otherwise, e.g. on SegNet-MTAN); shared_params is
-    exact either way (see the module docstring).
+    passed to backward, flattened over the batch: MGDA-UB; cheap: no per-task trunk backward). A method with one
+    mode passes it here and has no grad_source option of its own (a key with one legal value). shared_rep needs
+    every prediction to read the shared parameters only through that representation (a ValueError at the first
+    backward otherwise, e.g. on SegNet-MTAN); shared_params is exact either way (see the module docstring).
 
     Gradient accumulation (k micro-batches) with shared_params: the micro-batches' Jacobians are summed and
     the method solves once, at the k-th backward, on the Jacobian of the whole accumulated batch, as if it
@@ -95,17 +96,9 @@ class GradientBalancer(StagedBalancer):
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]],
         grad_source: str,
-        sources: Sequence[str] = GRAD_SOURCES,
     ) -> None:
-        """`sources`: the grad_source values the method allows."""
         super().__init__(task_names)
-        if grad_source not in GRAD_SOURCES:
-            raise ValueError(f"grad_source: {grad_source!r} is not one of {', '.join(GRAD_SOURCES)}")
-        if grad_source not in sources:
-            raise ValueError(
-                f"grad_source: {grad_source} not supported by {type(self).__name__} (allowed: {', '.join(sources)})"
-            )
-        self.grad_source = grad_source
+        self.grad_source = one_of("grad_source", grad_source, GRAD_SOURCES)
         self.heads_wait = False  # True: the heads' gradients wait for the solve's head weights
         params = [p for p in (shared_params or []) if p.requires_grad]
         if grad_source == "shared_params" and not params:

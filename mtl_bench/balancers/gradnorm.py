@@ -11,7 +11,7 @@ from torch.utils.hooks import RemovableHandle
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.checks import one_of
+from mtl_bench.balancers.checks import at_least, number, one_of, pair
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.graph import task_params, upstream_leaves
 from mtl_bench.balancers.leaf_grads import leaf_grads_root
@@ -147,8 +147,8 @@ class GradNorm(StagedBalancer):
         lr: the learning rate of the weights' own optimizer (> 0).
         grad_source: where n_i is measured: last_shared (the paper's W) or shared_rep (cheaper).
         optimizer: the weights' optimizer: adam or sgd.
-        betas: Adam's betas for the weights.
-        eps: Adam's eps for the weights.
+        betas: Adam's betas for the weights, each in [0, 1).
+        eps: Adam's eps for the weights (> 0).
         initial_losses: L_i(0): first_step (the paper), theoretical (each task's uninformed loss, e.g. log C
             for C-class cross-entropy) or a mapping task: loss.
         initial_losses_known: each task's theoretical initial loss or None (given by the engine).
@@ -157,12 +157,11 @@ class GradNorm(StagedBalancer):
         super().__init__(task_names)
         one_of("grad_source", grad_source, GRAD_SOURCES)
         one_of("optimizer", optimizer, OPTIMIZERS)
-        for name, value, bound in (("alpha", alpha, ">= 0"), ("lr", lr, "> 0"), ("min_weight", min_weight, "> 0")):
-            if not (value >= 0 if bound == ">= 0" else value > 0):
-                raise ValueError(f"{name}: must be {bound}, got {value}")
+        self.alpha, self.lr = at_least("alpha", alpha, 0), number("lr", lr, 0, above=True)
+        self.betas, self.eps = pair("betas", betas, 0, 1, below=True), number("eps", eps, 0, above=True)
+        self.min_weight = number("min_weight", min_weight, 0, above=True)
         initial = self._initial_losses(initial_losses, initial_losses_known)
-        self.alpha, self.lr, self.grad_source, self.optimizer = alpha, lr, grad_source, optimizer
-        self.betas, self.eps, self.min_weight = (float(betas[0]), float(betas[1])), eps, min_weight
+        self.grad_source, self.optimizer = grad_source, optimizer
         self._layer_params: list[Tensor] = []
         self._linear: nn.Linear | None = None
         self._io: tuple[Tensor, Tensor] | None = None
@@ -182,9 +181,7 @@ class GradNorm(StagedBalancer):
                 raise ValueError(
                     f"initial_losses: tasks {sorted(initial)} do not match the tasks {sorted(self.task_names)}"
                 )
-            values = [float(initial[name]) for name in self.task_names]
-            if not all(v > 0 for v in values):
-                raise ValueError(f"initial_losses: must be > 0, got {dict(initial)}")
+            values = [number(f"initial_losses.{name}", initial[name], 0, above=True) for name in self.task_names]
             self.initial_losses.copy_(torch.tensor(values))
 
     def _initial_losses(

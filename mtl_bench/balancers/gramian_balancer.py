@@ -51,7 +51,7 @@ class GramianBalancer(GradientBalancer):
             representation: one small backward per task, exact where that representation is a cut).
         """
         listed = list(task_names)
-        super().__init__(task_names, shared_params, grad_source, self._sources)
+        super().__init__(task_names, shared_params, grad_source)
         if weighting is None:
             raise ValueError("weighting: needs a Weighting (a config node with its _target_)")
         blocks = len(self._params) if grad_source == "shared_params" else 1
@@ -111,9 +111,10 @@ def _without_prefix(module: Any, state_dict: dict, prefix: str, local_metadata: 
 
 def _method_init(cls: type, weighting: type[Weighting], sources: tuple[str, ...]) -> Callable[..., None]:
     """The constructor of a method with its weighting fixed: the engine's arguments, then the weighting's options
-    (its signature and docstring, so config checks and docs see them as the method's own)."""
+    (its signature and docstring, so config checks and docs see them as the method's own). A method with one source
+    has no grad_source argument (a key with one legal value): its gradients are taken there."""
 
-    def __init__(
+    def either(
         self: GramianBalancer,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
@@ -122,24 +123,34 @@ def _method_init(cls: type, weighting: type[Weighting], sources: tuple[str, ...]
     ) -> None:
         GramianBalancer.__init__(self, task_names, shared_params, _Options(weighting, options), grad_source)  # type: ignore[arg-type]
 
+    def one(
+        self: GramianBalancer,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        **options: Any,
+    ) -> None:
+        GramianBalancer.__init__(self, task_names, shared_params, _Options(weighting, options), sources[0])  # type: ignore[arg-type]
+
+    __init__: Any = either if len(sources) > 1 else one
     try:
         own = inspect.signature(weighting, eval_str=True)
     except Exception:
         own = inspect.signature(weighting)
-    engine = list(inspect.signature(__init__, eval_str=True).parameters.values())[:4]
-    engine[3] = engine[3].replace(annotation=Literal[sources], default=sources[0])  # the sources the method allows
+    engine = [p for p in inspect.signature(__init__, eval_str=True).parameters.values() if p.name != "options"]
+    if len(sources) > 1:
+        engine[3] = engine[3].replace(annotation=Literal[sources])  # the sources the method allows
     plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)  # not nn.Module's *args
     options = [p for name, p in own.parameters.items() if name not in WEIGHTING_ARGUMENTS and p.kind in plain]
-    __init__.__signature__ = inspect.Signature([*engine, *options])  # type: ignore[attr-defined]
+    __init__.__signature__ = inspect.Signature([*engine, *options])
     where = (
-        "shared_params (exact per-task gradients), as the method's reference"
-        if sources == ("shared_params",)
-        else "shared_params (exact per-task gradients) or shared_rep (gradients at the shared representation)"
+        "grad_source: shared_params (exact per-task gradients) or shared_rep (gradients at the shared representation)"
+        if len(sources) > 1
+        else f"The gradients are taken at {sources[0]} only, as in the method's reference (no grad_source option)"
     )
     engine_doc = (
         "task_names: the tasks (given by the engine).\n"
         "shared_params: the model's shared parameters (given by the engine).\n"
-        f"grad_source: {where}.\n"
+        f"{where}.\n"
     )
     own_doc = inspect.getdoc(weighting.__init__) if weighting.__init__ is not nn.Module.__init__ else ""
     __init__.__doc__ = engine_doc + (own_doc or "")

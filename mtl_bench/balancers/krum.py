@@ -31,11 +31,10 @@ class KrumWeighting(Weighting):
         """
         super().__init__()
         t = len(task_names)
-        if isinstance(n_byzantine, bool) or not isinstance(n_byzantine, int) or not 0 <= n_byzantine <= t - 3:
-            raise ValueError(
-                f"n_byzantine: must be an integer in [0, T - 3] = [0, {t - 3}] for {t} tasks, got {n_byzantine!r}"
-            )
-        self.n_byzantine, self.n_selected = n_byzantine, number("n_selected", n_selected, 1, t, integer=True)
+        self.n_byzantine = number(
+            "n_byzantine", n_byzantine, 0, t - 3, integer=True, note=f"for {t} tasks (at most T - 3)"
+        )
+        self.n_selected = number("n_selected", n_selected, 1, t, integer=True, note=f"for {t} tasks (at most T)")
 
     def extra_repr(self) -> str:
         return f"n_byzantine={self.n_byzantine}, n_selected={self.n_selected}"

@@ -3,13 +3,14 @@ Approach" (MoCo)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import BackwardContext, Context
+from mtl_bench.balancers.checks import at_least, number
 from mtl_bench.balancers.distributed import rank_mean, world_size
 from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.gramian import gram_metrics, gramian
@@ -22,7 +23,8 @@ class MoCo(GradientBalancer):
     """Tracked gradients y_i follow each task's gradient, rescaled to norm L_i (ĝ_i = g_i L_i / (‖g_i‖ + 1e-8)):
     y ← y − β_k (y − ĝ); the weights take one step on the min-norm objective of the tracked gradients,
     λ ← softmax(λ − γ_k (Y Yᵀ + ρ I) λ); the update is d = Yᵀλ (the tracked gradients, not this batch's).
-    β_k = β / k^{β_σ}, γ_k = γ / k^{γ_σ} at step k; λ starts at 1/T, y at 0.
+    β_k = β / k^{β_σ}, γ_k = γ / k^{γ_σ} at step k; λ starts at 1/T, y at 0. The g_i are the exact per-task
+    gradients at the shared parameters (no grad_source option: MoCo has no shared_rep mode, as in LibMTL).
 
     Reference: LibMTL main `MoCo` (commit 4336804, "based on the authors' sharing code"), including its softmax
     of λ itself (not of logits) and its defaults (β = 0.5, β_σ = 0.5, γ = 0.1, γ_σ = 0.5, ρ = 0). The heads get
@@ -40,7 +42,6 @@ class MoCo(GradientBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: Literal["shared_params"] = "shared_params",
         beta: float = 0.5,
         beta_sigma: float = 0.5,
         gamma: float = 0.1,
@@ -50,31 +51,16 @@ class MoCo(GradientBalancer):
         """
         task_names: the tasks (given by the engine).
         shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); MoCo has no shared_rep mode (as LibMTL).
         beta: the tracking rate β of y (> 0).
         beta_sigma: its decay: β_k = β / k^beta_sigma (>= 0).
         gamma: the step γ of the weights (> 0).
         gamma_sigma: its decay: γ_k = γ / k^gamma_sigma (>= 0).
         rho: the L2 term ρ in the weights' step (>= 0).
         """
-        super().__init__(task_names, shared_params, grad_source, sources=("shared_params",))
-        for name, value, low in (
-            ("beta", beta, 0.0),
-            ("gamma", gamma, 0.0),
-            ("beta_sigma", beta_sigma, None),
-            ("gamma_sigma", gamma_sigma, None),
-            ("rho", rho, None),
-        ):
-            ok = not isinstance(value, bool) and isinstance(value, (int, float))
-            if not ok or (value <= low if low is not None else not value >= 0):
-                raise ValueError(f"{name}: must be a number {'> 0' if low is not None else '>= 0'}, got {value!r}")
-        self.beta, self.beta_sigma, self.gamma, self.gamma_sigma, self.rho = (
-            float(beta),
-            float(beta_sigma),
-            float(gamma),
-            float(gamma_sigma),
-            float(rho),
-        )
+        super().__init__(task_names, shared_params, "shared_params")
+        self.beta, self.beta_sigma = number("beta", beta, 0, above=True), at_least("beta_sigma", beta_sigma, 0)
+        self.gamma, self.gamma_sigma = number("gamma", gamma, 0, above=True), at_least("gamma_sigma", gamma_sigma, 0)
+        self.rho = at_least("rho", rho, 0)
         t = len(self.task_names)
         self.register_buffer("lambdas", torch.full((t,), 1.0 / t))
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))

@@ -3,7 +3,7 @@ Optimization, Generalization and Conflict-Avoidance" (MoDo)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -34,18 +34,16 @@ class MoDo(MultiBatchBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: Literal["shared_params"] = "shared_params",
         gamma: float = 0.001,
         rho: float = 0.1,
     ) -> None:
         """
         task_names: the tasks (given by the engine).
         shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); MoDo has no shared_rep mode (as LibMTL).
         gamma: the step γ of λ (> 0).
         rho: the L2 term ρ of λ's step (>= 0).
         """
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__(task_names, shared_params)
         number("gamma", gamma, 0, above=True)
         number("rho", rho, 0)
         self.gamma, self.rho = float(gamma), float(rho)

@@ -11,6 +11,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import BackwardContext, Context
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.host import host_gramian
 from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
 from mtl_bench.balancers.solvers import min_norm_simplex
@@ -81,10 +82,10 @@ class MOML(SoftmaxLogitsBalancer):
             any ValidationSource).
         """
         super().__init__(task_names, world_size, validation)
-        for name, value in (("inner_lr", inner_lr), ("outer_lr", outer_lr)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name}: must be a number > 0, got {value!r}")
-        self.inner_lr, self.outer_lr = float(inner_lr), float(outer_lr)
+        self.inner_lr, self.outer_lr = (
+            number("inner_lr", inner_lr, 0, above=True),
+            number("outer_lr", outer_lr, 0, above=True),
+        )
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}, inner_lr={self.inner_lr}, outer_lr={self.outer_lr}"

@@ -48,7 +48,8 @@ class MultiBatchBalancer(GradientBalancer):
     `BATCHES`) as the method's independent draws. The weights come from the first two draws' Jacobians: a method
     implements `_weights(cross)` on A = J₁J₂ᵀ (unscaled, rank-averaged). The update
     is d = Jᵀw on the third draw (k = 3), or on the mean of the two (k = 2); the heads get the mean of the
-    micro-batches' head gradients (what accumulation gives). Joint steps only.
+    micro-batches' head gradients (what accumulation gives). Joint steps only. The Jacobians are those of the
+    shared parameters (no grad_source option: the methods' references have no shared_rep mode).
 
     With k = 3 the weights are known before the third micro-batch's backward, so its Jacobian is never taken: each
     task's gradient at `shared` through its head, then one backward of Σ w_i g_i through the trunk, which is w·J₃
@@ -62,8 +63,8 @@ class MultiBatchBalancer(GradientBalancer):
 
     BATCHES: tuple[int, ...] = (3,)
 
-    def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]], grad_source: str) -> None:
-        super().__init__(task_names, shared_params, grad_source, sources=("shared_params",))
+    def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]]) -> None:
+        super().__init__(task_names, shared_params, "shared_params")
 
     def _clear_step(self) -> None:
         super()._clear_step()

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.checks import at_least, number
+from mtl_bench.balancers.checks import at_least, number, one_of
 from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
 from mtl_bench.balancers.solvers import nonneg_qp
@@ -91,9 +91,7 @@ class PCDWeighting(Weighting):
         order, names = list(listed_tasks), list(task_names)
         if primary is None:
             primary = order[0]
-        if primary not in names:
-            raise ValueError(f"primary: {primary!r} is not one of the tasks {order}")
-        self.primary, self.tau = primary, number("tau", tau, 0, 1)
+        self.primary, self.tau = one_of("primary", primary, order), number("tau", tau, 0, 1)
         self.beta, self.eps = number("beta", beta, 0, 1, below=True), at_least("eps", eps, 0)
         p = names.index(primary)
         self._order = [p] + [i for i in range(len(names)) if i != p]  # primary first

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.scalarization import ScalarizedBalancer, preference_vector
 from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.balancers.staged import JOINT, StagedBalancer
@@ -31,10 +32,7 @@ def concentration(alpha: Concentration, default: float, task_names: Sequence[str
         values = [alpha] * len(task_names)
     else:
         raise ValueError(f"alpha: must be a number > 0 or {{task: number > 0}}, got {alpha!r}")
-    for name, value in zip(task_names, values):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ValueError(f"alpha.{name}: must be a number > 0, got {value!r}")
-    return [float(v) for v in values]
+    return [number(f"alpha.{name}", value, 0, above=True, finite=True) for name, value in zip(task_names, values)]
 
 
 class PreferenceScalarization(SeededGenerator, StagedBalancer, ScalarizedBalancer):
@@ -61,8 +59,7 @@ class PreferenceScalarization(SeededGenerator, StagedBalancer, ScalarizedBalance
 
     def __init__(self, task_names: Sequence[str], preference: Preference, alpha: Concentration, seed: int) -> None:
         super().__init__(task_names)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed: must be an integer, got {seed!r}")
+        number("seed", seed, integer=True)
         self.draws = preference == DIRICHLET
         if isinstance(preference, str) and not self.draws:
             raise ValueError(f"preference: {preference!r} is not {DIRICHLET!r}, a {{task: weight >= 0}} or null")

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context, stack_weights, task_weights
+from mtl_bench.balancers.checks import at_least, number
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.graph import task_params, upstream_leaves
 from mtl_bench.balancers.leaf_grads import leaf_grads_root
@@ -79,14 +80,9 @@ class RescaledNormBalancer(StagedBalancer):
         weights = task_weights(weights, self.task_names)
         if rescale_grads and not sum(weights.values()) > 0:
             raise ValueError(f"weights: sum to 0 ({weights}); rescaling needs a positive total weight")
-        if not 0.0 < ema_decay <= 1.0:
-            raise ValueError(f"ema_decay: must be in (0, 1] (1 means a plain mean), got {ema_decay}")
-        if not total_norm > 0:
-            raise ValueError(f"total_norm: must be > 0, got {total_norm}")
-        if not epsilon >= 0:
-            raise ValueError(f"epsilon: must be >= 0, got {epsilon}")
-        self.rescale_grads, self.total_norm, self.ema_decay = rescale_grads, total_norm, ema_decay
-        self.per_batch_item, self.epsilon, self.monitor = per_batch_item, epsilon, monitor
+        self.ema_decay = number("ema_decay", ema_decay, 0, 1, above=True, note="(1: a plain mean)")
+        self.total_norm, self.epsilon = number("total_norm", total_norm, 0, above=True), at_least("epsilon", epsilon, 0)
+        self.rescale_grads, self.per_batch_item, self.monitor = rescale_grads, per_batch_item, monitor
         n = len(self.task_names)
         self.register_buffer("weights", stack_weights(weights, self.task_names))
         # The bias-corrected EMA as a ratio: avg = ema_sum / ema_count, both decayed by β each step.

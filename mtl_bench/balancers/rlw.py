@@ -9,7 +9,7 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.checks import one_of
+from mtl_bench.balancers.checks import number, one_of
 from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
@@ -47,11 +47,8 @@ class RandomLossWeighting(SeededGenerator, StagedBalancer):
         distribution: what λ is drawn from: normal, uniform, dirichlet (then w = softmax(λ)) or bernoulli (w = λ).
         """
         super().__init__(task_names)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed: must be an integer, got {seed!r}")
-        one_of("distribution", distribution, DISTRIBUTIONS)
-        self.distribution = distribution
-        self._seed_generator(seed)
+        self.distribution = one_of("distribution", distribution, DISTRIBUTIONS)
+        self._seed_generator(number("seed", seed, integer=True))
         self.register_buffer("weights", self._draw())
 
     def extra_repr(self) -> str:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, Optional, Sequence
 
 import torch
@@ -11,6 +10,7 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.base import Balancer, Context, task_weights
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.distributed import average_by_name
 
 
@@ -33,10 +33,8 @@ def reference_point(point: Optional[Mapping[str, float]], task_names: Sequence[s
         return torch.zeros(len(task_names))
     if set(point) != set(task_names):
         raise ValueError(f"reference: tasks {sorted(point)} do not match the task set's tasks {list(task_names)}")
-    for name, value in point.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"reference.{name}: must be a finite number, got {value!r}")
-    return torch.tensor([float(point[name]) for name in task_names], dtype=torch.float32)
+    values = {name: number(f"reference.{name}", value, finite=True) for name, value in point.items()}
+    return torch.tensor([values[name] for name in task_names], dtype=torch.float32)
 
 
 class ScalarizedBalancer(Balancer):

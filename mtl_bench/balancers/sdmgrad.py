@@ -3,7 +3,7 @@ Algorithms" (SDMGrad)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -37,7 +37,6 @@ class SDMGrad(MultiBatchBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: Literal["shared_params"] = "shared_params",
         lambda_: float = 0.3,
         n_iter: int = 20,
         lr: float = 5.0,
@@ -46,13 +45,12 @@ class SDMGrad(MultiBatchBalancer):
         """
         task_names: the tasks (given by the engine).
         shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); SDMGrad has no shared_rep mode (as LibMTL).
         lambda_: λ >= 0, the pull towards the mean gradient.
         n_iter: projected SGD steps of the inner solve per step (>= 1).
         lr: the inner solve's learning rate (> 0; LibMTL 5, torchjd 10).
         momentum: the inner solve's momentum in [0, 1).
         """
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__(task_names, shared_params)
         number("lambda_", lambda_, 0)
         number("n_iter", n_iter, 1, integer=True)
         number("lr", lr, 0, above=True)

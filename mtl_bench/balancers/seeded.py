@@ -6,6 +6,8 @@ from typing import Optional
 
 import torch
 
+from mtl_bench.balancers.checks import number
+
 
 class SeededGenerator:
     """The balancer's own torch generator (a mixin before the nn.Module base): seeded with `seed`, or from torch's
@@ -15,9 +17,7 @@ class SeededGenerator:
     generator: torch.Generator
 
     def _seed_generator(self, seed: Optional[int]) -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed: must be an integer or null, got {seed!r}")
-        self.seed = seed
+        self.seed = number("seed", seed, integer=True, null=True)
         self.generator = torch.Generator()
         self.generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
 

@@ -64,21 +64,13 @@ class SmoothTchebycheff(PreferenceScalarization):
         if preference == DIRICHLET and warmup_steps:
             raise ValueError("warmup_steps: the warm-up's nadir point needs a fixed preference, not dirichlet; set 0")
         super().__init__(list(task_names), preference, alpha, seed)
-        number("mu", mu, 0, above=True)
-        self.mu = float(mu)
-        number("warmup_steps", warmup_steps, 0, integer=True)
+        self.mu = number("mu", mu, 0, above=True)
+        self.warmup_steps = number("warmup_steps", warmup_steps, 0, integer=True)
         if nadir_steps is not None and warmup_steps == 0:
             raise ValueError("nadir_steps: only with warmup_steps > 0 (no warm-up, no nadir point)")
-        nadir_steps = warmup_steps if nadir_steps is None else nadir_steps
-        if isinstance(nadir_steps, bool) or not isinstance(nadir_steps, int) or not 0 <= nadir_steps <= warmup_steps:
-            raise ValueError(
-                f"nadir_steps: must be an integer in [1, warmup_steps={warmup_steps}], got {nadir_steps!r}"
-            )
-        if warmup_steps and nadir_steps < 1:
-            raise ValueError(
-                f"nadir_steps: must be an integer in [1, warmup_steps={warmup_steps}], got {nadir_steps!r}"
-            )
-        self.warmup_steps, self.nadir_steps = warmup_steps, nadir_steps
+        self.nadir_steps = warmup_steps if nadir_steps is None else nadir_steps
+        if warmup_steps:
+            number("nadir_steps", self.nadir_steps, 1, warmup_steps, integer=True, note="(at most warmup_steps)")
         self.register_buffer("reference_point", reference_point(reference, self.task_names))
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
         self.register_buffer("nadir_sum", torch.zeros(len(self.task_names)))

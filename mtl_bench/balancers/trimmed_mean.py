@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from mtl_bench import cpp_kernels, tags
 from mtl_bench.balancers.blocks import flat_rows, unflatten_row
+from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.gramian import GRAMIAN_CFLAGS, gram_metrics, takes_kernel
 from mtl_bench.balancers.leaf_grads import write_leaf_grads
@@ -21,7 +22,8 @@ class TrimmedMean(GradientBalancer):
     `trim` largest and `trim` smallest of the T values are dropped and the other T − 2·trim averaged. Not a
     weighting of whole gradients, so the direction is built per parameter block (a sort over the T rows;
     with `trim=1` one max and one min, `drop_extremes`, or its C++ kernel on large float32 CPU blocks:
-    `block_drop_extremes`) instead of from the Gramian. Needs T ≥ 2·trim + 1.
+    `block_drop_extremes`) instead of from the Gramian. Needs T ≥ 2·trim + 1. The gradients are those of the
+    shared parameters (no grad_source option: there is no shared_rep mode here).
 
     Reference: torchjd 0.18 `TrimmedMean` (`trim_number`). The heads get their own gradients (weight 1), as
     torchjd's mtl_backward gives them. Under DDP each rank trims its own gradients and DDP averages the
@@ -36,22 +38,16 @@ class TrimmedMean(GradientBalancer):
         self,
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
-        grad_source: Literal["shared_params"] = "shared_params",
         trim: int = 1,
     ) -> None:
         """
         task_names: the tasks (given by the engine).
         shared_params: the model's shared parameters (given by the engine).
-        grad_source: shared_params (exact per-task gradients); the trimmed mean has no shared_rep mode here.
         trim: how many of the largest and of the smallest values each coordinate drops (>= 0; needs T >= 2·trim + 1).
         """
-        super().__init__(task_names, shared_params, grad_source, sources=("shared_params",))
+        super().__init__(task_names, shared_params, "shared_params")
         t = len(self.task_names)
-        if isinstance(trim, bool) or not isinstance(trim, int) or not 0 <= trim <= (t - 1) // 2:
-            raise ValueError(
-                f"trim: must be an integer in [0, (T - 1) // 2] = [0, {(t - 1) // 2}] for {t} tasks, got {trim!r}"
-            )
-        self.trim = trim
+        self.trim = number("trim", trim, 0, (t - 1) // 2, integer=True, note=f"for {t} tasks (at most (T - 1) // 2)")
         if trim == 1 and any(takes_kernel(p, t) for p in self._params):
             trim_kernel()  # built now, with the run's other parts, rather than inside its first timed step
 

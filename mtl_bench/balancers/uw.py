@@ -3,7 +3,6 @@ and Semantics"."""
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -12,7 +11,7 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.checks import one_of
+from mtl_bench.balancers.checks import at_least, number, one_of, pair
 from mtl_bench.balancers.distributed import average_by_name
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
 
@@ -66,21 +65,11 @@ class UncertaintyWeighting(StagedBalancer):
         weight_decay: L2 penalty on the log-variances, added to their gradient as torch's optimizers do (>= 0).
         """
         super().__init__(task_names)
-        one_of("optimizer", optimizer, OPTIMIZERS)
-        if not lr > 0:
-            raise ValueError(f"lr: must be > 0, got {lr}")
-        if not eps > 0:
-            raise ValueError(f"eps: must be > 0, got {eps}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay: must be >= 0, got {weight_decay}")
-        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"betas: must be two numbers in [0, 1), got {betas}")
-        if not math.isfinite(init_log_var):
-            raise ValueError(f"init_log_var: must be finite, got {init_log_var}")
-        self.lr, self.optimizer, self.eps, self.weight_decay = lr, optimizer, eps, weight_decay
-        self.betas = (float(betas[0]), float(betas[1]))
+        self.optimizer, self.lr = one_of("optimizer", optimizer, OPTIMIZERS), number("lr", lr, 0, above=True)
+        self.eps, self.weight_decay = number("eps", eps, 0, above=True), at_least("weight_decay", weight_decay, 0)
+        self.betas = pair("betas", betas, 0, 1, below=True)
         n = len(self.task_names)
-        self.register_buffer("log_vars", torch.full((n,), float(init_log_var)))
+        self.register_buffer("log_vars", torch.full((n,), number("init_log_var", init_log_var, finite=True)))
         self.register_buffer("exp_avg", torch.zeros(n))
         self.register_buffer("exp_avg_sq", torch.zeros(n))
         self.register_buffer("opt_step", torch.zeros(()))

@@ -232,7 +232,7 @@ def test_the_smoke_command_trains_and_reports_the_weights(tmp_path):
     [
         (["trainer.step_mode=per_task"], "trainer.step_mode=per_task: AutoLambda has no per-task mode"),
         (["trainer.grad_accumulation_steps=2"], "trainer.grad_accumulation_steps=2: AutoLambda takes one"),
-        (["balancer.outer_lr=0"], "balancer.outer_lr: must be > 0"),
+        (["balancer.outer_lr=0"], "balancer.outer_lr: must be a number > 0"),
         (
             ["trainer.validation_holdout=0.01"],
             "trainer.validation_source=holdout: trainer.validation_holdout=0.01 has 5 samples, fewer than "

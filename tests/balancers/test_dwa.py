@@ -175,7 +175,9 @@ def test_ddp_ranks_hold_the_state_of_one_process_on_the_whole_batch(tmp_path: Pa
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"temperature": 0.0}, "temperature: must be > 0, got 0.0"),
+        ({"temperature": 0.0}, "temperature: must be a number > 0, got 0.0"),
+        ({"temperature": -2}, "temperature: must be a number > 0, got -2"),  # T < 0 would favour the fast tasks
+        ({"temperature": "2"}, "temperature: must be a number > 0, got '2'"),
         ({"period": 0}, "period: must be an integer >= 1, got 0"),
         ({"period": 2.5}, "period: must be an integer >= 1"),
     ],

@@ -175,11 +175,14 @@ def test_ddp_ranks_hold_the_state_of_one_process_on_the_whole_batch(tmp_path: Pa
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"lr": -1}, "lr: must be > 0, got -1"),
-        ({"gamma": -0.1}, "gamma: must be >= 0"),
-        ({"loss_eps": 0.0}, "loss_eps: must be > 0"),
+        ({"lr": -1}, "lr: must be a number > 0, got -1"),
+        ({"lr": "fast"}, "lr: must be a number > 0, got 'fast'"),
+        ({"gamma": -0.1}, "gamma: must be a number >= 0"),
+        ({"eps": 0.0}, "eps: must be a number > 0"),
+        ({"loss_eps": 0.0}, "loss_eps: must be a number > 0"),
         ({"min_losses": {"a": 0.0}}, "min_losses: tasks ['a'] do not match"),
-        ({"betas": (1.0, 0.9)}, "betas: must be two numbers in [0, 1)"),
+        ({"betas": (1.0, 0.9)}, "betas: must be two numbers in [0, 1), got (1.0, 0.9)"),
+        ({"betas": (0.9,)}, "betas: must be two numbers in [0, 1)"),
     ],
 )
 def test_bad_options_name_their_argument(options, message):

@@ -399,9 +399,9 @@ def test_the_smoke_command_trains_and_reports_the_weights(tmp_path):
     [
         (["trainer.step_mode=per_task"], "trainer.step_mode=per_task: FORUM has no per-task mode"),
         (["trainer.grad_accumulation_steps=2"], "trainer.grad_accumulation_steps=2: FORUM takes its inner steps"),
-        (["balancer.outer_lr=0"], "balancer.outer_lr: must be > 0"),
-        (["balancer.inner_lr=-1"], "balancer.inner_lr: must be > 0"),
-        (["balancer.inner_step=0"], "balancer.inner_step: must be an int >= 1, got 0"),
+        (["balancer.outer_lr=0"], "balancer.outer_lr: must be a number > 0"),
+        (["balancer.inner_lr=-1"], "balancer.inner_lr: must be a number > 0"),
+        (["balancer.inner_step=0"], "balancer.inner_step: must be an integer >= 1, got 0"),
         (["balancer.inner_step=1.5"], "balancer.inner_step: expected int, got 1.5"),
         (["balancer.phi=-0.1"], "balancer.phi: must be a finite number >= 0"),
         (["+balancer.inner_steps=3"], "balancer.inner_steps"),

@@ -348,6 +348,12 @@ def test_bad_setups_fail_clearly():
         GradNorm(["a", "b"], shared_layer=layer, grad_source="trunk")
     with pytest.raises(ValueError, match="initial_losses"):
         GradNorm(["a", "b"], shared_layer=layer, initial_losses={"a": 1.0})
+    with pytest.raises(ValueError, match=r"^initial_losses\.b: must be a number > 0, got 0"):
+        GradNorm(["a", "b"], shared_layer=layer, initial_losses={"a": 1.0, "b": 0})
+    with pytest.raises(ValueError, match=r"^betas: must be two numbers in \[0, 1\), got \(0\.9, 1\)"):
+        GradNorm(["a", "b"], shared_layer=layer, betas=(0.9, 1))  # a new check: Adam's betas, as FAMO's and UW's
+    with pytest.raises(ValueError, match=r"^eps: must be a number > 0, got 0"):
+        GradNorm(["a", "b"], shared_layer=layer, eps=0)
     bal = GradNorm(["a", "b"], shared_layer=layer)
     shared = torch.ones(1, 2, requires_grad=True)
     with pytest.raises(RuntimeError, match="ran no forward"):

@@ -32,7 +32,9 @@ def test_matches_torchjd(n_selected):
 
 
 def test_too_few_tasks_is_one_line():
-    with pytest.raises(ValueError, match=r"^n_byzantine: must be an integer in \[0, T - 3\] = \[0, -1\] for 2 tasks"):
+    with pytest.raises(
+        ValueError, match=r"^n_byzantine: must be an integer in \[0, -1\] for 2 tasks \(at most T - 3\)"
+    ):
         Krum(["a", "b"], grad_source="shared_rep")
-    with pytest.raises(ValueError, match=r"^n_selected: must be an integer in \[1, 3\]"):
+    with pytest.raises(ValueError, match=r"^n_selected: must be an integer in \[1, 3\] for 3 tasks \(at most T\)"):
         Krum(list(TASKS3), grad_source="shared_rep", n_selected=4)

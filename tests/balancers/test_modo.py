@@ -45,7 +45,6 @@ def test_lambda_step_matches_torchjd():
     reference = aggregation.MoDoWeighting(gamma=0.2, rho=0.1)
     ours = MoDo(
         ["a", "b", "c"],
-        grad_source="shared_params",
         shared_params=[torch.zeros(7, requires_grad=True)],
         gamma=0.2,
         rho=0.1,

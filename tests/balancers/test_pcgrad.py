@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import inspect
 
 import numpy as np
 import pytest
 import torch
 
-from mtl_bench.balancers import BackwardContext, PCGrad
+from mtl_bench.balancers import BackwardContext, GramianBalancer, PCGrad
 from mtl_bench.balancers.pcgrad import pcgrad_weights
 from tests.helpers.balancer_kit import (
     TASKS3,
@@ -137,10 +138,11 @@ def test_generator_state_round_trip_continues_identically():
 
 def test_bad_options_fail_clearly():
     model = make_model()
-    with pytest.raises(ValueError, match="^grad_source: shared_rep not supported by PCGrad"):
+    assert "grad_source" not in inspect.signature(PCGrad).parameters  # shared_params only: no option for it
+    with pytest.raises(TypeError, match="grad_source"):
         build(model, grad_source="shared_rep")
-    with pytest.raises(ValueError, match="^grad_source"):
-        build(model, grad_source="trunk")
+    with pytest.raises(ValueError, match="^grad_source: 'trunk' is not one of shared_params, shared_rep$"):
+        GramianBalancer(list(TASKS3), list(model.trunk.parameters()), grad_source="trunk")
     with pytest.raises(ValueError, match="^shared_params"):
         PCGrad(list(TASKS3), [])
     with pytest.raises(ValueError, match="^seed"):

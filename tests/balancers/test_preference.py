@@ -170,7 +170,8 @@ def test_a_resumed_run_ends_with_the_numbers_of_an_uninterrupted_one(compose_cfg
     [
         ({"alpha": 2.0}, "alpha: the Dirichlet concentration needs preference: dirichlet, got 2.0"),
         ({"preference": "uniform"}, "preference: 'uniform' is not 'dirichlet', a {task: weight >= 0} or null"),
-        ({"preference": "dirichlet", "alpha": 0.0}, "alpha.a: must be a number > 0, got 0.0"),
+        ({"preference": "dirichlet", "alpha": 0.0}, "alpha.a: must be a finite number > 0, got 0.0"),
+        ({"preference": "dirichlet", "alpha": float("inf")}, "alpha.a: must be a finite number > 0, got inf"),
         ({"preference": "dirichlet", "alpha": [1.0, 2.0]}, "alpha: must be a number > 0 or {task: number > 0}"),
         ({"preference": "dirichlet", "alpha": {"a": 1.0}}, "alpha: tasks ['a'] do not match the task set's tasks"),
         ({"preference": "dirichlet", "seed": 1.5}, "seed: must be an integer, got 1.5"),

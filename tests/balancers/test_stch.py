@@ -134,7 +134,7 @@ def test_warm_up_state_resumes_and_a_skipped_step_keeps_it():
 def test_bad_warm_up_options():
     with pytest.raises(ValueError, match="^nadir_steps: only with warmup_steps > 0"):
         SmoothTchebycheff(list(TASKS3), nadir_steps=2)
-    with pytest.raises(ValueError, match=r"^nadir_steps: must be an integer in \[1, warmup_steps=3\]"):
+    with pytest.raises(ValueError, match=r"^nadir_steps: must be an integer in \[1, 3\] \(at most warmup_steps\)"):
         SmoothTchebycheff(list(TASKS3), warmup_steps=3, nadir_steps=4)
 
 

@@ -54,7 +54,9 @@ def test_per_task_mode_with_scaler_matches_the_joint_step():
 
 
 def test_too_much_trimming_is_one_line():
-    with pytest.raises(ValueError, match=r"^trim: must be an integer in \[0, \(T - 1\) // 2\] = \[0, 1\] for 3 tasks"):
+    with pytest.raises(
+        ValueError, match=r"^trim: must be an integer in \[0, 1\] for 3 tasks \(at most \(T - 1\) // 2\)"
+    ):
         build(make_model(), trim=2)
 
 

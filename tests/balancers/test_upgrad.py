@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -95,5 +97,6 @@ def test_bad_options_fail_clearly():
     model = make_model()
     with pytest.raises(ValueError, match="^reg_eps"):
         build(model, reg_eps=-1.0)
-    with pytest.raises(ValueError, match="^grad_source: shared_rep not supported by UPGrad"):
+    assert "grad_source" not in inspect.signature(UPGrad).parameters  # shared_params only: no option for it
+    with pytest.raises(TypeError, match="grad_source"):
         build(model, grad_source="shared_rep")

@@ -151,12 +151,13 @@ def test_ddp_ranks_hold_the_state_of_one_process_on_the_whole_batch(tmp_path: Pa
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"lr": -1}, "lr: must be > 0, got -1"),
+        ({"lr": -1}, "lr: must be a number > 0, got -1"),
         ({"optimizer": "lbfgs"}, "optimizer: 'lbfgs' is not one of adam, sgd"),
-        ({"weight_decay": -0.1}, "weight_decay: must be >= 0"),
+        ({"weight_decay": -0.1}, "weight_decay: must be a number >= 0"),
         ({"betas": (0.9, 1.0)}, "betas: must be two numbers in [0, 1)"),
-        ({"eps": 0.0}, "eps: must be > 0"),
-        ({"init_log_var": float("nan")}, "init_log_var: must be finite"),
+        ({"eps": 0.0}, "eps: must be a number > 0"),
+        ({"init_log_var": float("nan")}, "init_log_var: must be a finite number, got nan"),
+        ({"init_log_var": float("inf")}, "init_log_var: must be a finite number, got inf"),
     ],
 )
 def test_bad_options_name_their_argument(options, message):

@@ -110,7 +110,7 @@ def test_a_typo_leaves_no_run_directory_and_a_build_failure_leaves_a_record(tmp_
     assert built.returncode == 2
     # a value error is found while building: the run is recorded as failed with its reason
     record = json.loads((tmp_path / "built" / "metrics.json").read_text())
-    assert record["status"] == "failed" and record["reason"] == "balancer.alpha: must be >= 0, got -1"
+    assert record["status"] == "failed" and record["reason"] == "balancer.alpha: must be a number >= 0, got -1"
 
 
 def test_an_output_directory_that_cannot_be_created_is_one_line(tmp_path):
