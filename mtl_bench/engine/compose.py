@@ -252,7 +252,7 @@ def build_balancer(
     }
     assert set(supplied) == set(BUILD_ARGUMENTS)
     balancer: Balancer = build("balancer", cfg.balancer, Balancer, **supplied).to(device)
-    check_model_balancer(model, node_dict(cfg.balancer))
+    check_model_balancer(model, balancer, node_dict(cfg.balancer))
     check_front(model, balancer, cfg, conf)
     problem = balancer.per_task_problem() if conf.step_mode == "per_task" else None
     if problem is not None:

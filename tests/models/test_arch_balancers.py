@@ -20,7 +20,7 @@ from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.errors import ConfigError
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.models.archs import MTAN
-from tests.helpers.validation import model_batches
+from tests.helpers.validation import GivenBatches, model_batches
 
 TASKS = {"a": 2, "b": 1, "c": 3}
 ARCHS = [a for a in config_options()["model/arch"] if a != "mtan"]  # mtan needs feature maps: see test_archs.py
@@ -37,21 +37,27 @@ def test_every_balancer_trains_on_every_architecture(compose_cfg, balancer, arch
     torch.manual_seed(0)
     model: MultiTaskModel = build("model", cfg.model, MultiTaskModel, input_shape=(4,), heads=TASKS)
     node = node_dict(cfg.balancer)
-    if arch in REFUSED and node.get("grad_source") == "shared_rep":
+    bal, validation = built_balancer(model, cfg.balancer)
+    if arch in REFUSED and getattr(bal, "grad_source", None) == "shared_rep":
         with pytest.raises(ConfigError) as info:
-            check_model_balancer(model, node)
-        assert str(info.value).startswith("balancer.grad_source=shared_rep: ")
+            check_model_balancer(model, bal, node)
+        typed = "grad_source" in node  # GradDrop has no other source: refused by name
+        assert str(info.value).startswith(
+            "balancer.grad_source=shared_rep: "
+            if typed
+            else "balancer: GradDrop works at the shared representation only: "
+        )
         assert "has no representation shared by all tasks" in str(info.value)
-        assert "\n" not in str(info.value)
+        assert "\n" not in str(info.value) and typed == str(info.value).endswith("use grad_source=shared_params")
         return
-    check_model_balancer(model, node)
+    check_model_balancer(model, bal, node)
     # The coordinate-wise median of three tasks' gradients is 0 where LTB's sampled branches give each parameter one
     # task's gradient only: nothing need move, and that is the method, not a failure.
-    two_steps(model, cfg.balancer, (4,), must_move=(balancer, arch) != ("trimmed_mean", "ltb"))
+    two_steps(model, bal, validation, (4,), must_move=(balancer, arch) != ("trimmed_mean", "ltb"))
 
 
-def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...], must_move: bool = True) -> None:
-    # A bilevel method's validation stream: here one more random batch.
+def built_balancer(model: MultiTaskModel, balancer_node) -> tuple[Balancer, GivenBatches | None]:
+    """The balancer as the engine builds it, with a bilevel method's validation stream (one more random batch)."""
     bilevel = needs_validation(target_of("balancer", node_dict(balancer_node)))
     validation = model_batches(model, TASKS, lr=0.05) if bilevel else None
     bal = build(
@@ -66,6 +72,10 @@ def two_steps(model: MultiTaskModel, balancer_node, shape: tuple[int, ...], must
         initial_losses_known={t: None for t in TASKS},
         validation=validation,
     )
+    return bal, validation
+
+
+def two_steps(model: MultiTaskModel, bal: Balancer, validation, shape: tuple[int, ...], must_move: bool = True) -> None:
     model.set_progress(1, 10)  # past LTB's warm-up: its branches are sampled
     opt = torch.optim.SGD([*model.parameters(), *bal.parameters()], lr=0.05)
     gen = torch.Generator().manual_seed(1)
@@ -136,8 +146,9 @@ def test_every_balancer_trains_on_mtan(compose_cfg, balancer):
     cfg = compose_cfg(f"balancer={balancer}")
     torch.manual_seed(0)
     model = SmallResNet((3, 8, 8), TASKS, arch=MTAN)
-    if node_dict(cfg.balancer).get("grad_source") == "shared_rep":
-        with pytest.raises(ConfigError, match="^balancer.grad_source=shared_rep: MTAN has no representation"):
-            check_model_balancer(model, node_dict(cfg.balancer))
+    bal, validation = built_balancer(model, cfg.balancer)
+    if getattr(bal, "grad_source", None) == "shared_rep":
+        with pytest.raises(ConfigError, match=r"^balancer(\.grad_source=shared_rep|: GradDrop .*): MTAN has no repr"):
+            check_model_balancer(model, bal, node_dict(cfg.balancer))
         return
-    two_steps(model, cfg.balancer, (3, 8, 8))
+    two_steps(model, bal, validation, (3, 8, 8))
