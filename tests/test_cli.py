@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from typer.testing import CliRunner
@@ -23,13 +22,6 @@ def test_root_help_lists_subcommands_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "train" in out and "list" in out
     assert out.strip().endswith("False")
-
-
-def test_root_help_is_fast():
-    start = time.perf_counter()
-    result = cli("--help")
-    assert result.returncode == 0
-    assert time.perf_counter() - start < 3.0  # target 1 s (scripts/bench_cli.py); slack for a loaded CI box
 
 
 def test_train_help_is_a_short_summary_within_100_columns_pointing_to_the_docs():

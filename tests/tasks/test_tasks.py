@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -99,17 +98,14 @@ def test_toy_noise_changes_targets_only():
     assert residual.std().item() == pytest.approx(0.5, rel=0.05)
 
 
-def test_toy_ten_task_preset_at_full_size_is_fast():
-    start = time.perf_counter()
+def test_toy_ten_task_preset_at_full_size():
     ts = ToyRegression(PAPER_T10)  # the preset's full size: 10k x 250 inputs, 10 tasks
-    elapsed = time.perf_counter() - start
     assert ts.task_names == [f"t{i}" for i in range(10)]
     assert ts.train.targets["t9"].shape == (10000, 100) and len(ts.val) == 1000 and len(ts.test) == 1000
     # |f_i| <= sigma_i, and over a million entries the largest come close to it.
     for i, sigma in enumerate(PAPER_T10):
         peak = ts.train.targets[f"t{i}"].abs().max().item()
         assert 0.9 * sigma < peak <= sigma
-    assert elapsed < 3.0  # ~0.2 s alone; slack for a loaded 2-core machine
 
 
 def test_toy_mse_loss_and_metric_by_hand():
