@@ -40,6 +40,7 @@ def test_a_failed_job_leaves_the_other_jobs_and_is_reported(tmp_path):
     assert report.returncode == 0 and "failed:" in report.stdout and "optim.lr=-1" in report.stdout
 
 
+@pytest.mark.slow  # joblib's worker processes each start torch anew: 20-45 s
 def test_joblib_sweep_runs_jobs_in_parallel_with_capped_threads(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     result = cli(
@@ -58,6 +59,7 @@ def test_joblib_sweep_runs_jobs_in_parallel_with_capped_threads(tmp_path):
         assert "1 intra-op thread (trainer.num_threads=auto" in log.read_text()
 
 
+@pytest.mark.slow  # submitit's local jobs each start torch anew: 20-45 s
 def test_submitit_local_sweep(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     result = cli(
@@ -82,6 +84,7 @@ def test_shipped_slurm_launcher_config_composes(tmp_path):
     assert launcher["gpus_per_node"] == 1 and launcher["timeout_min"] == 120
 
 
+@pytest.mark.slow  # two trials through Optuna's sweeper, in a fresh process: 20-45 s
 def test_optuna_sweeper_tunes_gradnorm_alpha(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     result = cli(

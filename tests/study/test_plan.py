@@ -140,8 +140,8 @@ def test_every_row_of_every_preset_composes_and_passes_the_config_check(compose_
     ],
 )
 def test_a_bad_launcher_experiment_or_method_key_stops_the_study_before_its_plan(tmp_path, override, message):
-    from tests.helpers.cli import cli
+    from tests.helpers.cli import run_cli
 
-    result = cli("study", "toy10", f"dir={tmp_path / 'study'}", override)
+    result = run_cli("study", "toy10", f"dir={tmp_path / 'study'}", override)
     assert result.returncode == 2 and result.stderr.startswith("mtl-bench: error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1 and not (tmp_path / "study").exists()

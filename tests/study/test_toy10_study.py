@@ -16,7 +16,7 @@ from mtl_bench.report.delta_m import delta_m_flat, relative_drops
 from mtl_bench.study import launch
 from mtl_bench.study.run import Study, read_record, run_study
 from mtl_bench.study.spec import load_study
-from tests.helpers.cli import cli
+from tests.helpers.cli import cli, run_cli
 
 TASKS = [f"t{i}" for i in range(10)]
 
@@ -136,29 +136,29 @@ def test_a_changed_plan_is_refused_with_one_line(study_dir, tmp_path):
     copy = copy_of(study_dir, tmp_path)
     with pytest.raises(ConfigError, match=r"planned with study.budget=2, this command gives 3"):
         run_study("toy10", [f"dir={copy}", "budget=3"])
-    result = cli("study", "toy10", f"dir={copy}", "space.optim.lr={loguniform:[0.001,0.1]}")
+    result = run_cli("study", "toy10", f"dir={copy}", "space.optim.lr={loguniform:[0.001,0.1]}")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "planned with study.space.optim.lr.loguniform" in result.stderr
 
 
 def test_the_study_report(study_dir, tmp_path):
-    result = cli("report", str(study_dir))
+    result = run_cli("report", str(study_dir))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100
     assert lines[0].split()[:3] == ["method", "test", "Δm"]
     assert [line.split()[0] for line in lines[2:7]] == ["equal", "scalarization", "uw", "dwa", "single-task"]
     assert any(line.startswith("verdict: ") for line in lines)
-    markdown = cli("report", str(study_dir), "--format", "markdown", "--plots", str(tmp_path / "plots"))
+    markdown = run_cli("report", str(study_dir), "--format", "markdown", "--plots", str(tmp_path / "plots"))
     assert markdown.returncode == 0 and markdown.stdout.startswith("| method |")
     assert list((tmp_path / "plots").glob("*.png"))
-    as_json = json.loads(cli("report", str(study_dir), "--format", "json").stdout)
+    as_json = json.loads(run_cli("report", str(study_dir), "--format", "json").stdout)
     assert as_json["rows"]["uw"]["vs_scalarization"]["n"] == 2
-    csv = cli("report", str(study_dir), "--format", "csv").stdout.splitlines()
+    csv = run_cli("report", str(study_dir), "--format", "csv").stdout.splitlines()
     assert csv[0].startswith("method,test Δm") and len(csv) == 6
-    runs = cli("report", str(study_dir / "runs" / "final" / "uw"))  # the ordinary report shows peak memory too
+    runs = run_cli("report", str(study_dir / "runs" / "final" / "uw"))  # the ordinary report shows peak memory too
     assert runs.returncode == 0 and "peak MiB" in runs.stdout and "(CPU process peak RSS)" in runs.stdout
-    refused = cli("report", str(study_dir), "--wide")
+    refused = run_cli("report", str(study_dir), "--wide")
     assert refused.returncode == 2 and refused.stderr.startswith("mtl-bench: error: --baseline, --published")
 
 
