@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tests.helpers.cli import run_cli
+
 SMOKE = ["trainer=smoke", "tasks.n_train=512", "tasks.n_val=64", "tasks.n_test=64"]
 
 
@@ -28,7 +30,7 @@ def statuses(sweep: Path) -> dict[str, str]:
 
 
 def test_a_failed_job_leaves_the_other_jobs_and_is_reported(tmp_path):
-    result = cli("train", "-m", "optim.lr=-1,0.001", f"hydra.sweep.dir={tmp_path / 'sweep'}", *SMOKE, cwd=tmp_path)
+    result = run_cli("train", "-m", "optim.lr=-1,0.001", f"hydra.sweep.dir={tmp_path / 'sweep'}", *SMOKE, cwd=tmp_path)
     assert result.returncode == 2
     assert (
         result.stderr.strip()
@@ -36,7 +38,7 @@ def test_a_failed_job_leaves_the_other_jobs_and_is_reported(tmp_path):
         .startswith("mtl-bench: error: a job of the sweep failed (optim.lr: Invalid learning rate: -1)")
     )
     assert sorted(statuses(tmp_path / "sweep").values()) == ["completed", "failed"]
-    report = cli("report", str(tmp_path / "sweep"), cwd=tmp_path)
+    report = run_cli("report", str(tmp_path / "sweep"), cwd=tmp_path)
     assert report.returncode == 0 and "failed:" in report.stdout and "optim.lr=-1" in report.stdout
 
 
