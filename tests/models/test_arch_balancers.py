@@ -24,13 +24,24 @@ from tests.helpers.validation import GivenBatches, model_batches
 
 TASKS = {"a": 2, "b": 1, "c": 3}
 ARCHS = [a for a in config_options()["model/arch"] if a != "mtan"]  # mtan needs feature maps: see test_archs.py
-# Each balancer as shipped, plus the methods at the shared representation (their other grad_source).
-PAIRS = [(b, a, ()) for b in config_options()["balancer"] for a in ARCHS]
-PAIRS += [(b, a, ("balancer.grad_source=shared_rep",)) for b in ("mgda", "gradnorm") for a in ARCHS]
 REFUSED = {"cross_stitch", "ple", "ltb"}  # at shared_rep: each task reads its own column or representation
 
 
-@pytest.mark.parametrize(("balancer", "arch", "extra"), PAIRS)
+def pairs() -> list:
+    """Each balancer as shipped, plus the methods at the shared representation (their other grad_source), on each
+    architecture. The default run takes each balancer on one architecture, the architectures in turn (each
+    about equally often), and every refused pair; the slow run takes every pair."""
+    found = []
+    rows = [(b, ()) for b in config_options()["balancer"]]
+    rows += [(b, ("balancer.grad_source=shared_rep",)) for b in ("mgda", "gradnorm")]
+    for i, (balancer, extra) in enumerate(rows):
+        for j, arch in enumerate(ARCHS):
+            default = (i + j) % len(ARCHS) == 0 or (extra and arch in REFUSED)
+            found.append(pytest.param(balancer, arch, extra, marks=() if default else pytest.mark.slow))
+    return found
+
+
+@pytest.mark.parametrize(("balancer", "arch", "extra"), pairs())
 def test_every_balancer_trains_on_every_architecture(compose_cfg, balancer, arch, extra):
     overrides = ("model=mlp", "model.widths=[8,8]", f"model/arch={arch}", f"balancer={balancer}", *extra)
     cfg = compose_cfg(*overrides)
