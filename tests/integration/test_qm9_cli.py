@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.helpers.cli import run_cli
+
 pytest.importorskip("rdkit")
 pytest.importorskip("torch_geometric")
 
@@ -55,7 +57,7 @@ def test_prepare_then_train_a_preset_through_the_cli(tmp_path, preset):
 
 
 def test_bad_options_are_one_line(tmp_path):
-    result = cli(
+    result = run_cli(
         "prepare", "tasks=qm9", *SMALL, "tasks.standardize=median", f"tasks.cache_dir={tmp_path}", cwd=tmp_path
     )
     assert result.returncode == 2
