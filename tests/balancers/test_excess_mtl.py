@@ -149,6 +149,7 @@ def make_for_ranks(names, model):
     return ExcessMTL(names, list(model.trunk.parameters()), robust_step_size=0.5)
 
 
+@pytest.mark.slow  # two gloo processes, each starting torch
 def test_ddp_ranks_hold_the_same_state(tmp_path):
     """Each rank sees its own half batch; the squared gradients are averaged over the ranks, so the
     squared-gradient sums, weights and parameters agree bit for bit."""

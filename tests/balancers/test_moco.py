@@ -143,6 +143,7 @@ def make_for_ranks(names, model):
     return MoCo(names, list(model.trunk.parameters()))
 
 
+@pytest.mark.slow  # two gloo processes, each starting torch
 def test_ddp_ranks_hold_the_same_state(tmp_path):
     r0, _ = run_ddp(tmp_path, make_for_ranks, steps=3)
     assert r0["state"]["steps"].item() == 3

@@ -48,6 +48,7 @@ def make_gls(names, model):
     return GeometricLoss(names)
 
 
+@pytest.mark.slow  # two gloo processes, each starting torch
 def test_ddp_is_one_process_on_the_whole_batch(tmp_path):
     """GLS's weights are not linear in the losses: they come from the rank-averaged losses."""
     assert_ddp_is_one_process_on_the_whole_batch(tmp_path, make_gls, steps=3)

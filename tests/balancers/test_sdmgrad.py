@@ -154,6 +154,7 @@ def make_for_ranks(names, model):
     return SDMGrad(names, list(model.trunk.parameters()))
 
 
+@pytest.mark.slow  # two gloo processes, each starting torch
 def test_ddp_ranks_hold_the_same_state_with_three_micro_batches(tmp_path):
     """Two ranks, three accumulated micro-batches a step (the first two under `no_sync`): the third draw's backward
     through the trunk carries DDP's all-reduce, and both ranks end with the same w and parameters."""

@@ -18,9 +18,6 @@ from mtl_bench.study.run import Study, read_record, run_study
 from mtl_bench.study.spec import load_study
 from tests.helpers.cli import cli, run_cli
 
-# The study below is the module's one costly fixture: under pytest-xdist its tests share one worker.
-pytestmark = pytest.mark.xdist_group("toy10_study")
-
 TASKS = [f"t{i}" for i in range(10)]
 
 
