@@ -43,9 +43,8 @@ class MOML(SoftmaxLogitsBalancer):
     independent batches of the training data, the first two of half the batch size; here the inner batch is the
     step's training batch itself (g_f comes from the step's own graph: T backwards, no extra forward) and the
     outer batch comes from `validation` (the engine's validation stream, `trainer.validation_source`, a full
-    batch). The
-    softmax Jacobian is written out, diag(λ) − λλᵀ (LibMTL asks autograd for it), and the min-norm solve runs
-    in float64 on the host (`solvers.min_norm_simplex`, LibMTL's solver in the tensors' dtype): the same
+    batch). The softmax Jacobian is written out, diag(λ) − λλᵀ (LibMTL asks autograd for it), and the min-norm
+    solve runs in float64 on the host (`solvers.min_norm_simplex`, LibMTL's solver in the tensors' dtype): the same
     numbers up to rounding. The look-ahead forward leaves BatchNorm's running statistics alone (LibMTL's runs
     on a deep copy of the model, whose statistics are thrown away: the same).
 

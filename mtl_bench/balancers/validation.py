@@ -70,4 +70,4 @@ def require_validation(owner: str, validation: Optional[ValidationSource]) -> Va
     return validation
 
 
-METHODS = ("training_batch", "next_validation_batch", "task_losses", "trainable_parameters", "learning_rate")
+METHODS = tuple(name for name in vars(ValidationSource) if not name.startswith("_"))  # the Protocol's own
