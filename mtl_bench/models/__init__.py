@@ -2,6 +2,7 @@
 
 from mtl_bench.models.base import ModelOutput, MultiTaskModel
 from mtl_bench.models.celeba_cnn import CelebACNN
+from mtl_bench.models.decision import DecisionVariables
 from mtl_bench.models.lenet import LeNet
 from mtl_bench.models.mlp import MLP
 from mtl_bench.models.mpnn import MPNN
@@ -12,6 +13,7 @@ from mtl_bench.models.segnet_mtan import SegNetMTAN
 
 __all__ = [
     "CelebACNN",
+    "DecisionVariables",
     "LeNet",
     "MLP",
     "MPNN",
