@@ -147,7 +147,7 @@ def study(
     Overrides: study keys (budget=3 seeds=[1,2]) and Hydra launcher keys (hydra/launcher=joblib). Rerun to resume."""
     from hydra.errors import HydraException
 
-    from mtl_bench.errors import ConfigError
+    from mtl_bench.errors import ConfigError, Interrupted
     from mtl_bench.hydra_errors import describe
     from mtl_bench.study.report import load_results, render_study
     from mtl_bench.study.run import run_study
@@ -155,6 +155,8 @@ def study(
     try:
         study_dir = run_study(preset, list(ctx.args))
         typer.echo(render_study(load_results(study_dir), "table"), nl=False)
+    except Interrupted as err:  # one line was printed: where it stopped and the command that resumes the study
+        raise typer.Exit(int(err.code or 1)) from None
     except ConfigError as err:
         typer.echo(f"mtl-bench: error: {err}", err=True)
         raise typer.Exit(2) from None

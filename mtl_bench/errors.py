@@ -8,6 +8,11 @@ class ConfigError(ValueError):
     """
 
 
+# A driver that launches runs itself (`mtl-bench study`) resumes them with its own command: it sets this variable to
+# the sentence a stopped run prints instead of its own hint.
+RESUME_HINT_ENV = "MTL_BENCH_RESUME_HINT"
+
+
 class Interrupted(SystemExit):
     """SIGINT, SIGTERM or SIGUSR1 stopped the run after a step, with a checkpoint written; exits 128 + signal."""
 

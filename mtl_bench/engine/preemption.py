@@ -14,13 +14,17 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from mtl_bench.errors import RESUME_HINT_ENV
+
 
 def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
 def resume_hint(run_dir: Any) -> str:
-    return f"Resume with the same command plus hydra.run.dir={run_dir} trainer.resume=auto"
+    return os.environ.get(RESUME_HINT_ENV) or (
+        f"Resume with the same command plus hydra.run.dir={run_dir} trainer.resume=auto"
+    )
 
 
 class StopSignals:

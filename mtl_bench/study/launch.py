@@ -68,11 +68,11 @@ def hydra_session() -> Any:
 
 def task_names(experiment: list[str]) -> list[str]:
     """The experiment's task names, from its task set built once (a study YAML may list them instead: `tasks`)."""
-    from hydra.utils import instantiate
+    from mtl_bench.engine.builders import build
 
     with hydra_session():
         _, cfg = compose_base(list(experiment))
-        taskset = instantiate(cfg.tasks)
+        taskset = build("tasks", cfg.tasks)  # without the keys the engine reads itself (tasks.front_reference)
     return [t.name for t in taskset.tasks]
 
 

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from mtl_bench.errors import ConfigError
 from mtl_bench.report.summary import format_value
-from mtl_bench.study.space import latin_hypercube, simplex_weights, stream_seed
+from mtl_bench.study.space import latin_hypercube, scalarization_weights, stream_seed
 from mtl_bench.study.spec import EQUAL, SCALARIZATION, SINGLE_TASK, plain
 
 TUNE, FINAL = "tune", "final"
@@ -75,19 +75,21 @@ def rows_settings(cfg: DictConfig, tasks: list[str]) -> dict[str, dict[str, Any]
 
 
 def trials(cfg: DictConfig, tasks: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Each row's `budget` trials: the shared space (and the method's own) by Latin hypercube; scalarization's
-    weights on the simplex. Every row gets exactly `budget`."""
+    """Each row's `budget` trials. The shared space's points are drawn once and given to every row in the same order
+    (common random numbers: trial i of every row has the same learning rate, so rows differ by their method only);
+    a method's own space and scalarization's weights are drawn from the row's own stream."""
     if len(tasks) < 2:
         raise ConfigError(f"tasks={tasks}: a study compares multi-task methods: it needs two or more tasks")
-    shared = plain(cfg.space)
+    shared = latin_hypercube(plain(cfg.space), cfg.budget, np.random.default_rng(stream_seed(cfg.sampler_seed, "")))
     out: dict[str, list[dict[str, Any]]] = {}
     for row in rows_settings(cfg, tasks):
-        own = plain(cfg.methods[row].space) if row in cfg.methods else {}
         rng = np.random.default_rng(stream_seed(cfg.sampler_seed, row))
-        points = latin_hypercube({**shared, **own}, cfg.budget, rng)
+        own = latin_hypercube(plain(cfg.methods[row].space) if row in cfg.methods else {}, cfg.budget, rng)
+        points = [{**common, **mine} for common, mine in zip(shared, own)]
         if row == SCALARIZATION:
-            for point, weights in zip(points, simplex_weights(tasks, cfg.budget, rng)):
-                point["balancer.weights"] = weights
+            weights = cfg.scalarization
+            for point, w in zip(points, scalarization_weights(tasks, cfg.budget, rng, weights.weights, weights.range)):
+                point["balancer.weights"] = w
         out[row] = points
     return out
 

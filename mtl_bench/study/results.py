@@ -1,6 +1,7 @@
 """A study's results (study.json): per row, test Δm over the final seeds against the reference, the difference to
-tuned scalarization paired by seed with Holm-corrected p-values, mean rank, time per step, peak memory and the
-compute it took (tuning + final runs). No torch: the report reads it."""
+tuned scalarization paired by seed with Holm-corrected p-values and the smallest difference the seeds could detect,
+mean rank, the outcome of every final run, time per step, peak memory and the compute it took (tuning + final
+runs). No torch: the report reads it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ from mtl_bench.report.stats import mean_ranks
 from mtl_bench.study.plan import FINAL, TUNE
 from mtl_bench.study.select import without_loss
 from mtl_bench.study.spec import SCALARIZATION, SINGLE_TASK
-from mtl_bench.study.stats import holm, mean_ci, paired_difference, separated
+from mtl_bench.study.stats import (
+    ALPHA,
+    POWER,
+    detectable_difference,
+    holm,
+    mean_ci,
+    paired_difference,
+    seeds_needed,
+    separated,
+)
 
 Record = Mapping[str, Any]
 Metrics = dict[str, dict[str, float]]
@@ -46,6 +56,15 @@ def _finite(x: float) -> Optional[float]:
     return None if math.isnan(x) else x
 
 
+def metric_directions(records: Sequence[Record]) -> dict[str, dict[str, bool]]:
+    """Every task's metric directions, merged over the records (a single-task run knows its own task only)."""
+    directions: dict[str, dict[str, bool]] = {}
+    for record in records:
+        for task, metrics in (record.get("higher_is_better") or {}).items():
+            directions.setdefault(task, {}).update(metrics)
+    return directions
+
+
 def summarize(
     index: list[dict[str, Any]],
     records: Mapping[str, Optional[Record]],
@@ -54,10 +73,15 @@ def summarize(
     reference_test: Optional[Metrics],
     rows: list[str],
     seeds: list[int],
+    not_learned: Optional[Mapping[str, str]] = None,
+    min_effect: float = 2.0,
 ) -> dict[str, Any]:
-    """`index`: every planned run (id, phase, row, seed); `records`: id -> metrics.json (None: not there)."""
+    """`index`: every planned run (id, phase, row, seed); `records`: id -> metrics.json (None: not there);
+    `not_learned`: id -> why, for the completed final runs that did not learn (they count, flagged)."""
+    not_learned = not_learned or {}
     completed = {i: r for i, r in records.items() if r and r.get("status") == "completed"}
     by_row: dict[str, dict[int, Record]] = {}
+    outcomes: dict[str, dict[str, str]] = {}
     compute: dict[str, dict[str, float]] = {}
     unit = "core-hours"
     for run in index:
@@ -67,8 +91,13 @@ def summarize(
             key = SINGLE_TASK if run["row"].startswith(SINGLE_TASK) else run["row"]
             spent = compute.setdefault(key, {TUNE: 0.0, FINAL: 0.0})
             spent[run["phase"]] += hours
-        if run["phase"] == FINAL and run["id"] in completed:
+        if run["phase"] != FINAL:
+            continue
+        if run["id"] in completed:
             by_row.setdefault(run["row"], {})[run["seed"]] = completed[run["id"]]
+        status = "did not learn" if run["id"] in not_learned else str((record or {}).get("status") or "not run")
+        if status != "completed":
+            outcomes.setdefault(run["row"], {})[str(run["seed"])] = status
     table: dict[str, dict[str, Any]] = {}
     if reference_test:
         for row in rows:
@@ -80,13 +109,15 @@ def summarize(
             table[row] = {
                 "delta_m": {"mean": _finite(mean), "ci95": _finite(ci), "n": len(per_seed)},
                 "delta_m_per_seed": {str(s): v for s, v in per_seed.items()},
+                "seeds_planned": len(seeds),
+                "outcomes": outcomes.get(row, {}),
                 "test_mean": mean_metrics(list(done.values()), "test"),
                 "time_per_step_ms": _finite(1000 * mean_ci(times)[0]) if times else None,
                 "peak_memory_mib": max(p["bytes"] for p in peaks) / 2**20 if peaks else None,
                 "peak_memory_kind": peaks[0]["label"] if peaks else None,
             }
         add_paired(table, rows, seeds)
-        hib: dict[str, dict[str, bool]] = next((r["higher_is_better"] for r in completed.values()), {})
+        hib = metric_directions([r for i, r in completed.items()])
         ranked = [row for row in rows if table[row]["test_mean"]]
         for row, rank in zip(ranked, mean_ranks([table[r]["test_mean"] for r in ranked], hib)):
             table[row]["mean_rank"] = rank
@@ -95,13 +126,15 @@ def summarize(
     return {
         "reference": {"kind": reference_kind, "test": reference_test},
         "rows": table,
-        "verdict": verdict(table, rows),
+        "power": power_summary(table, rows, min_effect),
+        "verdict": verdict(table, rows, min_effect),
         "compute_unit": unit,
     }
 
 
 def add_paired(table: dict[str, dict[str, Any]], rows: list[str], seeds: list[int]) -> None:
-    """Each row's per-seed difference to tuned scalarization over the seeds both have, with Holm over the rows."""
+    """Each row's per-seed difference to tuned scalarization over the seeds both have, with Holm over the rows, and
+    the smallest difference those seeds could detect at Holm's strictest level."""
     base = table.get(SCALARIZATION, {}).get("delta_m_per_seed", {})
     compared = [row for row in rows if row != SCALARIZATION]
     diffs = {}
@@ -111,30 +144,68 @@ def add_paired(table: dict[str, dict[str, Any]], rows: list[str], seeds: list[in
         if common:
             diffs[row] = paired_difference([mine[s] for s in common], [base[s] for s in common])
     adjusted = dict(zip(diffs, holm([d.p for d in diffs.values()])))
+    family = sum(1 for d in diffs.values() if not math.isnan(d.p))
+    alpha = ALPHA / max(family, 1)
     for row, diff in diffs.items():
+        mine = table[row]["delta_m_per_seed"]
+        values = [mine[s] - base[s] for s in map(str, seeds) if s in mine and s in base]
+        sd = statistics.stdev(values) if len(values) >= 2 else math.nan
         table[row]["vs_scalarization"] = {
             "mean": _finite(diff.mean),
             "ci95": _finite(diff.ci),
             "p": _finite(diff.p),
             "p_holm": _finite(adjusted[row]),
             "n": diff.n,
+            "sd": _finite(sd),
+            "alpha": alpha,
+            "detectable": _finite(detectable_difference(sd, diff.n, alpha)),
             "separated": separated(diff, adjusted[row]),
         }
 
 
-def verdict(table: Mapping[str, Mapping[str, Any]], rows: list[str]) -> str:
+def power_summary(table: Mapping[str, Mapping[str, Any]], rows: list[str], min_effect: float) -> dict[str, Any]:
+    """The study's power: the largest of the comparisons' detectable differences, and the seeds that would detect
+    `min_effect` in the comparison with the largest spread."""
+    compared = [table[r]["vs_scalarization"] for r in rows if "vs_scalarization" in table.get(r, {})]
+    detectable = [c["detectable"] for c in compared]
+    spreads = [c for c in compared if c.get("sd") is not None]
+    widest = max(spreads, key=lambda c: c["sd"], default=None)
+    return {
+        "level": POWER,
+        "min_effect": min_effect,
+        "detectable_max": max(detectable) if detectable and None not in detectable else None,
+        "seeds_for_min_effect": (
+            _finite(seeds_needed(min_effect, widest["sd"], widest["alpha"])) if widest is not None else None
+        ),
+    }
+
+
+def verdict(table: Mapping[str, Mapping[str, Any]], rows: list[str], min_effect: float = 2.0) -> str:
     better = [r for r in rows if table.get(r, {}).get("vs_scalarization", {}).get("separated") == -1]
     worse = [r for r in rows if table.get(r, {}).get("vs_scalarization", {}).get("separated") == 1]
+    tail = f"; worse with separation: {', '.join(worse)}" if worse else ""
     if not any("vs_scalarization" in table.get(r, {}) for r in rows):
         return "verdict: no paired comparison (tuned scalarization or the methods have no completed final runs)"
-    head = (
-        "beat tuned scalarization with separation (95% CI of the paired difference below 0, Holm p < 0.05): "
-        + ", ".join(better)
-        if better
-        else "verdict: no method beat tuned scalarization with separation (Holm-corrected p < 0.05 and the 95% CI "
-        "of the paired difference below 0)"
-    )
     if better:
-        head = "verdict: " + head
-    tail = f"; worse with separation: {', '.join(worse)}" if worse else ""
-    return head + tail
+        return (
+            "verdict: beat tuned scalarization with separation (95% CI of the paired difference below 0, Holm p < "
+            f"0.05): {', '.join(better)}{tail}"
+        )
+    power = power_summary(table, rows, min_effect)
+    largest, seeds = power["detectable_max"], power["seeds_for_min_effect"]
+    if largest is None:
+        return (
+            "verdict: inconclusive: no method separated from tuned scalarization, and with fewer than 2 paired "
+            f"seeds (or no spread) the study cannot say what it could have detected{tail}"
+        )
+    if largest <= min_effect:
+        return (
+            f"verdict: no method beat tuned scalarization by more than {largest:.2f} Δm points (a difference that "
+            f"large is detected with {100 * POWER:.0f}% power at Holm's level){tail}"
+        )
+    need = f"about {seeds:.0f} seeds" if seeds is not None else "more seeds"
+    return (
+        f"verdict: inconclusive: no method separated from tuned scalarization, but with these seeds only differences "
+        f"of {largest:.2f} Δm points or more are detected with {100 * POWER:.0f}% power; {need} would resolve a "
+        f"difference of {min_effect:g} points (min_effect){tail}"
+    )

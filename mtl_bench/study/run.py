@@ -10,6 +10,10 @@ with other settings is refused with one line naming the first key that differs.
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -17,7 +21,7 @@ from typing import Any, Mapping, Optional
 import yaml
 from omegaconf import DictConfig
 
-from mtl_bench.errors import ConfigError
+from mtl_bench.errors import RESUME_HINT_ENV, ConfigError, Interrupted
 from mtl_bench.files import write_json, write_text
 from mtl_bench.records import METRICS_FILE
 from mtl_bench.study.plan import FINAL, TUNE, PlannedRun, final_runs, single_task_row, tuning_runs
@@ -96,10 +100,26 @@ class Study:
             {**run.as_dict(), "dir": f"{RUNS_DIR}/{run.id}", "status": self.status(run)}
             for run in [*self.tuning, *self.final]
         ]
-        write_json(self.dir / INDEX_FILE, {"runs": entries})
+        write_json(self.dir / INDEX_FILE, {"machine": self.machine(), "runs": entries})
+
+    def machine(self, measure: bool = False) -> Optional[str]:
+        """The machine line of the last phase that trained runs (its load average read as they started): a rerun
+        that trains nothing keeps it, so a report never describes another machine than the one the runs ran on."""
+        if measure:
+            from mtl_bench.analysis.machine import machine_description
+
+            self.measured = machine_description()
+        if getattr(self, "measured", None) is None:
+            try:
+                self.measured = json.loads((self.dir / INDEX_FILE).read_text()).get("machine")
+            except (OSError, ValueError, AttributeError):
+                self.measured = None
+        return self.measured
 
     def run_phase(self, phase: str, runs: list[PlannedRun]) -> None:
         todo = [run for run in runs if self.status(run) not in FINISHED]
+        if todo:
+            self.machine(measure=True)
         resume = {run.id for run in todo if (self.runs_dir / run.id).exists()}
         print(
             f"study: {phase}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run"
@@ -204,8 +224,21 @@ class Study:
             reference[task] = mean_metrics(records, "test")[task]
         return reference
 
+    def not_learned(self) -> dict[str, str]:
+        """The completed final runs that did not learn, with why (the plain report's check, report/learning.py)."""
+        from mtl_bench.analysis.runs import Run
+        from mtl_bench.report.learning import not_learned
+
+        found = {}
+        for run in self.final:
+            record = self.record(run)
+            if record and record.get("status") == "completed":
+                reason = not_learned(Run(self.runs_dir / run.id, record))
+                if reason is not None:
+                    found[run.id] = reason
+        return found
+
     def results(self, chosen: Mapping[str, PlannedRun], started: float) -> dict[str, Any]:
-        from mtl_bench.analysis.machine import machine_description
         from mtl_bench.study.results import summarize
 
         everything = [*self.tuning, *self.final]
@@ -216,6 +249,8 @@ class Study:
             reference_test=self.reference_test(),
             rows=self.rows,
             seeds=list(self.cfg.seeds),
+            not_learned=self.not_learned(),
+            min_effect=self.cfg.min_effect,
         )
         return {
             "study": self.cfg.name,
@@ -228,7 +263,7 @@ class Study:
             "chosen": {row: {"trial": run.id, "settings": run.settings} for row, run in chosen.items()},
             **summary,
             "runs": {r.id: self.status(r) for r in everything},
-            "machine": machine_description(),
+            "machine": self.machine() or "not recorded",
             "wall_time_s_this_session": round(time.perf_counter() - started, 1),
         }
 
@@ -256,10 +291,23 @@ def run_study(name_or_path: str, overrides: list[str]) -> Path:
     check_composes(study.launcher, [] if (study.dir / PLAN_FILE).exists() else [run.overrides for run in first])
     study.dir.mkdir(parents=True, exist_ok=True)
     check_plan(study.dir, study.plan())
-    study.run_phase(TUNE, study.tuning)
-    chosen = study.select()
-    study.final = final_runs(cfg, chosen)
-    study.check_final()
-    study.run_phase(FINAL, study.final)
+    command = " ".join(["mtl-bench study", shlex.quote(name_or_path), *map(shlex.quote, overrides)])
+    hint = f"Resume the study with: {command}"
+    os.environ[RESUME_HINT_ENV] = hint  # what a run stopped by a signal prints (and its launcher's workers inherit)
+    try:
+        study.run_phase(TUNE, study.tuning)
+        chosen = study.select()
+        study.final = final_runs(cfg, chosen)
+        study.check_final()
+        study.run_phase(FINAL, study.final)
+    except (KeyboardInterrupt, Interrupted) as err:
+        study.write_index()
+        if isinstance(err, Interrupted):  # the run said where it stopped and how to resume
+            raise
+        message = f"study interrupted between runs; {study.dir / INDEX_FILE} is current. {hint}"
+        print(f"mtl-bench: {message}", file=sys.stderr, flush=True)
+        raise Interrupted(signal.SIGINT, message) from None
+    finally:
+        os.environ.pop(RESUME_HINT_ENV, None)
     write_json(study.dir / RESULTS_FILE, study.results(chosen, started))
     return study.dir

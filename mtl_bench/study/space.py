@@ -4,11 +4,16 @@ Continuous keys are drawn by Latin hypercube sampling (McKay, Beckman & Conover 
 range is cut into B equal strata (in log space for loguniform) and every stratum gets exactly one trial, so a
 budget of B covers the learning rate as a B-point grid would, without aligning the keys with each other.
 
-Scalarization's task weights (static weights on the simplex, as in Xin et al. NeurIPS 2022 and Kurin et al.
-NeurIPS 2022) come from a grid for T <= 3 tasks and are random (uniform on the simplex, Dirichlet(1)) beyond. The
-grid is the simplex lattice of the smallest resolution n that has at least B interior points (every weight > 0:
-a zero weight drops a task, which no multi-task run should), B of them taken in a seeded order. Weights are
-scaled to sum to T, so equal weights are all ones, as balancer=fixed's default.
+Scalarization's static task weights (`scalarization.weights`), always with equal weights as trial 0, so the
+tuned baseline contains its own special case:
+- loguniform (the default): each task's weight log-uniform in `scalarization.range` ([0.1, 10]: ratios up to 100,
+  enough for tasks whose losses differ in scale by 6x and more), B - 1 Latin hypercube points;
+- lattice: the simplex lattice of the smallest resolution n with at least B - 1 interior points other than the
+  centre (every weight > 0: a zero weight drops a task, which no multi-task run should), taken in a seeded order;
+  the grid Xin et al. (NeurIPS 2022) sweep for two tasks;
+- dirichlet: uniform on the simplex (Dirichlet(1)); for many tasks it almost never draws weights far from each
+  other in ratio, and never equal ones.
+Weights are scaled to sum to T, so equal weights are all ones, as balancer=fixed's default.
 """
 
 from __future__ import annotations
@@ -59,17 +64,26 @@ def interior_lattice(tasks: int, n: int) -> list[tuple[int, ...]]:
     return [c for c in itertools.product(range(1, n + 1), repeat=tasks) if sum(c) == n]
 
 
-def simplex_weights(tasks: list[str], n: int, rng: np.random.Generator) -> list[dict[str, float]]:
-    """n task-weight vectors summing to len(tasks): a lattice grid for <= 3 tasks, Dirichlet(1) draws beyond."""
+def scalarization_weights(
+    tasks: list[str],
+    n: int,
+    rng: np.random.Generator,
+    kind: str = "loguniform",
+    bounds: tuple[float, float] = (0.1, 10),
+) -> list[dict[str, float]]:
+    """n task-weight vectors summing to len(tasks), the first equal weights (all ones), the rest from `kind`."""
     t = len(tasks)
-    if t <= 3:
+    vectors: list[list[float]] = [[1.0] * t]
+    others = n - 1
+    if others > 0 and kind == "loguniform":
+        space = {task: {"loguniform": list(bounds)} for task in tasks}
+        vectors += [[p[task] for task in tasks] for p in latin_hypercube(space, others, rng)]
+    elif others > 0 and kind == "lattice":
         resolution = t
-        while len(interior_lattice(t, resolution)) < n:
+        while len(interior_lattice(t, resolution)) - (resolution % t == 0) < others:
             resolution += 1
-        grid = interior_lattice(t, resolution)
-        chosen = [grid[i] for i in sorted(rng.permutation(len(grid))[:n])]
-        vectors = [[c * t / resolution for c in point] for point in chosen]
-    else:
-        vectors = [list(v * t) for v in rng.dirichlet(np.ones(t), size=n)]
-    order = rng.permutation(n)  # pair the grid with the learning rate's strata in a seeded order
-    return [{task: rounded(float(w)) for task, w in zip(tasks, vectors[i])} for i in order]
+        grid = [c for c in interior_lattice(t, resolution) if len(set(c)) > 1]  # the centre is trial 0
+        vectors += [list(grid[i]) for i in sorted(rng.permutation(len(grid))[:others])]
+    elif others > 0:
+        vectors += [list(v) for v in rng.dirichlet(np.ones(t), size=others)]
+    return [{task: rounded(float(w) * t / sum(v)) for task, w in zip(tasks, v)} for v in vectors]

@@ -14,13 +14,22 @@ from omegaconf.errors import OmegaConfBaseException
 from mtl_bench.catalog import conf_root
 from mtl_bench.errors import ConfigError
 
-# The two baselines every study has (issue 30): the task-weight search the re-evaluation papers found hard to beat,
-# and equal weights; both with the learning rate tuned on the same budget as every method.
+# The two baselines every study has: the task-weight search the re-evaluation papers found hard to beat, and equal
+# weights; both with the learning rate tuned on the same budget as every method.
 SCALARIZATION, EQUAL = "scalarization", "equal"
 SINGLE_TASK = "single_task"
 BUILT_IN = (EQUAL, SCALARIZATION)
 REFERENCES = ("single_task", "published")
 DISTRIBUTIONS = ("loguniform", "uniform", "choice")
+WEIGHT_SPACES = ("loguniform", "lattice", "dirichlet")
+
+
+@dataclass
+class ScalarizationConf:
+    # loguniform: each task's weight log-uniform in `range` (LHS), then scaled to sum T; lattice: the simplex
+    # lattice's interior points; dirichlet: Dirichlet(1) on the simplex. Every space adds equal weights as trial 0.
+    weights: str = "loguniform"
+    range: list[float] = field(default_factory=lambda: [0.1, 10.0])  # loguniform only: [lo, hi], lo > 0
 
 
 @dataclass
@@ -44,6 +53,10 @@ class StudyConf:
     sampler_seed: int = 0
     space: dict[str, Any] = field(default_factory=lambda: {"optim.lr": {"loguniform": [1e-4, 1e-2]}})
     methods: dict[str, MethodConf] = field(default_factory=dict)
+    scalarization: ScalarizationConf = field(default_factory=ScalarizationConf)
+    # The smallest paired Δm difference (percentage points) worth resolving: the verdict says whether the study
+    # could have detected it (80% power) or how many seeds would.
+    min_effect: float = 2.0
     dir: str = "outputs/study/${name}"  # the study directory
     launcher: list[str] = field(default_factory=list)  # hydra/launcher overrides; not part of the plan
 
@@ -69,7 +82,25 @@ def presets() -> list[str]:
 def _unknown_key_message(err: OmegaConfBaseException) -> str:
     key = getattr(err, "full_key", "") or ""
     text = str(err).splitlines()[0]
-    return f"{key}: {text}" if key and key not in text else text
+    message = f"{key}: {text}" if key and key not in text else text
+    if key and "not in" in text:  # an unknown key: suggest the nearest known one of the same node
+        import difflib
+
+        node = _schema_of(key.split(".")[:-1])
+        close = difflib.get_close_matches(key.split(".")[-1], list(node.__dataclass_fields__) if node else [], n=1)
+        message += f"; did you mean {close[0]!r}?" if close else ""
+    return message
+
+
+def _schema_of(path: list[str]) -> Optional[type]:
+    """The dataclass that holds the keys under `path` (methods.<name> is a MethodConf)."""
+    if not path:
+        return StudyConf
+    if path == ["scalarization"]:
+        return ScalarizationConf
+    if len(path) == 2 and path[0] == "methods":
+        return MethodConf
+    return None
 
 
 def load_study(name_or_path: str, overrides: list[str]) -> DictConfig:
@@ -81,7 +112,7 @@ def load_study(name_or_path: str, overrides: list[str]) -> DictConfig:
         loaded = OmegaConf.load(path)
         cfg = OmegaConf.merge(schema, loaded)
         for item in overrides:
-            cfg = OmegaConf.merge(cfg, parse_override(item))
+            cfg = apply_override(cfg, item)
         OmegaConf.resolve(cfg)
         for method in cfg.methods.values():  # MISSING balancer
             method.balancer  # noqa: B018  (raises MissingMandatoryValue)
@@ -102,10 +133,9 @@ def plain(node: Any) -> dict[str, Any]:
     return {str(k): v for k, v in data.items()}
 
 
-def parse_override(item: str) -> DictConfig:
-    """KEY=VALUE in `mtl-bench train`'s syntax (Hydra's override grammar) as a config to merge. The config keys
-    inside `space`, `methods.<m>.space` and `methods.<m>.keys` are dotted themselves: `space.optim.lr={...}` sets
-    the key `optim.lr` of `space`."""
+def apply_override(cfg: Any, item: str) -> Any:
+    """`cfg` with one override applied: KEY=VALUE sets (a mapping given to a top-level key such as `methods` replaces
+    it: `methods={uw:{balancer:uw}}` keeps uw alone), ~KEY deletes (`~methods.dwa`), +KEY=VALUE adds."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -113,17 +143,50 @@ def parse_override(item: str) -> DictConfig:
         override = OverridesParser.create().parse_override(item)
     except HydraException as err:
         raise ConfigError(f"{item!r}: {str(err).splitlines()[0]}") from None
-    key = str(override.key_or_group)
+    path = key_path(str(override.key_or_group))
+    if override.is_delete():
+        node = cfg
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, DictConfig) else None
+        if not isinstance(node, DictConfig) or path[-1] not in node:
+            raise ConfigError(f"~{'.'.join(path)}: no such key to delete")
+        if path[0] != "methods" or len(path) != 2:
+            raise ConfigError(f"~{'.'.join(path)}: only a method (~methods.<name>) can be deleted")
+        del node[path[-1]]
+        return cfg
+    if len(path) == 1 and path[0] in ("methods", "space") and isinstance(override.value(), dict):
+        cfg[path[0]] = {}  # a mapping given whole replaces the preset's
+    return OmegaConf.merge(cfg, parse_override(item))
+
+
+def key_path(key: str) -> list[str]:
+    """A study key's path; the config keys inside `space`, `methods.<m>.space` and `methods.<m>.keys` are dotted
+    themselves: `space.optim.lr` is the key `optim.lr` of `space`."""
     top = key.split(".")[0]
     if top not in study_keys():
-        raise ConfigError(f"{key}: not a study key; keys: {', '.join(study_keys())}")
+        import difflib
+
+        close = difflib.get_close_matches(top, study_keys(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{key}: not a study key; {hint}keys: {', '.join(study_keys())}")
     parts = key.split(".")
     if top == "space" and len(parts) > 1:
-        path = ["space", ".".join(parts[1:])]
-    elif top == "methods" and len(parts) > 3 and parts[2] in ("space", "keys"):
-        path = parts[:3] + [".".join(parts[3:])]
-    else:
-        path = parts
+        return ["space", ".".join(parts[1:])]
+    if top == "methods" and len(parts) > 3 and parts[2] in ("space", "keys"):
+        return parts[:3] + [".".join(parts[3:])]
+    return parts
+
+
+def parse_override(item: str) -> DictConfig:
+    """KEY=VALUE in `mtl-bench train`'s syntax (Hydra's override grammar) as a config to merge."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        override = OverridesParser.create().parse_override(item)
+    except HydraException as err:
+        raise ConfigError(f"{item!r}: {str(err).splitlines()[0]}") from None
+    path = key_path(str(override.key_or_group))
     node: Any = override.value()
     for part in reversed(path):
         node = {part: node}
@@ -139,6 +202,21 @@ def check_study(cfg: DictConfig) -> None:
         raise ConfigError(f"budget={cfg.budget}: must be >= 1 (trials per method)")
     if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
         raise ConfigError(f"seeds={list(cfg.seeds)}: give one or more distinct seeds")
+    if cfg.tune_seed in cfg.seeds:
+        raise ConfigError(
+            f"seeds={list(cfg.seeds)}: contains tune_seed={cfg.tune_seed} (a final run would repeat the tuning run "
+            "that won selection); give final seeds other than tune_seed"
+        )
+    weights = cfg.scalarization
+    if weights.weights not in WEIGHT_SPACES:
+        raise ConfigError(f"scalarization.weights={weights.weights}: allowed: {', '.join(WEIGHT_SPACES)}")
+    lo_hi = list(weights.range)
+    if len(lo_hi) != 2 or not 0 < lo_hi[0] < lo_hi[1]:
+        raise ConfigError(f"scalarization.range={lo_hi}: [lo, hi] with 0 < lo < hi")
+    if weights.weights != "loguniform" and lo_hi != [0.1, 10.0]:
+        raise ConfigError(f"scalarization.range: read by weights=loguniform only, not {weights.weights}")
+    if not cfg.min_effect > 0:
+        raise ConfigError(f"min_effect={cfg.min_effect}: must be > 0 (percentage points of Δm)")
     if cfg.reference not in REFERENCES:
         raise ConfigError(f"reference={cfg.reference}: allowed: {', '.join(REFERENCES)}")
     if cfg.select != "delta_m" and not re.fullmatch(r"[^/]+/[^/]+", cfg.select):

@@ -6,6 +6,11 @@ Over the final seeds s = 1..n of a method:
   mean(d) ± t_{0.975, n-1} · sd(d)/√n, p from the paired t test (scipy.stats.ttest_rel, two-sided)
   Holm's step-down correction of the p-values over the methods compared (Holm 1979;
   statsmodels.stats.multitest.multipletests(method="holm")).
+Power of the paired t test (statsmodels.stats.power.TTestPower, the one-sample t test on the differences):
+  the smallest mean difference detectable with probability POWER at level α is d* · sd(d), where d* is the
+  standardised effect TTestPower solves for with n and α; the seeds that would detect a difference δ solve the same
+  equation for n with effect δ / sd(d). α is Holm's strictest level, ALPHA / m over the m methods compared: the level
+  a lone true difference faces (Holm tests the smallest p at ALPHA / m first).
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from mtl_bench.errors import ConfigError
 
 LEVEL = 0.95
 ALPHA = 0.05
+POWER = 0.8
 
 
 def require_libraries() -> None:
     """Before a study trains anything: the statistics it ends with need scipy and statsmodels."""
     import importlib
 
-    for name in ("scipy.stats", "statsmodels.stats.multitest"):
+    for name in ("scipy.stats", "statsmodels.stats.multitest", "statsmodels.stats.power"):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -89,3 +95,27 @@ def separated(diff: Paired, p_holm: float, alpha: float = ALPHA) -> int:
     if diff.mean - diff.ci > 0:
         return 1
     return 0
+
+
+def detectable_difference(sd: float, n: int, alpha: float, power: float = POWER) -> float:
+    """The smallest paired mean difference a two-sided paired t test on n pairs with standard deviation `sd` of the
+    differences detects with probability `power` at level `alpha`; nan with fewer than two pairs or sd 0."""
+    from statsmodels.stats.power import TTestPower
+
+    if n < 2 or not sd > 0:
+        return math.nan
+    effect = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
+    return float(effect) * sd
+
+
+def seeds_needed(difference: float, sd: float, alpha: float, power: float = POWER) -> float:
+    """The pairs (seeds) a two-sided paired t test needs to detect `difference` with probability `power` at level
+    `alpha`, rounded up; nan without a positive sd."""
+    from statsmodels.stats.power import TTestPower
+
+    if not sd > 0 or not difference > 0:
+        return math.nan
+    n = TTestPower().solve_power(
+        effect_size=difference / sd, nobs=None, alpha=alpha, power=power, alternative="two-sided"
+    )
+    return float(math.ceil(float(n)))

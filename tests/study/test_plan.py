@@ -10,7 +10,8 @@ import pytest
 
 from mtl_bench.errors import ConfigError
 from mtl_bench.study.plan import final_runs, tuning_runs
-from mtl_bench.study.space import interior_lattice, latin_hypercube, simplex_weights
+from mtl_bench.study.plan import trials
+from mtl_bench.study.space import interior_lattice, latin_hypercube, scalarization_weights
 from mtl_bench.study.spec import load_study, presets
 
 TASKS = [f"t{i}" for i in range(10)]
@@ -70,16 +71,55 @@ def test_latin_hypercube_puts_one_trial_in_each_stratum():
     assert sorted(p["c"] for p in choice) == ["x", "x", "y", "y"]
 
 
-def test_simplex_grid_for_few_tasks_and_dirichlet_beyond():
+@pytest.mark.parametrize("kind", ["loguniform", "lattice", "dirichlet"])
+@pytest.mark.parametrize("tasks", [2, 3, 5])
+def test_every_weight_space_starts_with_equal_weights(kind, tasks):
+    names = [f"t{i}" for i in range(tasks)]
+    weights = scalarization_weights(names, 6, np.random.default_rng(0), kind)
+    assert len(weights) == 6 and weights[0] == {name: 1.0 for name in names}
+    assert all(min(w.values()) > 0 and sum(w.values()) == pytest.approx(tasks, rel=1e-3) for w in weights)
+    assert len({tuple(w.values()) for w in weights}) == 6  # no trial repeats another (or equal weights)
+
+
+def test_lattice_and_loguniform_weights():
     rng = np.random.default_rng(0)
-    two = simplex_weights(["a", "b"], 4, rng)  # interior lattice of resolution 5: a in 1/5..4/5
-    assert sorted(w["a"] for w in two) == pytest.approx([0.4, 0.8, 1.2, 1.6])
-    three = simplex_weights(["a", "b", "c"], 6, rng)  # resolution 5: the six points (3,1,1), (2,2,1) and turns
-    assert len({tuple(w.values()) for w in three}) == 6
-    assert all(min(w.values()) > 0 and sum(w.values()) == pytest.approx(3) for w in three)
+    two = scalarization_weights(["a", "b"], 4, rng, "lattice")  # resolution 5 (4 without (1, 1) is too small)
+    assert two[0] == {"a": 1.0, "b": 1.0}
+    assert set(w["a"] for w in two[1:]) < {0.4, 0.8, 1.2, 1.6} and len({w["a"] for w in two[1:]}) == 3
     assert len(interior_lattice(3, 5)) == 6
-    many = simplex_weights([f"t{i}" for i in range(5)], 7, rng)
-    assert all(sum(w.values()) == pytest.approx(5, rel=1e-3) and min(w.values()) > 0 for w in many)
+    # Log-uniform in [0.1, 10]: ratios far beyond what the simplex lattice of a small budget reaches (the digits
+    # task set's sum loss is ~6x the classifiers'); 20 trials put one weight per task stratum of log10 [-1, 1].
+    wide = scalarization_weights(["a", "b", "c"], 21, rng, "loguniform", (0.1, 10.0))
+    ratios = [max(w.values()) / min(w.values()) for w in wide]
+    assert max(ratios) > 10
+
+
+def test_rows_share_their_learning_rates_and_scalarization_contains_equal_weights():
+    cfg = load_study("toy10", ["budget=4"])
+    points = trials(cfg, TASKS)
+    lrs = {row: [p["optim.lr"] for p in trial] for row, trial in points.items()}
+    assert len({tuple(v) for v in lrs.values()}) == 1  # common random numbers: trial i has one lr in every row
+    assert points["scalarization"][0]["balancer.weights"] == {t: 1.0 for t in TASKS}
+    assert points["dwa"][0]["optim.lr"] == points["equal"][0]["optim.lr"]
+    assert len({p["balancer.temperature"] for p in points["dwa"]}) == 4  # a method's own space is its own
+
+
+def test_methods_can_be_restricted_from_the_command_line():
+    assert list(load_study("digits", ["~methods.dwa"]).methods) == [
+        "uw",
+        "famo",
+        "rlw",
+        "pcgrad",
+        "imtl",
+        "nash_mtl",
+        "upgrad",
+    ]
+    only = load_study("digits", ["methods={uw:{balancer:uw},mine:{balancer:mgda}}"])
+    assert list(only.methods) == ["uw", "mine"]
+    added = load_study("toy10", ["+methods.mine={balancer:mgda}"])
+    assert list(added.methods) == ["uw", "dwa", "mine"]
+    with pytest.raises(ConfigError, match="~methods.nope: no such key to delete"):
+        load_study("toy10", ["~methods.nope"])
 
 
 @pytest.mark.parametrize(
@@ -94,6 +134,13 @@ def test_simplex_grid_for_few_tasks_and_dirichlet_beyond():
         (["methods.equal={balancer:fixed}"], "methods.equal: a built-in row"),
         (["methods.gn={balancer:gradnorm,space:{balancer.alpha:{normal:[0,1]}}}"], "methods.gn.space.balancer.alpha"),
         (["budget=abc"], "budget"),
+        (["seeds=[0,1]"], "seeds=[0, 1]: contains tune_seed=0"),
+        (["scalarization.weights=grid"], "scalarization.weights=grid: allowed: loguniform, lattice, dirichlet"),
+        (["scalarization.range=[0,1]"], "scalarization.range=[0.0, 1.0]: [lo, hi] with 0 < lo < hi"),
+        (["scalarization.weights=lattice", "scalarization.range=[1,2]"], "scalarization.range: read by"),
+        (["min_effect=0"], "min_effect=0.0: must be > 0"),
+        (["budgte=3"], "did you mean 'budget'?"),
+        (["methods.uw.spce={}"], "did you mean 'space'?"),
     ],
 )
 def test_bad_study_keys_are_one_line(overrides, message):
