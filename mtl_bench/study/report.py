@@ -13,7 +13,24 @@ from mtl_bench.errors import ConfigError
 from mtl_bench.study.spec import SCALARIZATION, SINGLE_TASK
 
 WIDTH = 100
-HEADER = ["method", "test Δm % ↓", "vs scal. Δm", "p Holm", "rank", "ms/step", "peak MiB", "{unit}"]
+HEADER = ["method", "n", "test Δm % ↓", "vs scal. Δm", "p Holm", "detect.", "rank", "ms/step", "peak MiB", "{unit}"]
+# The CSV form: numbers, not display strings (empty: not available).
+CSV_HEADER = [
+    "method",
+    "n",
+    "seeds_planned",
+    "delta_m",
+    "delta_m_ci95",
+    "vs_scalarization",
+    "vs_scalarization_ci95",
+    "p",
+    "p_holm",
+    "detectable_difference",
+    "mean_rank",
+    "ms_per_step",
+    "peak_mib",
+    "{unit}",
+]
 
 
 def is_study_dir(path: Path) -> bool:
@@ -50,12 +67,15 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
             continue
         vs = row.get("vs_scalarization")
         mark = {-1: " <", 1: " >"}.get(vs.get("separated", 0), "") if vs else ""
+        n = (row.get("delta_m") or {}).get("n")
         body.append(
             [
                 name,
+                "" if n is None else f"{n}/{row.get('seeds_planned', n)}",
                 _pm(row.get("delta_m")),
                 "(baseline)" if name == SCALARIZATION else _pm(vs) + mark,
                 _n(vs.get("p_holm"), ".3f") if vs else "",
+                _n(vs.get("detectable"), ".2f") if vs else "",
                 _n(row.get("mean_rank"), ".2f"),
                 _n(row.get("time_per_step_ms"), ".3g"),
                 _n(row.get("peak_memory_mib"), ".0f"),
@@ -63,8 +83,53 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
             ]
         )
     if SINGLE_TASK in rows:
-        body.append(["single-task", "reference", "", "", "", "", "", _n(rows[SINGLE_TASK]["compute"]["total"], ".3f")])
+        total = _n(rows[SINGLE_TASK]["compute"]["total"], ".3f")
+        body.append(["single-task", "", "reference", "", "", "", "", "", "", total])
     return body
+
+
+def csv_rows(results: dict[str, Any]) -> list[list[Any]]:
+    def num(x: Any) -> Any:
+        return "" if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+    body: list[list[Any]] = []
+    for name, row in results["rows"].items():
+        dm, vs = row.get("delta_m") or {}, row.get("vs_scalarization") or {}
+        body.append(
+            [
+                name,
+                num(dm.get("n")),
+                num(row.get("seeds_planned")),
+                num(dm.get("mean")),
+                num(dm.get("ci95")),
+                num(vs.get("mean")),
+                num(vs.get("ci95")),
+                num(vs.get("p")),
+                num(vs.get("p_holm")),
+                num(vs.get("detectable")),
+                num(row.get("mean_rank")),
+                num(row.get("time_per_step_ms")),
+                num(row.get("peak_memory_mib")),
+                num((row.get("compute") or {}).get("total")),
+            ]
+        )
+    return body
+
+
+def outcome_lines(results: dict[str, Any]) -> list[str]:
+    """The final runs that did not finish, diverged or did not learn, by row: none is dropped silently."""
+    lines = []
+    for name, row in results["rows"].items():
+        outcomes = row.get("outcomes") or {}
+        if outcomes:
+            shown = ", ".join(f"s{seed} {status}" for seed, status in outcomes.items())
+            lines.append(f"{name}: {shown}")
+    if not lines:
+        return []
+    return [
+        "final runs not completed or flagged (failed, diverged and unfinished runs have no Δm; runs that did not "
+        "learn are counted in n and averaged; why: study.json, problems): " + "; ".join(lines)
+    ]
 
 
 def footer(results: dict[str, Any]) -> list[str]:
@@ -82,15 +147,19 @@ def footer(results: dict[str, Any]) -> list[str]:
         f"{', '.join(map(str, results['seeds']))}",
         f"Δm: flat mean relative drop over the test metrics (%, lower is better) against {ref}; "
         "± 95% t interval over seeds",
-        "vs scal.: per-seed Δm minus tuned scalarization's, paired by seed, mean ± 95% CI; p Holm: paired t test, "
-        "Holm-corrected over the methods; < / > better / worse with separation",
+        "n: final runs with test metrics / final seeds; vs scal.: per-seed Δm minus tuned scalarization's, paired by "
+        "seed, mean ± 95% CI (none below 2 seeds); p Holm: paired t test, Holm-corrected over the methods; < / > "
+        "better / worse with separation",
+        "detect.: the smallest paired difference (Δm points) the seeds detect with 80% power (paired t test at "
+        "Holm's strictest level 0.05 / methods compared; statsmodels TTestPower, observed SD of the differences)",
         "rank: mean rank over the test metrics; ms/step: training wall time / steps of the final runs"
         + (f"; peak MiB: {memory}, largest over the final runs" if memory else ""),
         f"{results['compute_unit']}: tuning + final runs' training wall time"
         + (" × threads" if results["compute_unit"] == "core-hours" else "")
         + "; single-task: all its tasks' runs",
+        *outcome_lines(results),
         results["verdict"],
-        f"machine: {results.get('machine', 'not recorded')}",
+        f"machine (when the runs ran): {results.get('machine', 'not recorded')}",
     ]
     return lines
 
@@ -108,7 +177,7 @@ def render_study(results: dict[str, Any], fmt: str) -> str:
         return json.dumps(results, indent=2, ensure_ascii=False) + "\n"
     if fmt == "csv":
         out = io.StringIO()
-        csv.writer(out).writerows([header, *body])
+        csv.writer(out).writerows([[h.format(unit=results["compute_unit"]) for h in CSV_HEADER], *csv_rows(results)])
         return out.getvalue()
     if fmt == "markdown":
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -125,7 +194,10 @@ def render_study(results: dict[str, Any], fmt: str) -> str:
 
 def write_study_plot(results: dict[str, Any], folder: Path) -> Path:
     """Δm against time per step, each method a point with its 95% CI (bars: over the final seeds)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--plots needs matplotlib: pip install matplotlib") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -238,10 +238,22 @@ class Study:
                     found[run.id] = reason
         return found
 
+    def failures(self) -> dict[str, str]:
+        """Why each final run that did not complete stopped (metrics.json's reason)."""
+        found = {}
+        for run in self.final:
+            record = self.record(run)
+            if record is None:
+                found[run.id] = "no metrics.json (not run, or killed)"
+            elif record.get("status") != "completed":
+                found[run.id] = f"{record.get('status')}: {record.get('reason', '')}"
+        return found
+
     def results(self, chosen: Mapping[str, PlannedRun], started: float) -> dict[str, Any]:
         from mtl_bench.study.results import summarize
 
         everything = [*self.tuning, *self.final]
+        unlearned = self.not_learned()
         summary = summarize(
             [r.as_dict() for r in everything],
             {r.id: self.record(r) for r in everything},
@@ -249,7 +261,7 @@ class Study:
             reference_test=self.reference_test(),
             rows=self.rows,
             seeds=list(self.cfg.seeds),
-            not_learned=self.not_learned(),
+            not_learned=unlearned,
             min_effect=self.cfg.min_effect,
         )
         return {
@@ -263,6 +275,7 @@ class Study:
             "chosen": {row: {"trial": run.id, "settings": run.settings} for row, run in chosen.items()},
             **summary,
             "runs": {r.id: self.status(r) for r in everything},
+            "problems": {**self.failures(), **{i: f"did not learn: {why}" for i, why in unlearned.items()}},
             "machine": self.machine() or "not recorded",
             "wall_time_s_this_session": round(time.perf_counter() - started, 1),
         }

@@ -97,25 +97,47 @@ def separated(diff: Paired, p_holm: float, alpha: float = ALPHA) -> int:
     return 0
 
 
-def detectable_difference(sd: float, n: int, alpha: float, power: float = POWER) -> float:
-    """The smallest paired mean difference a two-sided paired t test on n pairs with standard deviation `sd` of the
-    differences detects with probability `power` at level `alpha`; nan with fewer than two pairs or sd 0."""
+def paired_power(effect: float, n: float, alpha: float) -> float:
+    """Power of the two-sided paired t test on n pairs for a standardised effect (statsmodels TTestPower). Where
+    statsmodels returns nan (its noncentral t fails for some large effects at n = 2-3), the same quantity from
+    scipy's noncentral t: P(|T| > t_crit), T ~ nct(n - 1, effect √n)."""
+    from scipy import stats
     from statsmodels.stats.power import TTestPower
 
+    power = float(TTestPower().power(effect_size=effect, nobs=n, alpha=alpha, alternative="two-sided"))
+    if math.isnan(power):
+        df, crit, shift = n - 1, float(stats.t.ppf(1 - alpha / 2, n - 1)), effect * math.sqrt(n)
+        lower = float(stats.nct.cdf(-crit, df, shift))  # nan far out in the tail, where it is ~0
+        power = float(stats.nct.sf(crit, df, shift)) + (0.0 if math.isnan(lower) else lower)
+    return power
+
+
+def detectable_difference(sd: float, n: int, alpha: float, power: float = POWER) -> float:
+    """The smallest paired mean difference a two-sided paired t test on n pairs with standard deviation `sd` of the
+    differences detects with probability `power` at level `alpha`; nan with fewer than two pairs or sd 0.
+    Bisection on TTestPower's power (its solve_power gives up beyond a standardised effect of 10, which two or
+    three seeds at a Holm level need)."""
     if n < 2 or not sd > 0:
         return math.nan
-    effect = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
-    return float(effect) * sd
+    lo, hi = 0.0, 1.0
+    while paired_power(hi, n, alpha) < power:
+        lo, hi = hi, 2 * hi
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if paired_power(mid, n, alpha) < power else (lo, mid)
+    return hi * sd
 
 
 def seeds_needed(difference: float, sd: float, alpha: float, power: float = POWER) -> float:
-    """The pairs (seeds) a two-sided paired t test needs to detect `difference` with probability `power` at level
-    `alpha`, rounded up; nan without a positive sd."""
-    from statsmodels.stats.power import TTestPower
-
+    """The fewest pairs (seeds) with which a two-sided paired t test detects `difference` with probability `power`
+    at level `alpha`; nan without a positive sd or difference."""
     if not sd > 0 or not difference > 0:
         return math.nan
-    n = TTestPower().solve_power(
-        effect_size=difference / sd, nobs=None, alpha=alpha, power=power, alternative="two-sided"
-    )
-    return float(math.ceil(float(n)))
+    effect, n = difference / sd, 2
+    while paired_power(effect, n, alpha) < power:
+        n *= 2
+    lo, hi = n // 2, n  # power(lo) < power <= power(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if paired_power(effect, mid, alpha) < power else (lo, mid)
+    return float(hi)

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from mtl_bench.errors import ConfigError
-from mtl_bench.study.plan import final_runs, tuning_runs
-from mtl_bench.study.plan import trials
+from mtl_bench.study.plan import final_runs, trials, tuning_runs
 from mtl_bench.study.space import interior_lattice, latin_hypercube, scalarization_weights
 from mtl_bench.study.spec import load_study, presets
 

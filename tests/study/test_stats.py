@@ -8,7 +8,15 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from mtl_bench.study.stats import holm, mean_ci, paired_difference, separated
+from mtl_bench.study.stats import (
+    detectable_difference,
+    holm,
+    mean_ci,
+    paired_difference,
+    paired_power,
+    seeds_needed,
+    separated,
+)
 
 A = [1.20, 0.85, 1.43, 0.97, 1.10]
 B = [1.50, 1.05, 1.61, 1.40, 1.22]
@@ -57,3 +65,23 @@ def test_separation_needs_the_corrected_p_and_the_interval():
     diff = paired_difference(A, B)
     assert separated(diff, 0.2) == 0  # Holm's p too large
     assert separated(paired_difference(B, A), 0.01) == 1  # worse
+
+
+def test_detectable_difference_and_seeds_needed_match_statsmodels():
+    from statsmodels.stats.power import TTestPower
+
+    solver = TTestPower()
+    for sd, n, alpha in [(5.0, 5, 0.05 / 9), (1.3, 8, 0.05)]:
+        effect = solver.solve_power(effect_size=None, nobs=n, alpha=alpha, power=0.8, alternative="two-sided")
+        assert detectable_difference(sd, n, alpha) == pytest.approx(effect * sd, rel=1e-6)
+    # Three seeds at a Holm level: solve_power stops at a wrong root (power 0.61 there); ours has power 0.8.
+    three = detectable_difference(12.0, 3, 0.05 / 4)
+    assert paired_power(three / 12.0, 3, 0.05 / 4) == pytest.approx(0.8, abs=1e-9)
+    for effect, n, alpha in [(1.0, 5, 0.05), (3.0, 3, 0.0125), (16.0, 2, 0.025)]:  # the power itself: statsmodels'
+        assert paired_power(effect, n, alpha) == pytest.approx(solver.power(effect_size=effect, nobs=n, alpha=alpha))
+    needed = solver.solve_power(effect_size=2.0 / 5.0, nobs=None, alpha=0.05 / 9, power=0.8, alternative="two-sided")
+    assert seeds_needed(2.0, 5.0, 0.05 / 9) == math.ceil(needed) == 86
+    # Two seeds at Holm's level: beyond solve_power's bracket, still the difference with 80% power.
+    two = detectable_difference(5.0, 2, 0.05 / 2)
+    assert paired_power(two / 5.0, 2, 0.05 / 2) == pytest.approx(0.8, abs=1e-9)
+    assert math.isnan(detectable_difference(5.0, 1, 0.05)) and math.isnan(detectable_difference(0.0, 5, 0.05))

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from mtl_bench.errors import ConfigError
+from mtl_bench.errors import ConfigError, Interrupted
 from mtl_bench.report.delta_m import delta_m_flat, relative_drops
 from mtl_bench.study import launch
 from mtl_bench.study.run import Study, read_record, run_study
@@ -103,7 +104,7 @@ def test_selection_never_reads_test_metrics(study_dir, tmp_path):
     assert {row: {"trial": run.id, "settings": run.settings} for row, run in chosen.items()} == before
 
 
-def test_a_killed_study_resumes_without_retraining_finished_runs(study_dir, tmp_path, monkeypatch):
+def test_a_killed_study_resumes_without_retraining_finished_runs(study_dir, tmp_path, monkeypatch, capsys):
     copy = copy_of(study_dir, tmp_path)
     (copy / "study.json").unlink()
     killed = ["tune/uw/t01", "final/dwa/s2", "final/single_task-t3/s1"]
@@ -117,9 +118,18 @@ def test_a_killed_study_resumes_without_retraining_finished_runs(study_dir, tmp_
         raise KeyboardInterrupt  # Ctrl-C as the first relaunched job starts
 
     monkeypatch.setattr(launch, "study_job", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    capsys.readouterr()
+    with pytest.raises(Interrupted):
         run_study("toy10", [f"dir={copy}"])
     assert started == [1]
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [
+        f"mtl-bench: study interrupted between runs; {copy / 'index.json'} is current. Resume the study with: "
+        f"mtl-bench study toy10 dir={copy}"
+    ]
+    index = {run["id"]: run["status"] for run in json.loads((copy / "index.json").read_text())["runs"]}
+    assert index["tune/uw/t01"] == "incomplete" and index["tune/uw/t00"] == "completed"
+    assert "MTL_BENCH_RESUME_HINT" not in os.environ
     monkeypatch.undo()
     run_study("toy10", [f"dir={copy}"])
     after = records(copy)
@@ -146,7 +156,9 @@ def test_the_study_report(study_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100
-    assert lines[0].split()[:3] == ["method", "test", "Δm"]
+    assert lines[0].split()[:4] == ["method", "n", "test", "Δm"]
+    assert lines[2].split()[:2] == ["equal", "2/2"]
+    assert any(line.startswith("detect.: the smallest paired difference") for line in lines)
     assert [line.split()[0] for line in lines[2:7]] == ["equal", "scalarization", "uw", "dwa", "single-task"]
     assert any(line.startswith("verdict: ") for line in lines)
     markdown = run_cli("report", str(study_dir), "--format", "markdown", "--plots", str(tmp_path / "plots"))
@@ -155,7 +167,9 @@ def test_the_study_report(study_dir, tmp_path):
     as_json = json.loads(run_cli("report", str(study_dir), "--format", "json").stdout)
     assert as_json["rows"]["uw"]["vs_scalarization"]["n"] == 2
     csv = run_cli("report", str(study_dir), "--format", "csv").stdout.splitlines()
-    assert csv[0].startswith("method,test Δm") and len(csv) == 6
+    assert csv[0].startswith("method,n,seeds_planned,delta_m,delta_m_ci95,") and len(csv) == 6
+    uw = next(line.split(",") for line in csv if line.startswith("uw,"))
+    assert float(uw[3]) == pytest.approx(as_json["rows"]["uw"]["delta_m"]["mean"])  # numbers, not display strings
     runs = run_cli("report", str(study_dir / "runs" / "final" / "uw"))  # the ordinary report shows peak memory too
     assert runs.returncode == 0 and "peak MiB" in runs.stdout and "(CPU process peak RSS)" in runs.stdout
     refused = run_cli("report", str(study_dir), "--wide")
