@@ -137,7 +137,18 @@ def report(
         typer.echo(f"plot written to {path}", err=True)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# The study's keys (study/spec.py's StudyConf; tests/test_cli.py checks the two agree), for `mtl-bench study --help`.
+STUDY_KEYS = (
+    "Study keys (KEY=VALUE; docs/study.md): name, about, experiment (the train overrides of every run), tasks, "
+    "budget (trials per row), tune_seed, seeds (final seeds), select (delta_m | <task>/<metric>), reference "
+    "(single_task | published), sampler_seed, space ({key: {loguniform|uniform: \\[lo, hi]} | {choice: \\[...]}}), "
+    "methods (name: {balancer, keys, space}; ~methods.<name> drops one, methods={...} replaces them), "
+    "scalarization (weights: loguniform | lattice | dirichlet; range: \\[lo, hi]), min_effect (Δm points the "
+    "verdict should resolve), dir, launcher."
+)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, epilog=STUDY_KEYS)
 def study(
     ctx: typer.Context,
     preset: str = typer.Argument(..., help="A study preset (toy10, digits, qm9, nyuv2) or a study YAML path."),

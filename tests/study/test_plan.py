@@ -191,3 +191,34 @@ def test_a_bad_launcher_experiment_or_method_key_stops_the_study_before_its_plan
     result = run_cli("study", "toy10", f"dir={tmp_path / 'study'}", override)
     assert result.returncode == 2 and result.stderr.startswith("mtl-bench: error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1 and not (tmp_path / "study").exists()
+
+
+def test_study_help_lists_every_study_key():
+    import re
+
+    from mtl_bench.cli import STUDY_KEYS
+    from mtl_bench.study.spec import study_keys
+
+    words = set(re.findall(r"[a-z_]+", STUDY_KEYS))
+    assert set(study_keys()) <= words
+
+
+def test_tasks_null_reads_the_task_names_of_every_kind_of_task_set():
+    from mtl_bench.study.launch import task_names
+
+    # digits has tasks.front_reference, a key the engine reads itself (it once made this a TypeError)
+    assert task_names(["experiment=digits_lenet", "tasks.n_train=64", "tasks.n_val=32", "tasks.n_test=32"]) == [
+        "left",
+        "right",
+        "sum",
+    ]
+    assert task_names(["experiment=toy10", "tasks.n_train=8", "tasks.n_val=8", "tasks.n_test=8"]) == TASKS
+
+
+def test_a_run_stopped_inside_a_study_names_the_study_command(monkeypatch):
+    from mtl_bench.engine.preemption import resume_hint
+    from mtl_bench.errors import RESUME_HINT_ENV
+
+    assert "trainer.resume=auto" in resume_hint("outputs/x")
+    monkeypatch.setenv(RESUME_HINT_ENV, "Resume the study with: mtl-bench study toy10")
+    assert resume_hint("outputs/x") == "Resume the study with: mtl-bench study toy10"
