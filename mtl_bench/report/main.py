@@ -59,7 +59,11 @@ def make_report(
         raise ConfigError(f"--format {fmt!r}: allowed: {', '.join(FORMATS)}")
     if published and baseline:
         raise ConfigError("--published: Δm is taken against the paper's single-task row; leave out --baseline")
-    runs, unlearned = split_not_learned(collect(paths))
+    found = collect(paths)
+    references = [run for run in found if trains_a_subset(run)]
+    runs, unlearned = split_not_learned([run for run in found if not trains_a_subset(run)])
+    if not runs and references:  # only single-task runs: compare them among themselves
+        runs, references = references, []
     groups, common = group_runs(runs)
     problems = unlearned + describe_problems(runs)
     if not groups and not unlearned:
@@ -91,7 +95,31 @@ def make_report(
         written = write_plots(groups, plots, baseline)
     text = render(groups, problems, fmt, baseline, common, wide=wide, published=tables)
     fronts, front_written = front_section(runs, fmt, plots)
-    return text + fronts, written + front_written
+    return text + reference_section(references, fmt) + fronts, written + front_written
+
+
+def trains_a_subset(run: Run) -> bool:
+    """A run restricted to some of its task set's tasks (`trainer.only_tasks`: a single-task reference)."""
+    config = run.config
+    if config is not None:
+        return bool((config.get("trainer") or {}).get("only_tasks"))
+    return any(item.lstrip("+").startswith("trainer.only_tasks=") for item in run.metrics.get("overrides", []))
+
+
+def reference_section(references: list[Run], fmt: str) -> str:
+    """Single-task runs, listed apart: each group's test metrics (mean over seeds), never ranked among the
+    multi-task groups (a run with one task's metrics would otherwise rank first on them)."""
+    groups, _ = group_runs(references)
+    if not groups or fmt not in ("table", "markdown"):
+        return ""
+    lines = ["single-task references (trainer.only_tasks; not ranked with the groups above):"]
+    for group in groups:
+        metrics = ", ".join(
+            f"{task}/{name} {stat.mean:.4g}" for task, values in group.stats.items() for name, stat in values.items()
+        )
+        lines.append(f"  {group.label} ({group.count} seed{'s' if group.count != '1' else ''}): {metrics}")
+    bullet = "- " if fmt == "markdown" else ""
+    return "\n" + "\n".join(bullet + line for line in lines) + "\n"
 
 
 def front_section(runs: list[Run], fmt: str, plots: Optional[Path]) -> tuple[str, list[Path]]:

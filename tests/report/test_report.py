@@ -327,3 +327,20 @@ def test_a_real_sweep_end_to_end(tmp_path):
     assert {g: v["seeds"] for g, v in groups.items()} == {"balancer=fixed": 2, "balancer=gradnorm": 2}
     assert groups["balancer=fixed"]["delta_m"]["flat"] == 0.0
     assert not math.isnan(groups["balancer=gradnorm"]["delta_m"]["flat"])
+
+
+def test_single_task_runs_are_listed_apart_never_ranked_first(sweep):
+    """A run on one task (trainer.only_tasks) has one task's metrics: ranked with the groups it would come first."""
+    for seed in (0, 1):
+        write_run(
+            sweep,
+            f"st{seed}",
+            ["balancer=fixed", "trainer.only_tasks=[a]", f"seed={seed}"],
+            {"a": {"loss": 0.5, "acc": 0.99, "err": 0.01}},
+        )
+    text, _ = make_report([sweep], "table", None, None)
+    table, _, references = text.partition("single-task references")
+    assert "only_tasks" not in table and "best by mean rank: balancer=gradnorm" in table
+    assert "trainer.only_tasks=[a] (2 seeds): a/acc 0.99" in references
+    as_json = json.loads(make_report([sweep], "json", None, None)[0])
+    assert all("only_tasks" not in json.dumps(group) for group in as_json["groups"])
