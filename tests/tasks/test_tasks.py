@@ -248,3 +248,16 @@ def test_config_options_build_their_class(compose_cfg, option, cls):
     assert built.task_names == direct.task_names and built.input_shape == direct.input_shape
     for split in ("train", "val", "test"):
         assert torch.equal(getattr(built, split).inputs, getattr(direct, split).inputs)
+
+
+def test_digits_standardized_sum_trains_in_standard_units_and_reports_squared_digits(digits):
+    scaled = Digits(**SMALL, standardize_sum=True)
+    raw, std = digits.train.targets["sum"], scaled.train.targets["sum"]
+    assert torch.allclose(std, (raw - 9.0) / math.sqrt(16.5))  # the exact moments of a sum of two uniform digits
+    assert torch.equal(scaled.train.inputs, digits.train.inputs)  # the same pairs
+    sum_task = next(t for t in scaled.tasks if t.name == "sum")
+    pred = std + 0.5  # off by 0.5 standard units: 0.5^2 * 16.5 squared digits per sample
+    assert sum_task.loss(pred, std).item() == pytest.approx(0.25)
+    assert sum_task.metrics(pred, std)["mse"].item() == pytest.approx(0.25 * 16.5 * len(std), rel=1e-5)
+    # Var of the raw sum over the generated pairs is near 16.5 (uniform digits, drawn with replacement).
+    assert raw.var().item() == pytest.approx(16.5, rel=0.2)
