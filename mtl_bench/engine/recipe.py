@@ -186,6 +186,7 @@ class Recipe:
             conf.skipped_window,
             scaler_skips=self.precision.scaler is not None,
             total_steps=self.total_steps,
+            weights_source=self.balancer.part_name,
         )
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.implementations = describe_parts(parts, {"trainer.compile": implementation_of(compiled)})
@@ -225,7 +226,7 @@ class Recipe:
         loggers: list[Logger] = []
         try:
             for name, node in nodes.items():
-                loggers.append(build(f"logger.{name}", node, Logger, run=run))
+                loggers.append(build(f"logger.{name}", node, run=run))  # a Logger, or a class with its methods
         except BaseException:
             Loggers(loggers).close()  # those already open
             raise
@@ -522,7 +523,7 @@ class Recipe:
         self.scheduler.step()
         if hasattr(self.scheduler, "step_epoch") and (self.step + 1) % self.runner.steps_per_epoch == 0:
             self.scheduler.step_epoch()  # Eden decays with epochs as well as batches
-        self.nonfinite.record(self.step, result.losses, skipped)
+        self.nonfinite.record(self.step, result.losses, skipped, self.balancer.nonfinite_weights)
         return result
 
     def _report_parameters_outside_graph(self, losses: Iterable[torch.Tensor]) -> None:
@@ -553,8 +554,9 @@ class Recipe:
         ).tolist()
         losses = dict(zip(names, values[:n]))
         scalars = {tags.loss(name): v for name, v in losses.items()}
-        scalars.update(zip(measured.keys(), values[2 * n + 2 :]))
-        skipped = self.nonfinite.check(self.step, values[n : 2 * n + 2], scalars.get(tags.LOSS_SCALE))
+        width = self.nonfinite.width
+        scalars.update(zip(measured.keys(), values[n + width :]))
+        skipped = self.nonfinite.check(self.step, values[n : n + width], scalars.get(tags.LOSS_SCALE))
         scalars[tags.STEPS_SKIPPED] = skipped
         for i, group in enumerate(self.optimizer.param_groups):
             name = group.get("name", i)
