@@ -100,10 +100,16 @@ class Recipe:
         bar: bool = False,
         parallel_runs: int = 1,
         cores: Optional[int] = None,
+        attempt_dir: Optional[Path] = None,
     ) -> None:
         """parallel_runs, cores: how many runs the launcher starts at once and the cores it allots each
-        (engine/threads.py: parallel_runs_of, cores_of), for trainer.num_threads=auto."""
+        (engine/threads.py: parallel_runs_of, cores_of), for trainer.num_threads=auto. attempt_dir: where this
+        attempt's own record goes when `run_dir` already holds a run's (train.py: `.hydra/attempts/<n>`)."""
         self.cfg, self.run_dir, self.bar = cfg, Path(run_dir), bar
+        self.attempt_dir = attempt_dir
+        # A run's record (metrics.json, the checkpoint) is kept as it is unless this attempt writes a checkpoint
+        self.had_record = (self.run_dir / METRICS_FILE).is_file() or self.checkpoint_path.is_file()
+        self.saved_here = False  # this attempt wrote checkpoints/last.pt
         self.parallel_runs, self.cores = parallel_runs, cores
         self.overrides, self.choices = overrides or [], choices or {}
         self.conf: TrainerConf = OmegaConf.to_object(cfg.trainer)  # type: ignore[assignment]  # value checks
@@ -276,10 +282,11 @@ class Recipe:
             },
         )
         self.saved_step = self.step
+        self.saved_here = True
 
     def check_same_config(self, state: dict[str, Any], source: Path) -> None:
-        """Resume is the same run or nothing: any difference outside RESUMABLE_KEYS stops with one line, and
-        this run dir's .hydra record goes back to what the checkpoint trained."""
+        """Resume is the same run or nothing: any difference outside RESUMABLE_KEYS stops with one line (the run's
+        record is left as it was: train.py writes this attempt's config apart)."""
         if "config" not in state:
             return
         saved = flatten_hparams(OmegaConf.to_container(OmegaConf.create(state["config"])))  # type: ignore[arg-type]
@@ -297,10 +304,6 @@ class Recipe:
         ]
         if not differ:
             return
-        hydra_dir = self.run_dir / ".hydra"
-        if source.parent.parent.resolve() == self.run_dir.resolve() and hydra_dir.is_dir():
-            (hydra_dir / "config.yaml").write_text(state["config"])
-            (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(state["overrides"])))
         changes = ", ".join(f"{k} {saved.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in differ[:6])
         more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
         raise ResumeError(
@@ -629,16 +632,26 @@ def train(
     bar: bool = False,
     parallel_runs: int = 1,
     cores: Optional[int] = None,
+    attempt_dir: Optional[Path] = None,
 ) -> TrainResult:
     """Finalise the config, set up, train and clean up one run with outputs in `run_dir`: what `mtl-bench train`
     runs, and usable without Hydra's app (tests, notebooks: `mtl_bench.compose_config` composes as the CLI does).
 
     `overrides`: the overrides the config was composed with (a length given there replaces the preset's). A config
     refused by `finalise_config` raises ConfigError before anything is built or written; after that, metrics.json
-    (rank 0) records the results, or `"status": "failed"` with the error."""
+    (rank 0) records the results, or `"status": "failed"` with the error. A run directory that already holds a
+    run's record (a resume in place) keeps it unless this attempt writes a checkpoint: a failure before that is
+    recorded in `attempt_dir` (if given) instead."""
     finalise_config(cfg, overrides or [])
     recipe = Recipe(
-        cfg, run_dir, overrides=overrides, choices=choices, bar=bar, parallel_runs=parallel_runs, cores=cores
+        cfg,
+        run_dir,
+        overrides=overrides,
+        choices=choices,
+        bar=bar,
+        parallel_runs=parallel_runs,
+        cores=cores,
+        attempt_dir=attempt_dir,
     )
     completed = False
     try:
@@ -646,8 +659,11 @@ def train(
         result = recipe.train()
         completed = True
     except BaseException as err:
-        if (recipe.dist is None or recipe.dist.is_main) and not isinstance(err, ResumeError):
-            record_failure(recipe.run_dir, err, recipe.step, recipe.overrides, recipe.choices)
+        if recipe.dist is None or recipe.dist.is_main:
+            kept = recipe.had_record and not recipe.saved_here  # the run's record is the last good attempt's
+            where = recipe.attempt_dir if kept or isinstance(err, ResumeError) else recipe.run_dir
+            if where is not None:
+                record_failure(where, err, recipe.step, recipe.overrides, recipe.choices)
         raise
     finally:
         recipe.cleanup(completed or recipe.stopped_together)
