@@ -50,7 +50,8 @@ class Weighting(nn.Module):
     follow `task_names` sorted.
 
     State (EMA, counters, a generator) lives in buffers, so `state_dict()` and checkpoints hold it; a new value
-    goes back in `Solution.state` and the balancer commits it only when the optimizer step is taken. Two
+    goes back in `Solution.state`. With a context (the engine's loop) the balancer commits it at `step(skipped)`,
+    only when the optimizer step is taken; without one (a plain loop's `backward(losses, shared)`) at once. Two
     attributes, set by an option in `__init__`, ask the engine for more: `weighs_heads` (the heads' gradients
     wait for the solve and are weighted by `Solution.head_weights`: Nash-MTL's `head_weights=alpha`) and
     `per_block` (`forward` gets one Gramian per block of J, (K, T, T), and returns (K, T) weights: GradVac's

@@ -564,8 +564,8 @@ class Recipe:
         for i, group in enumerate(self.optimizer.param_groups):
             name = group.get("name", i)
             scalars[tags.lr(name)] = group["lr"]
-            momentum = group_momentum(group)
-            if momentum is not None:
+            momentum = group_momentum(group) if getattr(self.scheduler, "sets_momentum", False) else None
+            if momentum is not None:  # only a schedule that moves it: a constant is no measurement
                 scalars[tags.momentum(name)] = momentum
         scalars[tags.STEPS_PER_S] = rate
         if skipped > self.nonfinite.reported:
