@@ -88,6 +88,7 @@ def test_a_resume_that_trains_on_makes_its_record_the_runs(run_dir, monkeypatch)
     assert "resumed from" in log and "0.001 -> 0.5" not in log  # the refused attempt's lines stay in its own log
 
 
+@pytest.mark.slow  # a fresh interpreter (10-15 s on a busy 2-core machine): the signal must meet a real process
 def test_sigterm_during_the_resumes_setup_leaves_the_runs_record(run_dir):
     before = record(run_dir)
     proc = subprocess.Popen(
