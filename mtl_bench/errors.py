@@ -13,6 +13,11 @@ class ConfigError(ValueError):
 RESUME_HINT_ENV = "MTL_BENCH_RESUME_HINT"
 
 
+class ContractError(ConfigError):
+    """A part (a user's weighting, aggregator or logger) broke its contract at run time: one line naming the part,
+    what it gave and what the contract asks for, reported like a user error (the run's record says "failed")."""
+
+
 class Interrupted(SystemExit):
     """SIGINT, SIGTERM or SIGUSR1 stopped the run after a step, with a checkpoint written; exits 128 + signal."""
 

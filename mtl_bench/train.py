@@ -69,6 +69,9 @@ def run_experiment(cfg: DictConfig) -> float:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    subdir = hydra_cfg.output_subdir
+    attempt_dir = run_dir / subdir if subdir and Path(subdir).parent.name == ATTEMPTS else None
+    checkpoint_before = _identity(run_dir / "checkpoints" / "last.pt")
     try:
         check_data_root(cfg, choices.get("tasks"))  # before torch is imported: a mistyped path costs no import
         from mtl_bench.engine.progress import use_bar
@@ -83,6 +86,7 @@ def run_experiment(cfg: DictConfig) -> float:
             bar=use_bar(cfg.trainer.progress, multirun) and int(os.environ.get("RANK", "0")) == 0,
             parallel_runs=parallel_runs_of(hydra_cfg.launcher),
             cores=cores_of(hydra_cfg.launcher),
+            attempt_dir=attempt_dir,
         )
     except Exception as err:
         # train() records a failure once it has started building; a config it refused left no record
@@ -92,6 +96,9 @@ def run_experiment(cfg: DictConfig) -> float:
             else:
                 remove_if_only_hydras(run_dir)  # nothing was built: a typo leaves no run directory behind
         raise
+    finally:
+        if attempt_dir is not None and _identity(run_dir / "checkpoints" / "last.pt") != checkpoint_before:
+            promote_attempt(run_dir, attempt_dir)  # the checkpoint is this attempt's now: so is the record
     from mtl_bench.engine.recipe import loss_ratio_sum
     from mtl_bench.report.run_summary import format_run_summary
 
@@ -116,6 +123,54 @@ def check_data_root(cfg: DictConfig, option: str | None) -> None:
         what = "is not a directory" if path.exists() else "does not exist"
         reads = f"tasks={option}" if option else "the task set"
         raise ConfigError(f"tasks.root: {path} {what}; {reads} reads its data from this folder")
+
+
+# A second attempt in a run directory (a resume in place) writes its .hydra/ record and log under
+# .hydra/attempts/<n>/; they replace the run's own only when the attempt writes a checkpoint (promote_attempt).
+ATTEMPTS = "attempts"
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+
+def attempt_overrides(argv: list[str]) -> list[str]:
+    """Hydra's overrides that send this attempt's .hydra/ files (and log) to .hydra/attempts/<n>/ when the run
+    directory given (hydra.run.dir) already holds a run's .hydra/ record; [] otherwise (a new run, a sweep)."""
+    no_run = ("-m", "--multirun", "-c", "--cfg", "-i", "--info", "-h", "--help", "--hydra-help", "--shell-completion")
+    if any(a.split("=", 1)[0] in no_run for a in argv):
+        return []
+    given = [o.split("=", 1)[1] for o in hydra_overrides(argv) if o.startswith("hydra.run.dir=")]
+    if not given or not (Path(given[-1]) / ".hydra" / "config.yaml").is_file():
+        return []
+    hydra_dir = Path(given[-1]).resolve() / ".hydra"
+    attempts = hydra_dir / ATTEMPTS
+    n = 1 + max((int(p.name) for p in attempts.glob("*") if p.name.isdigit()), default=0)
+    extra = [f"hydra.output_subdir=.hydra/{ATTEMPTS}/{n}"]
+    log_file = hydra_dir / ATTEMPTS / str(n) / "train.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)  # Hydra opens the log before it writes the .hydra files
+    if not any(o.startswith(("hydra/job_logging", "hydra.job_logging")) for o in argv) and "'" not in str(log_file):
+        extra.append(f"hydra.job_logging.handlers.file.filename='{log_file}'")
+    return extra
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """A file's inode and modification time: a checkpoint is written to a temp file and renamed over it."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns
+
+
+def promote_attempt(run_dir: Path, attempt_dir: Path) -> None:
+    """The attempt's config, overrides and Hydra record become the run's, and its log lines join the run's log."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    for name in HYDRA_FILES:
+        if (attempt_dir / name).is_file():
+            shutil.copyfile(attempt_dir / name, run_dir / ".hydra" / name)
+    log_file = attempt_dir / "train.log"
+    if log_file.is_file():
+        with open(run_dir / "train.log", "a") as run_log:
+            run_log.write(log_file.read_text())
 
 
 def remove_if_only_hydras(run_dir: Path) -> None:
@@ -144,6 +199,8 @@ def run_hydra_app() -> None:
     if problem:
         print(f"mtl-bench: error: {problem}", file=sys.stderr)
         raise SystemExit(2)
+    if int(os.environ.get("RANK", "0")) == 0:
+        sys.argv += attempt_overrides(sys.argv[1:])
     saved = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:

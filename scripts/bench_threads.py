@@ -2,7 +2,7 @@
 
     python scripts/bench_threads.py [--repeats 2] [--max-steps 1000] [--copies 1 2 4]
     python scripts/bench_threads.py --sizes [--repeats 5] [--steps 40]
-    python scripts/bench_threads.py --auto [--repeats 7] [--steps 10]
+    python scripts/bench_threads.py --auto [--loads 0 2 4] [--repeats 9] [--steps 10]
     python scripts/bench_threads.py --table-from STDERR_LOG --max-steps N   (the table again from a run's log)
 
 Default mode: starts 1, 2 and 4 copies at once of `mtl-bench train` (the default experiment) and of
@@ -17,12 +17,14 @@ with every core, alternating blocks of --steps steps, and prints the median step
 ratio, for the median block and for the best one (the least disturbed by other processes). A model whose
 step is no faster with all cores even in its best block is "small".
 
---auto: whether `auto` is ever slower than one thread. For models above the small-model threshold (MMoE with
-UPGrad and with fixed weights, a 4x400 MLP with UPGrad), one process times blocks of --steps real steps with 1
-thread, with every core this process may use (what `auto` chose for these models before it looked at the load),
-and with what `choose_threads("auto", ...)` chooses just before the block (as a run starting then would: it
-watches the cores for 0.25 s, untimed), alternating; prints the median ms of each, what auto chose, the load
-average, and the ratios to one thread.
+--auto: whether `auto` is ever slower than one thread, or than torch's default. For models above the small-model
+threshold (MMoE with UPGrad and with fixed weights, a 4x400 MLP with UPGrad), at each of --loads (that many busy
+processes started by this script, each spinning one core, stopped after), one process times blocks of --steps
+real steps with 1 thread, with torch's default (one thread per core), and with what `choose_threads("auto", ...)`
+chooses just before the block (as a run starting then would: it watches the cores for 0.25 s, untimed),
+interleaved; prints the median ms of each, what auto chose, the load average, and the median over the rounds of
+each round's auto / 1 thread and auto / default (interleaved pairs: load that drifts hits both alike). Run it on a
+machine with nothing else running: the loads are the script's own.
 """
 
 from __future__ import annotations
@@ -272,18 +274,36 @@ def sizes_table(args: argparse.Namespace) -> None:
     print(markdown_table(header, cells))
 
 
+def busy_processes(n: int) -> list[subprocess.Popen]:
+    """`n` processes that each keep one core busy until they are stopped (`stop`)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL) for _ in range(n)]
+
+
+def stop(processes: list[subprocess.Popen]) -> None:
+    for proc in processes:
+        proc.terminate()
+    for proc in processes:
+        proc.wait()
+
+
+def pair_ratio(values: list[float], bases: list[float]) -> str:
+    """The median over the rounds of each round's value / base, as a table cell."""
+    return f"{statistics.median(v / b for v, b in zip(values, bases)):.2f}x"
+
+
 def auto_table(args: argparse.Namespace) -> None:
     import collections
 
     import torch
 
-    from benchmarks.runs import recipe as set_up
-    from benchmarks.timing import interleaved, markdown_table, medians, ratio
-    from mtl_bench.analysis.machine import machine_description
-    from mtl_bench.engine.threads import available_cores, choose_threads
+    default_threads = torch.get_num_threads()  # torch's default, before anything here sets it
 
-    cores = available_cores()
-    loads = [os.getloadavg()[0]]
+    from benchmarks.runs import recipe as set_up
+    from benchmarks.timing import interleaved, markdown_table, medians
+    from mtl_bench.analysis.machine import machine_description
+    from mtl_bench.engine.threads import choose_threads
+
+    start_load = os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, overrides in AUTO_CASES:
@@ -291,40 +311,49 @@ def auto_table(args: argparse.Namespace) -> None:
             with set_up(run_overrides, Path(tmp) / label.replace(" ", "_").replace(",", "")) as recipe:
                 numel = sum(p.numel() for p in recipe.model.parameters())
                 recipe.model.train()
-                for threads in (cores, 1):  # warm-up: allocator, first-call costs
+                for threads in (default_threads, 1):  # warm-up: allocator, first-call costs
                     torch.set_num_threads(threads)
                     time_steps(recipe, max(2, args.steps // 4))
-                chosen: collections.Counter[int] = collections.Counter()
+                for busy in args.loads:
+                    chosen: collections.Counter[int] = collections.Counter()
 
-                def timer(threads: int | None) -> Callable[[], float]:
-                    def timed() -> float:
-                        n = threads
-                        if n is None:  # auto, as a run starting now: it watches the cores first (untimed)
-                            n = choose_threads("auto", model_numel=numel)[0]
-                            chosen[n] += 1
-                        torch.set_num_threads(n)
-                        return time_steps(recipe, args.steps)
+                    def timer(threads: int | None) -> Callable[[], float]:
+                        def timed() -> float:
+                            n = threads
+                            if n is None:  # auto, as a run starting now: it watches the cores first (untimed)
+                                n = choose_threads("auto", model_numel=numel)[0]
+                                chosen[n] += 1
+                            torch.set_num_threads(n)
+                            return time_steps(recipe, args.steps)
 
-                    return timed
+                        return timed
 
-                per = interleaved({"1": timer(1), "all": timer(cores), "auto": timer(None)}, args.repeats)
-            loads.append(os.getloadavg()[0])
-            mid = medians(per)
-            picks = ", ".join(f"{n} x{c}" for n, c in sorted(chosen.items()))
-            rows.append(
-                [label, f"{numel:,}", f"{mid['1'] * 1e3:.1f}", f"{mid['all'] * 1e3:.1f}", f"{mid['auto'] * 1e3:.1f}"]
-                + [picks, ratio(mid["all"], mid["1"]), ratio(mid["auto"], mid["1"])]
-            )
-            print(f"{label}: {rows[-1]}", file=sys.stderr)
+                    spinning = busy_processes(busy)
+                    try:
+                        time.sleep(1.0 if busy else 0.0)  # the spinners running before the first block
+                        variants = {"1": timer(1), "default": timer(default_threads), "auto": timer(None)}
+                        per = interleaved(variants, args.repeats)
+                        load = os.getloadavg()[0]
+                    finally:
+                        stop(spinning)
+                    mid = medians(per)
+                    picks = ", ".join(f"{n} x{c}" for n, c in sorted(chosen.items()))
+                    rows.append(
+                        [label, f"{numel:,}", busy, f"{load:.1f}", f"{mid['1'] * 1e3:.1f}"]
+                        + [f"{mid['default'] * 1e3:.1f}", f"{mid['auto'] * 1e3:.1f}", picks]
+                        + [pair_ratio(per["auto"], per["1"]), pair_ratio(per["auto"], per["default"])]
+                    )
+                    print(f"{label}: {rows[-1]}", file=sys.stderr)
     print(f"machine: {machine_description()}, Python {platform.python_version()}")
-    print(f"load average (1 min) at the start and after each model: {', '.join(f'{x:.1f}' for x in loads)}")
+    print(f"load average (1 min) at the start: {start_load:.1f}; torch's default: {default_threads} threads")
     print(
-        f"ms per optimizer step, median of {args.repeats} blocks of {args.steps} steps; 1 thread, all {cores} cores "
-        "(auto before it looked at the load), and auto now (chosen before each block; 'n xk': n threads in k "
-        "blocks)\n"
+        f"ms per optimizer step, median of {args.repeats} interleaved blocks of {args.steps} steps, beside 'busy' "
+        f"processes each spinning a core (started by this script); 1 thread, torch's default ({default_threads}), "
+        "and auto (chosen before each block; 'n xk': n threads in k blocks); the ratios are medians over the rounds "
+        "of each round's pair\n"
     )
-    header = ["model", "parameters", "1 thread ms", f"{cores} threads ms", "auto ms", "auto chose"]
-    header += [f"{cores} / 1", "auto / 1"]
+    header = ["model", "parameters", "busy", "load", "1 thread ms", "default ms", "auto ms", "auto chose"]
+    header += ["auto / 1", "auto / default"]
     print(markdown_table(header, rows))
 
 
@@ -337,6 +366,7 @@ def main() -> None:
     parser.add_argument("--match", nargs="+", help="--sizes: only the models whose label contains one of these")
     parser.add_argument("--max-steps", type=int, default=1000, help="trainer.max_steps of each run")
     parser.add_argument("--copies", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--loads", type=int, nargs="+", default=[0, 2, 4], help="--auto: busy processes beside it")
     parser.add_argument("--table-from", metavar="STDERR_LOG", help="print the table from an earlier run's stderr")
     args = parser.parse_args()
     if args.table_from:
@@ -345,7 +375,7 @@ def main() -> None:
         args.repeats, args.steps = args.repeats or 5, args.steps or 40
         sizes_table(args)
     elif args.auto:
-        args.repeats, args.steps = args.repeats or 7, args.steps or 10
+        args.repeats, args.steps = args.repeats or 9, args.steps or 10
         auto_table(args)
     else:
         args.repeats = args.repeats or 2

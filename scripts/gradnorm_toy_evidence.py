@@ -6,7 +6,7 @@
 The sweep is `mtl-bench train -m experiment=gradnorm_toy,gradnorm_toy_equal seed=0,1,2`. Printed and written:
 per seed, the test sum_i L_i/L_i(0) of both and the Spearman correlation between sigma_i and GradNorm's final
 weight w_i (the paper's Figure 3: weights order inversely to sigma, so close to -1); a plot of the weights
-over training (needs matplotlib: pip install -e ".[plot]").
+over training (with matplotlib, a dependency of mtl-bench).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def plot_weights(run: Run, path: Path) -> bool:
     try:
         import matplotlib
     except ImportError:
-        print("matplotlib is not installed (pip install -e '.[plot]'): no plot written")
+        print("matplotlib is not installed (pip install matplotlib): no plot written")
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -80,13 +80,13 @@ def test_pip_commands_name_extras_pyproject_declares_and_the_torch_pair_ci_insta
                 assert set(match.group(1).split(",")) <= extras, word
             elif "==" in word:
                 assert word in ci_pins, f"{word}: .ci/run installs {sorted(ci_pins)}"
-    # The README's extras named in prose (`.[plot]`, ...) exist too.
+    # The README's extras named in prose (`.[sweep]`, ...) exist too.
     for named in re.findall(r"`\.\[([\w,]+)\]`", README.read_text()):
         assert set(named.split(",")) <= extras, named
 
 
 def test_the_extras_are_read_from_pyproject():
-    assert {"dev", "plot", "sweep", "optuna", "peers"} <= pyproject_extras()
+    assert {"dev", "sweep", "optuna", "peers", "chem"} <= pyproject_extras()
 
 
 def test_the_readme_test_command_is_the_one_ci_runs():

@@ -102,6 +102,9 @@ class Balancer(nn.Module):
     # device in a step (tests/engine/test_host_sync.py checks both on the CPU; docs/methods.md lists them).
     HOST_SOLVE: str = ""
     HOST_SOLVE_IN: str = "_solve"
+    # A 0-d bool on the device, set by a step whose weights were not finite though its Gramian and losses were (the
+    # method's fault, not the data's); the engine records it per step and reads it where it reads the device anyway.
+    nonfinite_weights: Optional[Tensor] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Every balancer's first argument is its task names. A balancer that takes `weights` also takes EnCodec's
@@ -128,6 +131,11 @@ class Balancer(nn.Module):
         if not task_names:
             raise ValueError("task_names: a balancer needs at least one task")
         self.task_names = list(task_names)
+
+    @property
+    def part_name(self) -> str:
+        """The part as a user's error line names it: `balancer (my_lab.balancers.Mine)`."""
+        return f"balancer ({type(self).__module__}.{type(self).__qualname__})"
 
     def check_losses(self, losses: dict[str, Tensor]) -> None:
         """Losses must name exactly the balancer's tasks."""

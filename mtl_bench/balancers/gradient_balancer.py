@@ -44,10 +44,11 @@ from mtl_bench.balancers.checks import one_of
 from mtl_bench.balancers.distributed import rank_mean
 from mtl_bench.balancers.gramian import build_kernel_for, gram_metrics, gramian
 from mtl_bench.balancers.graph import NOT_A_CUT, task_params
-from mtl_bench.balancers.leaf_grads import leaf_grads_root, write_leaf_grads
+from mtl_bench.balancers.leaf_grads import GradientShapeError, leaf_grads_root, write_leaf_grads
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
 from mtl_bench.balancers.task_grads import grads_at_shared, task_jacobian
-from mtl_bench.balancers.weighting import Solution
+from mtl_bench.balancers.weighting import Solution, check_solution
+from mtl_bench.errors import ContractError
 
 GRAD_SOURCES = ("shared_params", "shared_rep")
 
@@ -173,11 +174,34 @@ class GradientBalancer(StagedBalancer):
         solution = self._solve(gram, losses)  # type: ignore[arg-type]  # None only for a method that ignores it
         return self.write_direction(blocks, solution, gram, shared)
 
+    def _aggregate_checked(
+        self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
+    ) -> dict[str, Tensor]:
+        """`aggregate`, its result held to the contract: gradients of the leaves' shapes, 0-d measurements."""
+        try:
+            metrics = self.aggregate(blocks, scale, losses, shared)
+        except GradientShapeError as err:
+            raise ContractError(f"{self.part_name} wrote {err}") from None
+        if not isinstance(metrics, dict):
+            raise ContractError(
+                f"{self.part_name}: aggregate returned {type(metrics).__name__}; the contract: a dict of 0-d tensors"
+            )
+        for tag, value in metrics.items():
+            if not isinstance(value, Tensor) or value.dim() != 0:
+                shown = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ContractError(f"{self.part_name} returned measurement {tag!r} as {shown}; the contract: 0-d")
+        return metrics
+
     def write_direction(
         self, blocks: list[Tensor], solution: Solution, gram: Optional[Tensor], shared: Optional[Tensor]
     ) -> dict[str, Tensor]:
         """Write Σ_i w_i J_i per block (and the heads held for the solve) into `.grad`, or with shared_rep back
         through the trunk; return `weight/<task>`, the Gramian's measurements when measuring, and the solution's."""
+        weights = solution.weights
+        per_block = len(blocks) if isinstance(weights, Tensor) and weights.dim() == 2 else None
+        check_solution(solution, len(self.task_names), per_block, blocks[0], self.part_name)
+        if self._finite is not None:  # the inputs were finite (_require_finite): NaN weights are the method's
+            self.nonfinite_weights = self._finite & ~torch.isfinite(weights).all()
         pairs = [
             (p, g * solution.head_weights[i].to(g.dtype) if solution.head_weights is not None else g)
             for i, p, g in self._held
@@ -190,7 +214,7 @@ class GradientBalancer(StagedBalancer):
         else:  # the directions and heads' gradients are made here: autograd keeps them as `.grad` without a copy
             pairs[:0] = zip(self._params, combine(blocks, solution.weights))
             write_leaf_grads(pairs)
-        weights = solution.weights if solution.weights.dim() == 1 else solution.weights.mean(0)
+        weights = weights if weights.dim() == 1 else weights.mean(0)
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
         if gram is not None and self.measuring:
             metrics.update(gram_metrics(gram, self.task_names))
@@ -210,7 +234,7 @@ class GradientBalancer(StagedBalancer):
             rows, heads = grads_at_shared(ordered, shared, scale, self._param_ids, [p for p, _ in found])
             pairs = self._heads(heads, range(len(ordered)), head_w)
             write_leaf_grads(pairs) if pairs else None
-            metrics = self.aggregate([rows], scale, self._mean("losses", loss_values), shared)
+            metrics = self._aggregate_checked([rows], scale, self._mean("losses", loss_values), shared)
             self._end_joint()
             return metrics
         spare = self._spare if self._blocks is None else None  # never the accumulator of this step's micro-batches
@@ -223,7 +247,7 @@ class GradientBalancer(StagedBalancer):
         if self._seen["joint"] < self._steps():
             return {}
         assert self._blocks is not None  # set by _add_blocks above
-        metrics = self.aggregate(self._blocks, scale, self._losses_sum / self._seen["joint"], None)
+        metrics = self._aggregate_checked(self._blocks, scale, self._losses_sum / self._seen["joint"], None)
         self._spare, self._blocks = self._blocks, None  # no method keeps them past its solve
         self._end_joint()
         return metrics
@@ -275,7 +299,7 @@ class GradientBalancer(StagedBalancer):
         blocks = [torch.stack(ts) for ts in zip(*(self._task_blocks[name] for name in self.task_names))]
         self._task_blocks = {}
         losses = torch.stack([self._collected[name]["loss"] for name in self.task_names])
-        return self.aggregate(blocks, scale, losses, None)
+        return self._aggregate_checked(blocks, scale, losses, None)
 
     def _transform_losses_one(self, index: int, loss: Tensor) -> list[Tensor]:
         return [loss]

@@ -11,7 +11,15 @@ from torch import Tensor, nn
 from mtl_bench.balancers.distributed import rank_mean
 from mtl_bench.balancers.gradient_balancer import GRAD_SOURCES, GradientBalancer
 from mtl_bench.balancers.gramian import gramian
-from mtl_bench.balancers.weighting import WEIGHTING_ARGUMENTS, Solution, Weighting, as_solution, build_weighting
+from mtl_bench.balancers.weighting import (
+    WEIGHTING_ARGUMENTS,
+    Solution,
+    Weighting,
+    as_solution,
+    build_weighting,
+    qualified_name,
+)
+from mtl_bench.errors import ContractError
 
 PREFIX = "weighting."
 
@@ -89,9 +97,28 @@ class GramianBalancer(GradientBalancer):
         self._block_grams = rank_mean(grams / (scale * scale) if scale is not None else grams)
         return self._block_grams.sum(0)
 
+    @property
+    def part_name(self) -> str:
+        """A method of mtl-bench is the balancer; under balancer=gramian the weighting is the user's part."""
+        if self.weighting_class is not None:
+            return super().part_name
+        return f"balancer.weighting ({qualified_name(self.weighting)})"
+
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
         solution = as_solution(self.weighting(self._block_grams if self.weighting.per_block else gram, losses))
         if solution.state:
+            buffers = self.weighting._buffers
+            for name, value in solution.state.items():
+                kept = buffers.get(name)
+                if kept is None or not isinstance(value, Tensor) or value.shape != kept.shape:
+                    wanted = (
+                        f"shape {tuple(kept.shape)}" if kept is not None else f"one of {sorted(buffers) or '(none)'}"
+                    )
+                    shown = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                    raise ContractError(
+                        f"{self.part_name} returned state {name!r} {shown}; the contract: a new value of one of its "
+                        f"buffers, {wanted}"
+                    )
             self._stage(**{PREFIX + name: value for name, value in solution.state.items()})
         return solution
 

@@ -8,6 +8,12 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from mtl_bench.errors import ContractError
+
+
+class GradientShapeError(ContractError):
+    """A gradient written for a leaf of another shape (an aggregator's bug); the balancer names itself in front."""
+
 
 class _HandOver(torch.autograd.Function):
     """A scalar whose backward returns, once, the gradients it was given for its inputs (the leaves)."""
@@ -33,6 +39,9 @@ def leaf_grads_root(pairs: list[tuple[Tensor, Tensor]]) -> Tensor:
     hooks and DDP's reducer see an ordinary backward.
     """
     leaves = [p for p, _ in pairs]
+    for p, g in pairs:  # metadata only: no read of the device
+        if g.shape != p.shape:
+            raise GradientShapeError(f"a gradient of shape {tuple(g.shape)} for a parameter of shape {tuple(p.shape)}")
     box = [[g.to(p.dtype) for p, g in pairs]]
     pairs.clear()
     with torch.enable_grad():

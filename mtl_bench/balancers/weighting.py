@@ -16,6 +16,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from torch import Tensor, nn
 
+from mtl_bench.errors import ContractError
+
 # What the engine hands a weighting's constructor, by name, when it asks for it (a config node that names such an
 # argument is built by the engine: `_partial_: true`); everything else in the signature is an option.
 WEIGHTING_ARGUMENTS = {
@@ -48,7 +50,8 @@ class Weighting(nn.Module):
     follow `task_names` sorted.
 
     State (EMA, counters, a generator) lives in buffers, so `state_dict()` and checkpoints hold it; a new value
-    goes back in `Solution.state` and the balancer commits it only when the optimizer step is taken. Two
+    goes back in `Solution.state`. With a context (the engine's loop) the balancer commits it at `step(skipped)`,
+    only when the optimizer step is taken; without one (a plain loop's `backward(losses, shared)`) at once. Two
     attributes, set by an option in `__init__`, ask the engine for more: `weighs_heads` (the heads' gradients
     wait for the solve and are weighted by `Solution.head_weights`: Nash-MTL's `head_weights=alpha`) and
     `per_block` (`forward` gets one Gramian per block of J, (K, T, T), and returns (K, T) weights: GradVac's
@@ -65,6 +68,40 @@ class Weighting(nn.Module):
 
 def as_solution(result: Union[Tensor, Solution]) -> Solution:
     return result if isinstance(result, Solution) else Solution(result)
+
+
+def qualified_name(obj: Any) -> str:
+    """`my_lab.weightings.Foo` of an object's class (how its config's `_target_` names it)."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def check_solution(solution: Solution, tasks: int, blocks: Optional[int], like: Tensor, who: str) -> None:
+    """A weighting's (or aggregator's) result against the contract, once per step: shapes, dtypes and devices are
+    metadata, so the check reads nothing from the device. `blocks`: K for a per-block result, else None; `like`: the
+    Gramian (or a gradient block), whose device the weights must be on; `who`: the part, as its config names it.
+    Raises ContractError (one line)."""
+    weights = solution.weights
+    wanted = f"({blocks}, {tasks})" if blocks is not None else f"({tasks},)"
+    if not isinstance(weights, Tensor):
+        raise ContractError(f"{who} returned {type(weights).__name__} weights; the contract: a {wanted} tensor")
+    if not weights.is_floating_point():
+        raise ContractError(f"{who} returned {weights.dtype} weights; the contract: a floating-point {wanted} tensor")
+    if tuple(weights.shape) != ((blocks, tasks) if blocks is not None else (tasks,)):
+        raise ContractError(
+            f"{who} returned weights of shape {tuple(weights.shape)}; the contract: {wanted}, one per task"
+            + (" per block (per_block)" if blocks is not None else "")
+        )
+    if weights.device != like.device:
+        raise ContractError(f"{who} returned weights on {weights.device}; the Gramian is on {like.device}")
+    heads = solution.head_weights
+    if heads is not None and (not isinstance(heads, Tensor) or tuple(heads.shape) != (tasks,)):
+        shown = tuple(heads.shape) if isinstance(heads, Tensor) else type(heads).__name__
+        raise ContractError(f"{who} returned head_weights {shown}; the contract: None or a ({tasks},) tensor")
+    for tag, value in solution.metrics.items():
+        if not isinstance(value, Tensor) or value.dim() != 0:
+            shown = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ContractError(f"{who} returned metric {tag!r} as {shown}; the contract: a 0-d tensor")
 
 
 def build_weighting(

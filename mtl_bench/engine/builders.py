@@ -11,6 +11,7 @@ with an argument's name ("alpha: must be >= 0, got -1") is reported as `balancer
 from __future__ import annotations
 
 import collections.abc
+import importlib
 import inspect
 import re
 import types
@@ -23,6 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench.balancers.base import BUILD_ARGUMENTS
+from mtl_bench.balancers.weighting import WEIGHTING_ARGUMENTS, Weighting
 from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.errors import ConfigError
 from mtl_bench.hydra_errors import closest
@@ -43,6 +45,8 @@ SUPPLIED: dict[str, tuple[str, ...]] = {
 }
 # Each logger under `logger.<name>` is given the run's facts (loggers.RunInfo).
 LOGGER_SUPPLIED = ("run",)
+# A node inside a part's (`balancer.weighting`) is built by that part, which supplies these to its kind of class.
+NESTED_SUPPLIED: dict[type, tuple[str, ...]] = {Weighting: tuple(WEIGHTING_ARGUMENTS)}
 
 
 def node_dict(node: Any) -> dict[str, Any]:
@@ -60,8 +64,27 @@ def target_of(key: str, node: Mapping[str, Any]) -> Callable[..., Any]:
     try:
         return _locate(path)
     except Exception as err:  # ImportError, AttributeError, ...: Hydra wraps them
+        missing = _missing_attribute(path)
+        if missing:
+            raise ConfigError(f"{key}._target_: {missing}") from None
         reason = str(err.__cause__ or err).strip().splitlines()[0]
         raise ConfigError(f"{key}._target_: cannot import {path!r} ({reason})") from None
+
+
+def _missing_attribute(path: str) -> Optional[str]:
+    """ "module 'my_lab.weightings' has no class 'Foo' (did you mean ...)" when the module imports and lacks the
+    name (Hydra's own message then says the module "is not a package"); None otherwise."""
+    module_path, _, name = path.rpartition(".")
+    if not module_path:
+        return None
+    try:
+        module = importlib.import_module(module_path)
+    except Exception:  # the module itself does not import: Hydra's reason says why
+        return None
+    if hasattr(module, name):
+        return None
+    defined = [n for n, v in vars(module).items() if callable(v) and getattr(v, "__module__", None) == module.__name__]
+    return f"module {module_path!r} has no class {name!r}{closest(name, defined, prefix=module_path + '.')}"
 
 
 def parameters(target: Callable[..., Any]) -> dict[str, inspect.Parameter]:
@@ -166,6 +189,14 @@ def check_part(
     if not callable(target):
         raise ConfigError(f"{key}._target_: {node['_target_']!r} is not a class or function")
     params = parameters(target)
+    known = nested_supplied(target) if nested else None
+    if known is not None:  # a node whose builder is known: what it leaves out must be what that builder supplies
+        supplied, nested = [*supplied, *known], False
+        asked = [n for n in known if n in params and params[n].default is inspect.Parameter.empty]
+        if asked and not node.get("_partial_"):
+            raise ConfigError(
+                f"{key}._partial_: {node['_target_']} takes {asked[0]} from the engine; add {key}._partial_=true"
+            )
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     supplied, ignore = set(supplied), set(ignore)
     options = [
@@ -203,6 +234,15 @@ def check_part(
         if required and name not in node and name not in supplied and not (nested and node.get("_partial_")):
             raise ConfigError(f"{key}.{name}: {node['_target_']} needs it; add +{key}.{name}=<value>")
     return target
+
+
+def nested_supplied(target: Callable[..., Any]) -> Optional[tuple[str, ...]]:
+    """The arguments a part supplies to a node of this class inside its own (a weighting's task_names); None when
+    the class is of no kind the engine knows (then a `_partial_` node may leave any argument to its part)."""
+    for kind, names in NESTED_SUPPLIED.items():
+        if isinstance(target, type) and issubclass(target, kind):
+            return names
+    return None
 
 
 def option_names(key: str, node: Mapping[str, Any]) -> list[str]:

@@ -42,6 +42,7 @@ from mtl_bench.engine.step import optimizer_steps_per_epoch, resolve_accumulatio
 from mtl_bench.engine.validation import ValidationStream
 from mtl_bench.errors import ConfigError
 from mtl_bench.hydra_errors import closest
+from mtl_bench.loggers.base import missing_methods
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.optim import build_param_groups
 from mtl_bench.settings import to_steps
@@ -143,7 +144,13 @@ def check_loggers(cfg: DictConfig) -> None:
         node = loggers[name]
         if not isinstance(node, DictConfig):
             raise ConfigError(f"logger.{name}: expected a node with _target_, got {node!r}")
-        check_part(f"logger.{name}", node_dict(node), LOGGER_SUPPLIED)
+        target = check_part(f"logger.{name}", node_dict(node), LOGGER_SUPPLIED)
+        missing = missing_methods(target) if isinstance(target, type) else []
+        if missing:
+            raise ConfigError(
+                f"logger.{name}._target_: {node._target_} has no {', '.join(missing)}; a logger subclasses "
+                "mtl_bench.loggers.Logger (whose methods do nothing until overridden) or defines them all"
+            )
 
 
 def check_validation_keys(cfg: DictConfig, typed: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mtl_bench.engine.gradients import total_grad_norm
-from mtl_bench.errors import DivergedError, NonFiniteLossError
+from mtl_bench.errors import ContractError, DivergedError, NonFiniteLossError
 
 
 def nonfinite_flag(grads: list[Tensor], norm: Tensor | None = None) -> Tensor:
@@ -58,21 +58,37 @@ class NonFinitePolicy:
         window: int = 100,
         scaler_skips: bool = False,
         total_steps: int | None = None,
+        weights_source: str = "the balancer",
     ) -> None:
         """`scaler_skips`: fp16's grad scaler skips steps whose gradients overflow its scale, as part of
-        finding the scale; `raise` then stops for non-finite losses only."""
+        finding the scale; `raise` then stops for non-finite losses only. `weights_source`: the part whose
+        non-finite weights `record` is told of (`Balancer.part_name`), for the error line."""
         self.task_names, self.raises, self.scaler_skips = task_names, mode == "raise", scaler_skips
         self.max_fraction = max_skipped_fraction
         self.window = min(window, total_steps) if total_steps else window  # a shorter run is one window
         self.skipped = torch.zeros((), device=device)  # steps skipped for non-finite losses or gradients
-        # first step with a non-finite loss, per task, then (last entry) first skipped step of any cause
-        self.first_bad = torch.full((len(task_names) + 1,), -1, device=device)
+        # first step with a non-finite loss, per task, then the first skipped step of any cause, then the first step
+        # whose weights were not finite from finite inputs (the method's fault: it stops the run in any mode)
+        self.first_bad = torch.full((len(task_names) + 2,), -1, device=device)
+        self.weights_source = weights_source
         self.reported = 0.0
         self.history: deque[tuple[int, float]] = deque([(0, 0.0)])  # (step, skipped so far) at reads
 
-    def record(self, step: int, losses: Tensor, skipped: Tensor) -> None:
+    @property
+    def width(self) -> int:
+        """How many values `device_values` gives."""
+        return 1 + len(self.first_bad)
+
+    def record(self, step: int, losses: Tensor, skipped: Tensor, nonfinite_weights: Tensor | None = None) -> None:
+        """On the device, no read: `nonfinite_weights` is the balancer's flag of this step (None: not set)."""
         self.skipped += skipped
-        bad = torch.cat([~torch.isfinite(losses), skipped.reshape(1).to(torch.bool)]) & (self.first_bad < 0)
+        weights = (
+            nonfinite_weights.reshape(1).to(self.first_bad.device)
+            if nonfinite_weights is not None
+            else torch.zeros(1, dtype=torch.bool, device=self.first_bad.device)
+        )
+        flags = [~torch.isfinite(losses), skipped.reshape(1).to(torch.bool), weights]
+        bad = torch.cat(flags) & (self.first_bad < 0)
         self.first_bad = torch.where(bad, step, self.first_bad)
 
     def _agree(self) -> None:
@@ -92,17 +108,22 @@ class NonFinitePolicy:
     def first_bad_step(self, values: list[float]) -> tuple[int, str] | None:
         """(step counted from 1, what) of the first non-finite loss (naming its task), else of the first
         skipped step (non-finite gradients with finite losses); None when there was none."""
-        bad = [(int(step), f"loss for task {name!r}") for step, name in zip(values[1:-1], self.task_names) if step >= 0]
+        bad = [(int(step), f"loss for task {name!r}") for step, name in zip(values[1:-2], self.task_names) if step >= 0]
         if bad:
             step, what = min(bad)
             return step + 1, what
-        return (int(values[-1]) + 1, "gradients") if values[-1] >= 0 else None
+        return (int(values[-2]) + 1, "gradients") if values[-2] >= 0 else None
 
     def check(self, step: int, values: list[float] | None = None, loss_scale: float | None = None) -> float:
         """Stop as the policy says; return the skipped-step count. `values`: what `device_values()` gave,
         already on the host (else one read here); `step`: steps done; `loss_scale`: fp16's current scale:
         while it is >= 1 the scaler is still finding its scale, and its skips are not divergence."""
         values = values if values is not None else self.device_values().tolist()
+        if values[-1] >= 0:
+            raise ContractError(
+                f"{self.weights_source} returned non-finite weights at step {int(values[-1]) + 1} from a finite "
+                "Gramian and losses (the step was skipped; checkpoints hold the last good state)"
+            )
         first = self.first_bad_step(values)
         if self.raises and first is not None and not (self.scaler_skips and first[1] == "gradients"):
             raise NonFiniteLossError(

@@ -100,10 +100,16 @@ class Recipe:
         bar: bool = False,
         parallel_runs: int = 1,
         cores: Optional[int] = None,
+        attempt_dir: Optional[Path] = None,
     ) -> None:
         """parallel_runs, cores: how many runs the launcher starts at once and the cores it allots each
-        (engine/threads.py: parallel_runs_of, cores_of), for trainer.num_threads=auto."""
+        (engine/threads.py: parallel_runs_of, cores_of), for trainer.num_threads=auto. attempt_dir: where this
+        attempt's own record goes when `run_dir` already holds a run's (train.py: `.hydra/attempts/<n>`)."""
         self.cfg, self.run_dir, self.bar = cfg, Path(run_dir), bar
+        self.attempt_dir = attempt_dir
+        # A run's record (metrics.json, the checkpoint) is kept as it is unless this attempt writes a checkpoint
+        self.had_record = (self.run_dir / METRICS_FILE).is_file() or self.checkpoint_path.is_file()
+        self.saved_here = False  # this attempt wrote checkpoints/last.pt
         self.parallel_runs, self.cores = parallel_runs, cores
         self.overrides, self.choices = overrides or [], choices or {}
         self.conf: TrainerConf = OmegaConf.to_object(cfg.trainer)  # type: ignore[assignment]  # value checks
@@ -186,6 +192,7 @@ class Recipe:
             conf.skipped_window,
             scaler_skips=self.precision.scaler is not None,
             total_steps=self.total_steps,
+            weights_source=self.balancer.part_name,
         )
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.implementations = describe_parts(parts, {"trainer.compile": implementation_of(compiled)})
@@ -225,7 +232,7 @@ class Recipe:
         loggers: list[Logger] = []
         try:
             for name, node in nodes.items():
-                loggers.append(build(f"logger.{name}", node, Logger, run=run))
+                loggers.append(build(f"logger.{name}", node, run=run))  # a Logger, or a class with its methods
         except BaseException:
             Loggers(loggers).close()  # those already open
             raise
@@ -275,10 +282,11 @@ class Recipe:
             },
         )
         self.saved_step = self.step
+        self.saved_here = True
 
     def check_same_config(self, state: dict[str, Any], source: Path) -> None:
-        """Resume is the same run or nothing: any difference outside RESUMABLE_KEYS stops with one line, and
-        this run dir's .hydra record goes back to what the checkpoint trained."""
+        """Resume is the same run or nothing: any difference outside RESUMABLE_KEYS stops with one line (the run's
+        record is left as it was: train.py writes this attempt's config apart)."""
         if "config" not in state:
             return
         saved = flatten_hparams(OmegaConf.to_container(OmegaConf.create(state["config"])))  # type: ignore[arg-type]
@@ -296,10 +304,6 @@ class Recipe:
         ]
         if not differ:
             return
-        hydra_dir = self.run_dir / ".hydra"
-        if source.parent.parent.resolve() == self.run_dir.resolve() and hydra_dir.is_dir():
-            (hydra_dir / "config.yaml").write_text(state["config"])
-            (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(state["overrides"])))
         changes = ", ".join(f"{k} {saved.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in differ[:6])
         more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
         raise ResumeError(
@@ -522,7 +526,7 @@ class Recipe:
         self.scheduler.step()
         if hasattr(self.scheduler, "step_epoch") and (self.step + 1) % self.runner.steps_per_epoch == 0:
             self.scheduler.step_epoch()  # Eden decays with epochs as well as batches
-        self.nonfinite.record(self.step, result.losses, skipped)
+        self.nonfinite.record(self.step, result.losses, skipped, self.balancer.nonfinite_weights)
         return result
 
     def _report_parameters_outside_graph(self, losses: Iterable[torch.Tensor]) -> None:
@@ -553,14 +557,15 @@ class Recipe:
         ).tolist()
         losses = dict(zip(names, values[:n]))
         scalars = {tags.loss(name): v for name, v in losses.items()}
-        scalars.update(zip(measured.keys(), values[2 * n + 2 :]))
-        skipped = self.nonfinite.check(self.step, values[n : 2 * n + 2], scalars.get(tags.LOSS_SCALE))
+        width = self.nonfinite.width
+        scalars.update(zip(measured.keys(), values[n + width :]))
+        skipped = self.nonfinite.check(self.step, values[n : n + width], scalars.get(tags.LOSS_SCALE))
         scalars[tags.STEPS_SKIPPED] = skipped
         for i, group in enumerate(self.optimizer.param_groups):
             name = group.get("name", i)
             scalars[tags.lr(name)] = group["lr"]
-            momentum = group_momentum(group)
-            if momentum is not None:
+            momentum = group_momentum(group) if getattr(self.scheduler, "sets_momentum", False) else None
+            if momentum is not None:  # only a schedule that moves it: a constant is no measurement
                 scalars[tags.momentum(name)] = momentum
         scalars[tags.STEPS_PER_S] = rate
         if skipped > self.nonfinite.reported:
@@ -627,16 +632,26 @@ def train(
     bar: bool = False,
     parallel_runs: int = 1,
     cores: Optional[int] = None,
+    attempt_dir: Optional[Path] = None,
 ) -> TrainResult:
     """Finalise the config, set up, train and clean up one run with outputs in `run_dir`: what `mtl-bench train`
     runs, and usable without Hydra's app (tests, notebooks: `mtl_bench.compose_config` composes as the CLI does).
 
     `overrides`: the overrides the config was composed with (a length given there replaces the preset's). A config
     refused by `finalise_config` raises ConfigError before anything is built or written; after that, metrics.json
-    (rank 0) records the results, or `"status": "failed"` with the error."""
+    (rank 0) records the results, or `"status": "failed"` with the error. A run directory that already holds a
+    run's record (a resume in place) keeps it unless this attempt writes a checkpoint: a failure before that is
+    recorded in `attempt_dir` (if given) instead."""
     finalise_config(cfg, overrides or [])
     recipe = Recipe(
-        cfg, run_dir, overrides=overrides, choices=choices, bar=bar, parallel_runs=parallel_runs, cores=cores
+        cfg,
+        run_dir,
+        overrides=overrides,
+        choices=choices,
+        bar=bar,
+        parallel_runs=parallel_runs,
+        cores=cores,
+        attempt_dir=attempt_dir,
     )
     completed = False
     try:
@@ -644,8 +659,11 @@ def train(
         result = recipe.train()
         completed = True
     except BaseException as err:
-        if (recipe.dist is None or recipe.dist.is_main) and not isinstance(err, ResumeError):
-            record_failure(recipe.run_dir, err, recipe.step, recipe.overrides, recipe.choices)
+        if recipe.dist is None or recipe.dist.is_main:
+            kept = recipe.had_record and not recipe.saved_here  # the run's record is the last good attempt's
+            where = recipe.attempt_dir if kept or isinstance(err, ResumeError) else recipe.run_dir
+            if where is not None:
+                record_failure(where, err, recipe.step, recipe.overrides, recipe.choices)
         raise
     finally:
         recipe.cleanup(completed or recipe.stopped_together)

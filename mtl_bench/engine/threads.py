@@ -6,10 +6,12 @@ costs a lot as soon as anything else runs on the box: each op's threads wait for
 two copies of gradnorm_toy at once took 137 s each with torch's default, 52 s each with one thread).
 `trainer.num_threads=auto` therefore gives a small model one thread, and a larger one the cores this process
 may use divided by the number of runs its launcher starts at once, but no more than the cores that are idle when
-the run starts (other processes' load; measured: on a 2-core machine under load 4-6, two threads made an MMoE step
-20x slower than one). The choice is made once, at the start: load that comes later is not seen, and two runs of
-the same config that start under different load may use different thread counts (whose float reductions may
-differ in the last bits); an integer setting fixes it.
+the run starts (other processes' load, read for 0.25 s: a core counts only when it sat idle 90% of that time and
+no other thread waited to run; measured: on a 2-core machine under load 4-6, two threads made an MMoE step 20x
+slower than one, and counting a half-idle core made auto 1.43x one thread beside four processes). The choice is
+made once, at the start: load that comes later is not seen, and two runs of the same config that start under
+different load may use different thread counts (whose float reductions may differ in the last bits); an integer
+setting fixes it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ def available_cores() -> int:
 
 
 IDLE_WINDOW_S = 0.25  # how long auto watches the cores before choosing (this process sleeps meanwhile)
+SAMPLES = 10  # reads of the runnable count over that window
+# A core counts as free only when it sat idle this much of the window. Every parallel op waits for its slowest
+# thread, so a thread on a core that another process holds half the time is not half a thread but a stall at
+# each op: counting a half-idle core as free made auto 1.43x one thread with about four processes on 2 cores.
+FREE_IDLE = 0.9
 
 
 def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
@@ -64,19 +71,40 @@ def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
     return times
 
 
+def _runnable() -> Optional[int]:
+    """Threads runnable on the machine now (/proc/stat's procs_running, this one included); None where unknown."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def idle_cores(window: float = IDLE_WINDOW_S) -> Optional[float]:
     """How many of the cores this process may use sat idle over the next `window` seconds (this process sleeps
     meanwhile, so what keeps them busy is other processes): from the per-CPU counters of /proc/stat, else those
-    cores less the machine's one-minute load average; None where neither can be read."""
+    cores less the machine's one-minute load average; None where neither can be read. Where the process may use
+    every core of the machine, also at most the cores less the other threads runnable in the window (the median
+    of SAMPLES reads: processes that wait for the CPU leave no idle time to see, yet take a core's share)."""
     cpus = allowed_cpus()
     before = _cpu_times(cpus)
     if before:
-        time.sleep(window)
+        runnable = []
+        for _ in range(SAMPLES):
+            time.sleep(window / SAMPLES)
+            count = _runnable()
+            if count is not None:
+                runnable.append(count - 1)  # less this thread, which is running while it reads
         after = _cpu_times(cpus)
         idle = 0.0
         for cpu, (idle0, total0) in before.items():
             idle1, total1 = after.get(cpu, (idle0, total0))
             idle += (idle1 - idle0) / (total1 - total0) if total1 > total0 else 1.0
+        if runnable and len(cpus) >= (os.cpu_count() or 1):  # procs_running counts the whole machine
+            idle = min(idle, float(max(0, len(cpus) - sorted(runnable)[len(runnable) // 2])))
         return idle
     try:
         return max(0.0, len(cpus) - os.getloadavg()[0])  # the load of the whole machine: an estimate
@@ -147,8 +175,8 @@ def choose_threads(
     setting: an int (or its string) wins; None keeps torch's default (torch.get_num_threads()); "auto": 1 for
     a model below SMALL_MODEL_NUMEL parameters, else the cores this process may use (`cores`, capped by
     its affinity; the affinity when None) divided among the `parallel_runs` runs started at once and the
-    ranks of a torchrun job on this machine (LOCAL_WORLD_SIZE), capped by the cores idle now (`idle_cores`,
-    rounded), at least 1.
+    ranks of a torchrun job on this machine (LOCAL_WORLD_SIZE), capped by the cores idle now (`idle_cores`; a
+    core counts when idle FREE_IDLE of the window), at least 1.
     """
     setting = check_setting(setting)
     if setting is None:
@@ -171,7 +199,7 @@ def choose_threads(
     idle = idle_cores() if n > 1 else None
     busy = ""
     if idle is not None:
-        free = max(1, int(idle + 0.5))  # a core at least half idle counts as free
+        free = max(1, int(idle + 1 - FREE_IDLE))  # a core idle FREE_IDLE of the window counts as free
         busy = f", {idle:.1f} of them idle now" + (" (other processes keep the rest busy)" if free < n else "")
         n = min(n, free)
     return n, (

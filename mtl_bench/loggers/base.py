@@ -48,6 +48,18 @@ class Logger:
         """Release files; called once, also when the run fails."""
 
 
+def missing_methods(cls: type) -> list[str]:
+    """The interface's methods a logger class lacks: none for a subclass of `Logger`; a class of one's own that does
+    not subclass it must define them all (the engine calls each)."""
+    if issubclass(cls, Logger):
+        return []
+    return [
+        name
+        for name, value in vars(Logger).items()
+        if callable(value) and not name.startswith("_") and not callable(getattr(cls, name, None))
+    ]
+
+
 class Loggers(Logger):
     """Several loggers as one: each call goes to each in turn; close closes all even when one fails."""
 

@@ -65,6 +65,7 @@ class CyclicSchedule:
         self.last_step = self.period * cyclic_times - 1
         self.target_ratio = target_ratio
         self.momentum_target_ratio = momentum_target_ratio
+        self.sets_momentum = momentum_target_ratio is not None  # the engine logs momentum/<group> only then
         self.anneal_strategy = anneal_strategy
         self.iteration = 0
         for group in optimizer.param_groups:

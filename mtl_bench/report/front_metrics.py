@@ -19,7 +19,7 @@ def require_pymoo() -> None:
     except ImportError:
         raise ConfigError(
             "pymoo, which the front metrics (hypervolume, IGD, spacing) need, is not installed: "
-            "pip install 'mtl-bench[front]'"
+            "pip install pymoo (a dependency of mtl-bench missing here)"
         ) from None
 
 

@@ -28,7 +28,9 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ConfigError("--plots needs matplotlib: pip install 'mtl-bench[plot]'") from None
+        raise ConfigError(
+            "--plots needs matplotlib, a dependency of mtl-bench missing here: pip install matplotlib"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -34,7 +34,10 @@ def require_libraries() -> None:
         try:
             importlib.import_module(name)
         except ImportError:
-            raise ConfigError(f"mtl-bench study needs {name.split('.')[0]}: pip install 'mtl-bench[study]'") from None
+            package = name.split(".")[0]
+            raise ConfigError(
+                f"mtl-bench study needs {package}, a dependency missing here: pip install {package}"
+            ) from None
 
 
 def mean_ci(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:

@@ -69,3 +69,9 @@ def test_raise_names_task_and_step_and_keeps_the_last_checkpoint(small_conf, tmp
     state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert state["step"] == first - 1  # the checkpoint before the bad step; the check runs before each save
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_non_finite_weights_of_a_non_finite_batch_are_not_the_methods_fault(small_conf, tmp_path, nan_target):
+    """A NaN loss makes the Gramian NaN and so the weights: the step is skipped, and the method is not blamed."""
+    train(small_conf("balancer=upgrad", "optim=sgd"), tmp_path)
+    assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "completed"

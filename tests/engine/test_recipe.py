@@ -200,7 +200,15 @@ def test_grad_norm_total_and_momentum_are_logged_and_clipping_applies(small_conf
     norms = [e.value for e in events.Scalars("grad_norm/total")]
     assert [e.step for e in events.Scalars("grad_norm/total")] == [5, 10, 15, 20]
     assert all(n > 0.001 for n in norms)  # measured before clipping
-    assert [e.value for e in events.Scalars("momentum/default")] == pytest.approx([0.9] * 4)
+    assert "momentum/default" not in events.Tags()["scalars"]  # constant: only a schedule that moves it logs it
+
+
+def test_momentum_is_logged_where_the_schedule_moves_it(small_conf, tmp_path):
+    train(small_conf("optim=adam", "optim/schedule=cyclic"), tmp_path)
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    betas = [e.value for e in events.Scalars("momentum/default")]
+    assert len(betas) == 4 and len(set(betas)) > 1 and max(betas) <= 0.9 + 1e-6  # beta1 0.9 at most, moving
 
 
 def test_unused_parameters_are_named_once(small_conf, tmp_path, caplog, monkeypatch):
