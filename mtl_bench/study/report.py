@@ -13,7 +13,7 @@ from mtl_bench.errors import ConfigError
 from mtl_bench.study.spec import SCALARIZATION, SINGLE_TASK
 
 WIDTH = 100
-HEADER = ["method", "n", "test Δm % ↓", "vs scal. Δm", "p Holm", "detect.", "rank", "ms/step", "peak MiB", "{unit}"]
+HEADER = ["method", "n", "test Δm % ↓", "vs scal. Δm", "p Holm", "MDE", "rank", "ms/step", "peak MiB", "{unit}"]
 # The CSV form: numbers, not display strings (empty: not available).
 CSV_HEADER = [
     "method",
@@ -52,11 +52,16 @@ def _n(x: Optional[float], fmt: str) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
-def _pm(stat: Optional[dict[str, Any]], fmt: str = "+.2f") -> str:
+def _short(x: float, sign: str = "") -> str:
+    """Three significant digits in the table's columns (two decimals below 10, one above)."""
+    return format(x, f"{sign}.{2 if abs(x) < 10 else 1}f")
+
+
+def _pm(stat: Optional[dict[str, Any]]) -> str:
     if not stat or stat.get("mean") is None:
         return ""
     ci = stat.get("ci95")
-    return f"{stat['mean']:{fmt}} ± {'n/a' if ci is None else format(ci, '.2f')}"
+    return f"{_short(stat['mean'], '+')} ± {'n/a' if ci is None else _short(ci)}"
 
 
 def table_rows(results: dict[str, Any]) -> list[list[str]]:
@@ -75,7 +80,7 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
                 _pm(row.get("delta_m")),
                 "(baseline)" if name == SCALARIZATION else _pm(vs) + mark,
                 _n(vs.get("p_holm"), ".3f") if vs else "",
-                _n(vs.get("detectable"), ".2f") if vs else "",
+                "" if not vs or vs.get("detectable") is None else _short(vs["detectable"]),
                 _n(row.get("mean_rank"), ".2f"),
                 _n(row.get("time_per_step_ms"), ".3g"),
                 _n(row.get("peak_memory_mib"), ".0f"),
@@ -150,7 +155,7 @@ def footer(results: dict[str, Any]) -> list[str]:
         "n: final runs with test metrics / final seeds; vs scal.: per-seed Δm minus tuned scalarization's, paired by "
         "seed, mean ± 95% CI (none below 2 seeds); p Holm: paired t test, Holm-corrected over the methods; < / > "
         "better / worse with separation",
-        "detect.: the smallest paired difference (Δm points) the seeds detect with 80% power (paired t test at "
+        "MDE: the minimum detectable effect, the smallest paired difference (Δm points) the seeds detect with 80% power (paired t test at "
         "Holm's strictest level 0.05 / methods compared; statsmodels TTestPower, observed SD of the differences)",
         "rank: mean rank over the test metrics; ms/step: training wall time / steps of the final runs"
         + (f"; peak MiB: {memory}, largest over the final runs" if memory else ""),

@@ -77,6 +77,8 @@ class Study:
         self.runs_dir = self.dir / RUNS_DIR
         self.tuning = tuning_runs(cfg, tasks)
         self.final: list[PlannedRun] = []
+        self.measured: Optional[str] = None  # the machine line (see machine())
+        self.measured_here = False
 
     def plan(self) -> dict[str, Any]:
         return {
@@ -103,13 +105,14 @@ class Study:
         write_json(self.dir / INDEX_FILE, {"machine": self.machine(), "runs": entries})
 
     def machine(self, measure: bool = False) -> Optional[str]:
-        """The machine line of the last phase that trained runs (its load average read as they started): a rerun
-        that trains nothing keeps it, so a report never describes another machine than the one the runs ran on."""
-        if measure:
+        """The machine line read before this session's first phase that trains runs (its load average: what else
+        ran; a later phase would read the study's own jobs): a rerun that trains nothing keeps it, so a report
+        never describes another machine than the one the runs ran on."""
+        if measure and not self.measured_here:
             from mtl_bench.analysis.machine import machine_description
 
-            self.measured = machine_description()
-        if getattr(self, "measured", None) is None:
+            self.measured, self.measured_here = machine_description(), True
+        elif self.measured is None:
             try:
                 self.measured = json.loads((self.dir / INDEX_FILE).read_text()).get("machine")
             except (OSError, ValueError, AttributeError):

@@ -87,7 +87,10 @@ def _unknown_key_message(err: OmegaConfBaseException) -> str:
         import difflib
 
         node = _schema_of(key.split(".")[:-1])
-        close = difflib.get_close_matches(key.split(".")[-1], list(node.__dataclass_fields__) if node else [], n=1)
+        from dataclasses import fields
+
+        known = [f.name for f in fields(node)] if node else []
+        close = difflib.get_close_matches(key.split(".")[-1], known, n=1)
         message += f"; did you mean {close[0]!r}?" if close else ""
     return message
 

@@ -158,7 +158,7 @@ def test_the_study_report(study_dir, tmp_path):
     assert max(len(line) for line in lines) <= 100
     assert lines[0].split()[:4] == ["method", "n", "test", "Δm"]
     assert lines[2].split()[:2] == ["equal", "2/2"]
-    assert any(line.startswith("detect.: the smallest paired difference") for line in lines)
+    assert any(line.startswith("MDE: the minimum detectable effect") for line in lines)
     assert [line.split()[0] for line in lines[2:7]] == ["equal", "scalarization", "uw", "dwa", "single-task"]
     assert any(line.startswith("verdict: ") for line in lines)
     markdown = run_cli("report", str(study_dir), "--format", "markdown", "--plots", str(tmp_path / "plots"))
