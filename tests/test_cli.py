@@ -98,7 +98,8 @@ def test_cfg_job_prints_the_composed_config():
         ),
         (
             ["model.name=lenet"],
-            "mtl-bench: error: model.name: no such key; choose an option with model=<option> (celeba_cnn, lenet, mlp, ",
+            "mtl-bench: error: model.name: no such key; choose an option with model=<option> "
+            "(celeba_cnn, decision, lenet, mlp, ",
         ),
         (
             ["model._target_=no.such.Class"],

@@ -155,7 +155,8 @@ def footer(results: dict[str, Any]) -> list[str]:
         "n: final runs with test metrics / final seeds; vs scal.: per-seed Δm minus tuned scalarization's, paired by "
         "seed, mean ± 95% CI (none below 2 seeds); p Holm: paired t test, Holm-corrected over the methods; < / > "
         "better / worse with separation",
-        "MDE: the minimum detectable effect, the smallest paired difference (Δm points) the seeds detect with 80% power (paired t test at "
+        "MDE: the minimum detectable effect, the smallest paired difference (Δm points) the seeds detect with 80% "
+        "power (paired t test at "
         "Holm's strictest level 0.05 / methods compared; statsmodels TTestPower, observed SD of the differences)",
         "rank: mean rank over the test metrics; ms/step: training wall time / steps of the final runs"
         + (f"; peak MiB: {memory}, largest over the final runs" if memory else ""),
