@@ -67,7 +67,7 @@ def objective(label: str, params: dict[str, float], losses: np.ndarray, r: np.nd
     return losses @ r - params["lambda_"] * cos  # cosmos
 
 
-def parse_s(points: list[list[float]], front: np.ndarray) -> list[float]:
+def nearest_s(points: list[list[float]], front: np.ndarray) -> list[float]:
     """s of each point's nearest point of the true front (front[i] is at s = -1 + 2 i / (n - 1))."""
     n = len(front)
     return [-1.0 + 2.0 * int(np.argmin(((front - p) ** 2).sum(axis=1))) / (n - 1) for p in points]
@@ -139,7 +139,7 @@ def main() -> None:
         for group, (found, metrics, seconds) in groups.items():
             truth = metrics["true_front"]
             hv = hypervolume(found, truth["reference_point"])
-            s = parse_s(found, np.array(truth["points"]))
+            s = nearest_s(found, np.array(truth["points"]))
             off = max(min(math.dist(p, q) for q in truth["points"]) for p in found)
             rows.append(
                 f"| {group} | {label} | {hypervolume(ideal, REFERENCE) / bound:.3f} | {hv / bound:.3f} | "
