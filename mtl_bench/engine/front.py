@@ -21,12 +21,19 @@ from mtl_bench.engine.builders import build, node_dict
 from mtl_bench.errors import ConfigError
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.models.fronts import PreferenceModel
-from mtl_bench.report.front_metrics import front_summary, require_pymoo
+from mtl_bench.report.front_metrics import front_summary, hypervolume, require_pymoo
 from mtl_bench.report.front_plots import figure_pixels, front_figure
+from mtl_bench.tasks import TaskSet
 
 log = logging.getLogger("mtl_bench")
 
 Metrics = dict[str, dict[str, float]]
+
+# A task set with a known front (`true_front(n)`): points recorded for IGD, and a denser sample for its hypervolume
+# (20,001 points: below the continuous front's by ~1e-4 of it on tasks=pareto_toy; 501 for IGD keeps metrics.json
+# small).
+TRUE_FRONT_POINTS = 501
+TRUE_FRONT_HV_POINTS = 20_001
 
 
 def build_front_model(
@@ -213,3 +220,25 @@ def front_run(
     assert isinstance(balancer, PreferenceScalarization)
     reference = node_dict(cfg.tasks).get("front_reference")
     return FrontRun(model, balancer, conf, tasks, reference)
+
+
+def true_front_record(taskset: TaskSet, cfg: DictConfig) -> dict[str, Any]:
+    """metrics.json's `true_front` for a task set that knows its front (a `true_front(n)` method giving n points of
+    it, task order): {"tasks", "points", and with tasks.front_reference and pymoo "hypervolume" (the true front's,
+    at that reference point)}; {} for any other task set, or when a task was dropped (trainer.only_tasks)."""
+    front = getattr(taskset, "true_front", None)
+    if front is None:
+        return {}
+    points = front(TRUE_FRONT_POINTS)
+    if len(points[0]) != len(taskset.task_names):
+        return {}
+    record: dict[str, Any] = {"tasks": taskset.task_names, "points": points}
+    reference = check_reference(node_dict(cfg.tasks).get("front_reference"), taskset.task_names)
+    try:
+        require_pymoo()
+    except ConfigError:  # the report, which needs pymoo too, then says so
+        return {"true_front": record}
+    if reference is not None:
+        point = [reference[t] for t in taskset.task_names]
+        record |= {"reference_point": point, "hypervolume": hypervolume(front(TRUE_FRONT_HV_POINTS), point)}
+    return {"true_front": record}

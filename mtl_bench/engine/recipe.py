@@ -40,7 +40,7 @@ from mtl_bench.engine.distributed import (
     wrap_ddp,
 )
 from mtl_bench.engine.evaluate import evaluate
-from mtl_bench.engine.front import FrontRun, front_run
+from mtl_bench.engine.front import FrontRun, front_run, true_front_record
 from mtl_bench.engine.gradients import clip_gradients
 from mtl_bench.engine.memory import peak_memory, reset_peak_memory
 from mtl_bench.engine.nonfinite import NonFinitePolicy, nonfinite_flag, step_unless
@@ -616,6 +616,7 @@ class Recipe:
             "implementations": self.implementations,
             "reference": self.taskset.reference,
             **({"front": self.front_record} if self.front_record is not None else {}),
+            **true_front_record(self.taskset, self.cfg),
             "peak_memory": peak_memory(self.device),
             "threads": torch.get_num_threads(),
             "device": self.device.type,

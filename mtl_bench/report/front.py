@@ -1,6 +1,8 @@
 """Fronts in a report: per group, the hypervolume of its front (± CI over seeds), for runs of a preference-conditioned
 model (metrics.json `front`: one front per run) and for sweeps of fixed-preference runs (the classic front of separate
-models: per seed, one point per run); IGD of each front against the separate-model front of the same seed."""
+models: per seed, one point per run); IGD of each front against the separate-model front of the same seed, task set,
+model and steps; and for a task set whose true front is known (metrics.json `true_front`) the hypervolume as a
+fraction of the true front's and the IGD to the true front."""
 
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ class FrontGroup:
     label: str
     separate: bool
     task_set: str
+    model: str  # the model option (a front learner's: the model it wraps)
     tasks: list[str]
     reference: Optional[list[float]]
+    true_front: Optional[dict[str, Any]] = None  # metrics.json `true_front` (points, hypervolume, reference_point)
     points: dict[Any, list[list[float]]] = field(default_factory=dict)  # seed -> test losses, one row per point
     steps: dict[Any, int] = field(default_factory=dict)  # seed -> optimizer steps of its run(s)
     seconds: dict[Any, float] = field(default_factory=dict)  # seed -> wall time of its run(s)
@@ -40,6 +44,17 @@ class FrontGroup:
     def spacings(self) -> list[float]:
         return [spacing(p) for p in self.points.values()]
 
+    def true_hv_fractions(self) -> list[float]:
+        """Each seed's hypervolume over the true front's, at the true front's reference point."""
+        truth = self.true_front
+        if truth is None or "hypervolume" not in truth:
+            return []
+        return [hypervolume(p, truth["reference_point"]) / truth["hypervolume"] for p in self.points.values()]
+
+    def true_igds(self) -> list[float]:
+        """Each seed's IGD to the true front."""
+        return [] if self.true_front is None else [igd(p, self.true_front["points"]) for p in self.points.values()]
+
 
 def _losses(split: dict[str, dict[str, float]], tasks: list[str]) -> list[float]:
     return [float(split[t]["loss"]) for t in tasks]
@@ -48,13 +63,24 @@ def _losses(split: dict[str, dict[str, float]], tasks: list[str]) -> list[float]
 def _reference(run: Run, tasks: list[str]) -> Optional[list[float]]:
     point = ((run.config or {}).get("tasks") or {}).get("front_reference")
     if not isinstance(point, dict) or set(point) != set(tasks):
-        return None
+        truth = _true_front(run, tasks)  # a run without its .hydra/ config (the Python API) recorded it there
+        return None if truth is None or "reference_point" not in truth else [float(v) for v in truth["reference_point"]]
     return [float(point[t]) for t in tasks]
+
+
+def _true_front(run: Run, tasks: list[str]) -> Optional[dict[str, Any]]:
+    truth = run.metrics.get("true_front")
+    if not isinstance(truth, dict) or truth.get("tasks") != tasks or not truth.get("points"):
+        return None
+    return truth
 
 
 def front_groups(runs: list[Run]) -> list[FrontGroup]:
     """The front groups among completed runs: front-model runs grouped by their overrides but the seed; runs with a
-    fixed preference grouped by their overrides but the seed and the preference (two or more points per seed)."""
+    fixed preference grouped by their overrides but the seed and the preference (two or more points per seed).
+
+    A group's IGD is measured against the one separate-model group of the same task set, model option and steps per
+    seed (equal compute), never against fixed-preference runs trained otherwise (a study's scalarization trials)."""
     groups: dict[tuple[Any, ...], FrontGroup] = {}
     for run in runs:
         if run_status(run) != "completed" or "test" not in run.metrics:
@@ -75,7 +101,10 @@ def front_groups(runs: list[Run]) -> list[FrontGroup]:
             continue
         group = groups.get(key)
         if group is None:
-            group = groups[key] = FrontGroup(label, front is None, task_set, tasks, _reference(run, tasks))
+            model = run.choices.get("model", "?")
+            group = groups[key] = FrontGroup(
+                label, front is None, task_set, model, tasks, _reference(run, tasks), _true_front(run, tasks)
+            )
         seed = run.seed
         if front is not None:
             group.points[seed] = [_losses(m, tasks) for m in front["test"]]
@@ -85,8 +114,15 @@ def front_groups(runs: list[Run]) -> list[FrontGroup]:
         group.seconds[seed] = group.seconds.get(seed, 0.0) + float(run.metrics.get("wall_time_s", 0.0))
     found = [g for g in groups.values() if not g.separate or all(len(p) >= 2 for p in g.points.values())]
     _name_apart(found)
-    for group in found:  # IGD against the separate-model front of the same task set and seed, where one exists
-        separate = [s for s in found if s.separate and s.task_set == group.task_set and s is not group]
+    for group in found:  # IGD against the separate-model front of the same task set, model, steps and seed
+        separate = [
+            s
+            for s in found
+            if s.separate
+            and s is not group
+            and (s.task_set, s.model) == (group.task_set, group.model)
+            and set(s.steps.values()) == set(group.steps.values())
+        ]
         if len(separate) == 1:
             for seed, points in group.points.items():
                 if seed in separate[0].points:
@@ -112,23 +148,27 @@ def _interval(values: list[float]) -> str:
 
 def front_table(groups: list[FrontGroup]) -> str:
     """Markdown: per task set, each group's hypervolume (mean ± 95% CI over seeds), IGD to the separate-model front,
-    spacing, seeds, points per front, steps per seed (equal compute: compare the steps column)."""
+    spacing, seeds, points per front, steps per seed (equal compute: compare the steps column); for a task set with
+    a known front, also the hypervolume over the true front's and the IGD to the true front."""
     lines = []
     for task_set in sorted({g.task_set for g in groups}):
         members = [g for g in groups if g.task_set == task_set]
         reference = next((g.reference for g in members if g.reference is not None), None)
         shown = "none (set tasks.front_reference)" if reference is None else str(reference)
+        known = any(g.true_front is not None for g in members)
+        extra = " HV / true HV | IGD to true front |" if known else ""
         lines += [
             f"Fronts on tasks={task_set} (test losses {', '.join(members[0].tasks)}; hypervolume reference {shown}):",
             "",
-            "| group | hypervolume | IGD to separate | spacing | seeds | points | steps per seed |",
-            "|---|---|---|---|---|---|---|",
+            f"| group | hypervolume |{extra} IGD to separate | spacing | seeds | points | steps per seed |",
+            "|---|---|---|---|---|---|---|" + ("---|---|" if known else ""),
         ]
         for g in members:
             points = sorted({len(p) for p in g.points.values()})
             steps = sorted(set(g.steps.values()))
+            truth = f" {_interval(g.true_hv_fractions())} | {_interval(g.true_igds())} |" if known else ""
             lines.append(
-                f"| {g.label} | {_interval(g.hypervolumes)} | {_interval(list(g.igd.values()))} | "
+                f"| {g.label} | {_interval(g.hypervolumes)} |{truth} {_interval(list(g.igd.values()))} | "
                 f"{_interval(g.spacings())} | {len(g.points)} | {'/'.join(map(str, points))} | "
                 f"{'/'.join(map(str, steps))} |"
             )

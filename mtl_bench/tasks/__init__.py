@@ -7,6 +7,7 @@ from mtl_bench.tasks.digits import Digits
 from mtl_bench.tasks.nyuv2 import NYUv2
 from mtl_bench.tasks.office31 import Office31
 from mtl_bench.tasks.office_home import OfficeHome
+from mtl_bench.tasks.pareto_toy import ParetoToy
 from mtl_bench.tasks.qm9 import QM9
 from mtl_bench.tasks.toy import ToyRegression
 
@@ -17,6 +18,7 @@ __all__ = [
     "NYUv2",
     "Office31",
     "OfficeHome",
+    "ParetoToy",
     "QM9",
     "Split",
     "Task",

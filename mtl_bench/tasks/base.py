@@ -68,6 +68,9 @@ class TaskSet:
     draw alone (seed, step, position): random augmentation seeded from it is the same with any number of loader
     workers and across a resume (tasks/dense/tree.py does so). A dataset with a `collate(items)` method batches its own
     items (tasks/qm9.py: graphs into a PyG `Batch`); a batch's input may be any object with `.to(device)`.
+    A task set whose Pareto front is known gives a `true_front(n)` method: n points of it (each a loss per task, in
+    task order); every run records them in metrics.json and the report measures fronts against them
+    (tasks/pareto_toy.py).
 
     Multi-input task sets (each task its own images: Office-31's domains) give every split as a dict
     {task: dataset} whose items are `(input, {task: target})` for that task alone; they train with

@@ -44,20 +44,23 @@ def test_igd_spacing_and_non_dominated_by_hand():
     assert front_summary([[1, 3], [2, 2]], [4, 4]) == {"non_dominated": 2.0, "spacing": 0.0, "hypervolume": 5.0}
 
 
-def write_run(root: Path, name: str, overrides: list[str], test: dict, front: list[dict] | None = None) -> None:
+def write_run(
+    root: Path, name: str, overrides: list[str], test: dict, front: list[dict] | None = None, steps: int = 100, **more
+) -> None:
     run, cfg, choices = saved_run(root, name, overrides)
     metrics = {
         "status": "completed",
         "overrides": overrides,
         "choices": choices,
         "seed": cfg.seed,
-        "step": 100,
+        "step": steps,
         "wall_time_s": 1.0,
         "higher_is_better": {"t0": {"loss": False, "mse": False}, "t1": {"loss": False, "mse": False}},
         "val": test,
         "test": test,
         "initial_test": {"t0": {"loss": 9.0, "mse": 9.0}, "t1": {"loss": 9.0, "mse": 9.0}},
         **({"front": {"tasks": ["t0", "t1"], "test": front}} if front is not None else {}),
+        **more,
     }
     (run / "metrics.json").write_text(json.dumps(metrics))
 
@@ -75,7 +78,8 @@ def sweep(tmp_path: Path) -> Path:
     common = ["+tasks.front_reference={t0: 4.0, t1: 4.0}", "balancer=linear"]
     for seed, points in FRONT_POINTS.items():
         overrides = [*common, "model/front=phn", "balancer.preference=dirichlet", f"seed={seed}"]
-        write_run(tmp_path, f"phn_{seed}", overrides, losses(2, 2), [losses(a, b) for a, b in points])
+        # 300 steps: as many as the three separate runs of 100 steps (the IGD reference needs equal compute)
+        write_run(tmp_path, f"phn_{seed}", overrides, losses(2, 2), [losses(a, b) for a, b in points], steps=300)
     for seed in (0, 1):
         for i, (a, b) in enumerate(SEPARATE_POINTS):
             preference = f"balancer.preference={{t0: {i / 2}, t1: {1 - i / 2}}}"
@@ -99,3 +103,48 @@ def test_the_report_shows_each_fronts_hypervolume_with_its_interval_and_plots_th
     assert rows["separate linear models"][6].startswith("300")  # three runs of 100 steps per seed: equal compute
     plot = tmp_path / "plots" / "fronts_toy.png"
     assert plot in written and plot.stat().st_size > 0
+
+
+def table_rows(text: str, task_set: str) -> dict[str, list[str]]:
+    table = text[text.index(f"Fronts on tasks={task_set}") :]
+    return {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
+
+
+def test_igd_is_measured_only_against_separate_models_of_the_same_model_and_steps(sweep: Path, tmp_path: Path):
+    """Fixed-preference runs trained otherwise (a study's scalarization trials: other steps; another model) are no
+    separate-model front for IGD: beside the sweep of equal compute they change nothing, alone they give none."""
+    text, _ = make_report([sweep], "markdown", None, None)
+    expected = table_rows(text, "toy")["phn + linear"][2]
+    assert expected != "n/a"
+    common = ["+tasks.front_reference={t0: 4.0, t1: 4.0}", "balancer=linear"]
+    for seed in (0, 1):
+        for i, (a, b) in enumerate([(0.5, 3.9), (3.9, 0.5)]):
+            weights = f"balancer.preference={{t0: {i}, t1: {1 - i}}}"
+            # tuning trials of 50 steps (100 per seed); a sweep of another model at the front's 300 steps per seed
+            trial = [*common, weights, "optim.lr=0.01", f"seed={seed}"]
+            write_run(tmp_path / "trials", f"{seed}_{i}", trial, losses(a, b), steps=50)
+            other = [*common, weights, "model=decision", f"seed={seed}"]
+            write_run(tmp_path / "other", f"{seed}_{i}", other, losses(a, b), steps=150)
+    text, _ = make_report([sweep, tmp_path / "trials", tmp_path / "other"], "markdown", None, None)
+    assert table_rows(text, "toy")["phn + linear"][2] == expected
+    fronts = sorted(sweep.glob("phn_*"))
+    for alone in ("trials", "other"):
+        text, _ = make_report([*fronts, tmp_path / alone], "markdown", None, None)
+        assert table_rows(text, "toy")["phn + linear"][2] == "n/a", alone
+
+
+def test_a_known_front_gives_the_hypervolume_over_the_true_ones_and_the_igd_to_it(tmp_path: Path):
+    # True front (0, 2), (1, 1), (2, 0) with reference (3, 3): HV 3 + 2 + 1 - ... = 6 (staircase 3x1 + 2x1 + 1x1).
+    truth = {"tasks": ["t0", "t1"], "points": [[0, 2], [1, 1], [2, 0]], "reference_point": [3.0, 3.0]}
+    truth["hypervolume"] = hypervolume(truth["points"], [3.0, 3.0])
+    assert truth["hypervolume"] == pytest.approx(6.0)
+    common = ["+tasks.front_reference={t0: 3.0, t1: 3.0}", "balancer=linear", "model/front=phn"]
+    front = [losses(0, 2), losses(2, 0)]  # the ends: HV 3 + 3 - 1 = 5; IGD: (0 + sqrt(2) + 0) / 3
+    write_run(tmp_path, "phn", [*common, "balancer.preference=dirichlet"], losses(1, 1), front, true_front=truth)
+    text, _ = make_report([tmp_path], "markdown", None, None)
+    header = text[text.index("Fronts on tasks=toy") :].splitlines()[2]
+    assert "HV / true HV | IGD to true front" in header
+    row = table_rows(text, "toy")["phn + linear"]
+    assert row[1] == "5"
+    assert row[2] == f"{5 / 6:.4g}"
+    assert row[3] == f"{math.sqrt(2) / 3:.4g}"
