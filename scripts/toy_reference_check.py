@@ -189,7 +189,8 @@ NOTES = """Understood differences (bound: one step, 1e-3):
   two gradients are parallel up to their x1 slopes, which that invariance weighs to cancel exactly: the update's x1
   component is a difference of equal numbers, and Adam divides it by its own running size, so its sign follows the
   rounding. The first differences are rounding (FAMO: 1e-10 at step 1, their log-loss gradient against our weights;
-  Nash-MTL: 3e-7 at step 2, cvxpy's ECOS call against ours), and x1 stays within 1e-4 of 0 in both.
+  Nash-MTL: 3e-7 at step 2, cvxpy's ECOS call against ours). Nash-MTL's x1 stays within 1e-4 of 0; FAMO's z moves
+  off the cancellation after a few steps (x1 -0.015 at step 100), carrying the difference it took on before.
 - CAGrad's toy.py `mgd` takes the weight 1 (or 0) where one gradient's projection on the other exceeds its norm;
   Sener & Koltun's MinNormSolver, which ours, Nash-MTL's and LibMTL's follow, takes 0.999 (0.001). With those ends
   put in their mgd (row `mgd, ends 0.999/0.001`) the trajectories agree exactly."""
