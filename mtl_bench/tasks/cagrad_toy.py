@@ -1,5 +1,5 @@
 """The illustrative two-objective problem of CAGrad (Liu et al., NeurIPS 2021, Cranial-XIX/CAGrad `toy.py`), as reused
-with the first loss scaled by 0.1 by Nash-MTL (Navon et al., ICML 2022, Fig. 2; AvivNavon/nash-mtl `experiments/toy/`)
+with the first loss scaled by 0.1 by Nash-MTL (Navon et al., ICML 2022, Fig. 1; AvivNavon/nash-mtl `experiments/toy/`)
 and FAMO (Liu et al., NeurIPS 2023; Cranial-XIX/FAMO `experiments/toy/`).
 
 x = (x1, x2) in R^2 is the model's parameter (model=decision); there are no data. With
