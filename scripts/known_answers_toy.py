@@ -13,8 +13,8 @@ the whole zoo runs in minutes, and that changes where runs end. Adam's second mo
 (beta2 0.999), the whole of a 700-step run, so early large gradients slow the last steps; and large steps cross the
 narrow valleys of the log terms (x2 > 0) that small steps follow. Measured: LS from (9, 9) ends 0.9 from the Pareto
 set here and 12.35 from it (in the x2 > 0 valley) at the papers' length. `--paper` runs that length: about 3.4 ms a
-step for LS, 5-25 ms for the methods with a host solve, so about 5 hours for the zoo on one core. Writes the figures to --img-dir and the
-table to stdout (and --md FILE).
+step for LS, 5-25 ms for the methods with a host solve, so about 5 hours for the zoo on one core. Writes the
+figures to --img-dir and the table to stdout (and --md FILE).
 """
 
 from __future__ import annotations
