@@ -122,13 +122,28 @@ def distance_to_polyline(x: Tensor, polyline: Tensor) -> Tensor:
 class CAGradToy(TaskSet):
     """Tasks "f1", "f2" of the CAGrad/Nash-MTL/FAMO toy (module docstring); train it with model=decision."""
 
-    def __init__(self, scale: float = 0.1, reference: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
+    def __init__(
+        self,
+        scale: float = 0.1,
+        n_train: int = 1,
+        n_val: int = 1,
+        n_test: int = 1,
+        reference: Optional[Mapping[str, Mapping[str, float]]] = None,
+    ) -> None:
         """
         scale: the factor of the first objective (> 0): 0.1 in Nash-MTL and FAMO, 1 in CAGrad.
+        n_train: rows of the training split (> 0). Every row sees the same x, so the losses do not depend on it;
+            trainer.batch_size may not exceed it.
+        n_val: rows of the validation split (> 0; the metrics do not depend on it).
+        n_test: rows of the test split (> 0; the metrics do not depend on it).
         reference: single-task metrics {task: {metric: value}} for `mtl-bench report -b reference`.
         """
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0 or math.isinf(scale):
             raise ValueError(f"scale: must be a finite number > 0, got {scale!r}")
+        rows = {"train": n_train, "val": n_val, "test": n_test}
+        for split, n in rows.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"n_{split}: must be an integer > 0, got {n!r}")
         self.scale = float(scale)
         curve = torch.from_numpy(pareto_set()).float()
 
@@ -159,8 +174,6 @@ class CAGradToy(TaskSet):
             )
             for i, name in enumerate(TASKS)
         ]
-        # One dummy row per split: the model ignores its input, and every row sees the same x.
-        splits = {
-            s: Split(torch.zeros(1, 1), {name: torch.zeros(1, 1) for name in TASKS}) for s in ("train", "val", "test")
-        }
+        # Dummy rows: the model ignores its input, and every row sees the same x.
+        splits = {s: Split(torch.zeros(n, 1), {name: torch.zeros(n, 1) for name in TASKS}) for s, n in rows.items()}
         super().__init__(tasks, (1,), reference=reference, **splits)

@@ -107,6 +107,8 @@ def test_config_builds_and_refuses_a_bad_scale(compose_cfg):
     assert type(built) is CAGradToy and built.task_names == ["f1", "f2"] and built.scale == 0.1
     with pytest.raises(ValueError, match=r"^scale: must be a finite number > 0, got 0$"):
         CAGradToy(scale=0)
+    with pytest.raises(ValueError, match=r"^n_val: must be an integer > 0, got 0$"):
+        CAGradToy(n_val=0)
 
 
 def test_ls_through_the_engine_equals_a_hand_written_adam_loop():
