@@ -225,7 +225,8 @@ def test_multirun_sweep_names_run_dirs_by_overrides(tmp_path):
 def test_list_shows_groups():
     result = CliRunner().invoke(app, ["list"])
     assert result.exit_code == 0
-    assert "tasks: celeba, cityscapes, digits, nyuv2, office31, office_home, qm9, toy, toy10" in result.output
+    tasks = "cagrad_toy, celeba, cityscapes, digits, nyuv2, office31, office_home, pareto_toy, qm9, toy, toy10"
+    assert f"tasks: {tasks}" in result.output
 
 
 # Presets of the standard benchmarks read data from tasks.root: tests/integration/test_benchmark_presets.py runs them on

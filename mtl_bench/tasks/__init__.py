@@ -1,6 +1,7 @@
 """Task sets: data made, shipped or read locally, with each task's loss and metrics (see `TaskSet`)."""
 
 from mtl_bench.tasks.base import Split, Task, TaskSet
+from mtl_bench.tasks.cagrad_toy import CAGradToy
 from mtl_bench.tasks.celeba import CelebA
 from mtl_bench.tasks.cityscapes import Cityscapes
 from mtl_bench.tasks.digits import Digits
@@ -12,6 +13,7 @@ from mtl_bench.tasks.qm9 import QM9
 from mtl_bench.tasks.toy import ToyRegression
 
 __all__ = [
+    "CAGradToy",
     "CelebA",
     "Cityscapes",
     "Digits",
