@@ -59,9 +59,11 @@ def make_report(
         raise ConfigError(f"--format {fmt!r}: allowed: {', '.join(FORMATS)}")
     if published and baseline:
         raise ConfigError("--published: Δm is taken against the paper's single-task row; leave out --baseline")
-    found = collect(paths)
-    references = [run for run in found if trains_a_subset(run)]
-    runs, unlearned = split_not_learned([run for run in found if not trains_a_subset(run)])
+    multi_task: list[Run] = []
+    references: list[Run] = []
+    for run in collect(paths):
+        (references if trains_a_subset(run) else multi_task).append(run)
+    runs, unlearned = split_not_learned(multi_task)
     if not runs and references:  # only single-task runs: compare them among themselves
         runs, references = references, []
     groups, common = group_runs(runs)

@@ -117,17 +117,18 @@ def summarize(
                 "peak_memory_kind": peaks[0]["label"] if peaks else None,
             }
         add_paired(table, rows, seeds)
-        hib = metric_directions([r for i, r in completed.items()])
+        hib = metric_directions(list(completed.values()))
         ranked = [row for row in rows if table[row]["test_mean"]]
         for row, rank in zip(ranked, mean_ranks([table[r]["test_mean"] for r in ranked], hib)):
             table[row]["mean_rank"] = rank
     for row, spent in compute.items():
         table.setdefault(row, {})["compute"] = {**spent, "total": spent[TUNE] + spent[FINAL], "unit": unit}
+    power = power_summary(table, rows, min_effect)
     return {
         "reference": {"kind": reference_kind, "test": reference_test},
         "rows": table,
-        "power": power_summary(table, rows, min_effect),
-        "verdict": verdict(table, rows, min_effect),
+        "power": power,
+        "verdict": verdict(table, rows, power),
         "compute_unit": unit,
     }
 
@@ -147,18 +148,15 @@ def add_paired(table: dict[str, dict[str, Any]], rows: list[str], seeds: list[in
     family = sum(1 for d in diffs.values() if not math.isnan(d.p))
     alpha = ALPHA / max(family, 1)
     for row, diff in diffs.items():
-        mine = table[row]["delta_m_per_seed"]
-        values = [mine[s] - base[s] for s in map(str, seeds) if s in mine and s in base]
-        sd = statistics.stdev(values) if len(values) >= 2 else math.nan
         table[row]["vs_scalarization"] = {
             "mean": _finite(diff.mean),
             "ci95": _finite(diff.ci),
             "p": _finite(diff.p),
             "p_holm": _finite(adjusted[row]),
             "n": diff.n,
-            "sd": _finite(sd),
+            "sd": _finite(diff.sd),
             "alpha": alpha,
-            "detectable": _finite(detectable_difference(sd, diff.n, alpha)),
+            "detectable": _finite(detectable_difference(diff.sd, diff.n, alpha)),
             "separated": separated(diff, adjusted[row]),
         }
 
@@ -180,7 +178,8 @@ def power_summary(table: Mapping[str, Mapping[str, Any]], rows: list[str], min_e
     }
 
 
-def verdict(table: Mapping[str, Mapping[str, Any]], rows: list[str], min_effect: float = 2.0) -> str:
+def verdict(table: Mapping[str, Mapping[str, Any]], rows: list[str], power: Mapping[str, Any]) -> str:
+    """The study's one-line conclusion; `power`: power_summary's result for the same table."""
     better = [r for r in rows if table.get(r, {}).get("vs_scalarization", {}).get("separated") == -1]
     worse = [r for r in rows if table.get(r, {}).get("vs_scalarization", {}).get("separated") == 1]
     tail = f"; worse with separation: {', '.join(worse)}" if worse else ""
@@ -191,8 +190,7 @@ def verdict(table: Mapping[str, Mapping[str, Any]], rows: list[str], min_effect:
             "verdict: beat tuned scalarization with separation (95% CI of the paired difference below 0, Holm p < "
             f"0.05): {', '.join(better)}{tail}"
         )
-    power = power_summary(table, rows, min_effect)
-    largest, seeds = power["detectable_max"], power["seeds_for_min_effect"]
+    largest, seeds, min_effect = power["detectable_max"], power["seeds_for_min_effect"], power["min_effect"]
     if largest is None:
         return (
             "verdict: inconclusive: no method separated from tuned scalarization, and with fewer than 2 paired "

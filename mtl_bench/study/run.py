@@ -40,6 +40,15 @@ def read_record(run_dir: Path) -> Optional[dict[str, Any]]:
     return record if isinstance(record, dict) else None
 
 
+def recorded_machine(study_dir: Path) -> Optional[str]:
+    """The machine line index.json recorded, if any."""
+    try:
+        machine = json.loads((study_dir / INDEX_FILE).read_text()).get("machine")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return machine if isinstance(machine, str) else None
+
+
 def first_difference(old: Any, new: Any, prefix: str = "") -> Optional[tuple[str, Any, Any]]:
     """The first key (dotted) where two plans differ, with both values."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
@@ -77,8 +86,11 @@ class Study:
         self.runs_dir = self.dir / RUNS_DIR
         self.tuning = tuning_runs(cfg, tasks)
         self.final: list[PlannedRun] = []
-        self.measured: Optional[str] = None  # the machine line (see machine())
-        self.measured_here = False
+        # The machine line: read before this session's first phase that trains runs (its load average says what
+        # else ran; a later phase would read the study's own jobs); until then the one index.json recorded, so a
+        # rerun that trains nothing never describes another machine than the one the runs ran on.
+        self.machine: Optional[str] = recorded_machine(self.dir)
+        self.machine_read_here = False
 
     def plan(self) -> dict[str, Any]:
         return {
@@ -102,27 +114,14 @@ class Study:
             {**run.as_dict(), "dir": f"{RUNS_DIR}/{run.id}", "status": self.status(run)}
             for run in [*self.tuning, *self.final]
         ]
-        write_json(self.dir / INDEX_FILE, {"machine": self.machine(), "runs": entries})
-
-    def machine(self, measure: bool = False) -> Optional[str]:
-        """The machine line read before this session's first phase that trains runs (its load average: what else
-        ran; a later phase would read the study's own jobs): a rerun that trains nothing keeps it, so a report
-        never describes another machine than the one the runs ran on."""
-        if measure and not self.measured_here:
-            from mtl_bench.analysis.machine import machine_description
-
-            self.measured, self.measured_here = machine_description(), True
-        elif self.measured is None:
-            try:
-                self.measured = json.loads((self.dir / INDEX_FILE).read_text()).get("machine")
-            except (OSError, ValueError, AttributeError):
-                self.measured = None
-        return self.measured
+        write_json(self.dir / INDEX_FILE, {"machine": self.machine, "runs": entries})
 
     def run_phase(self, phase: str, runs: list[PlannedRun]) -> None:
         todo = [run for run in runs if self.status(run) not in FINISHED]
-        if todo:
-            self.machine(measure=True)
+        if todo and not self.machine_read_here:
+            from mtl_bench.analysis.machine import machine_description
+
+            self.machine, self.machine_read_here = machine_description(), True
         resume = {run.id for run in todo if (self.runs_dir / run.id).exists()}
         print(
             f"study: {phase}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run"
@@ -279,7 +278,7 @@ class Study:
             **summary,
             "runs": {r.id: self.status(r) for r in everything},
             "problems": {**self.failures(), **{i: f"did not learn: {why}" for i, why in unlearned.items()}},
-            "machine": self.machine() or "not recorded",
+            "machine": self.machine or "not recorded",
             "wall_time_s_this_session": round(time.perf_counter() - started, 1),
         }
 

@@ -3,8 +3,9 @@ schema below. Every key is declared here once; an unknown key or a bad value is 
 
 from __future__ import annotations
 
+import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -84,11 +85,7 @@ def _unknown_key_message(err: OmegaConfBaseException) -> str:
     text = str(err).splitlines()[0]
     message = f"{key}: {text}" if key and key not in text else text
     if key and "not in" in text:  # an unknown key: suggest the nearest known one of the same node
-        import difflib
-
         node = _schema_of(key.split(".")[:-1])
-        from dataclasses import fields
-
         known = [f.name for f in fields(node)] if node else []
         close = difflib.get_close_matches(key.split(".")[-1], known, n=1)
         message += f"; did you mean {close[0]!r}?" if close else ""
@@ -138,7 +135,8 @@ def plain(node: Any) -> dict[str, Any]:
 
 def apply_override(cfg: Any, item: str) -> Any:
     """`cfg` with one override applied: KEY=VALUE sets (a mapping given to a top-level key such as `methods` replaces
-    it: `methods={uw:{balancer:uw}}` keeps uw alone), ~KEY deletes (`~methods.dwa`), +KEY=VALUE adds."""
+    it: `methods={uw:{balancer:uw}}` keeps uw alone), ~KEY deletes (`~methods.dwa`), +KEY=VALUE adds. The syntax is
+    `mtl-bench train`'s (Hydra's override grammar)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -157,9 +155,12 @@ def apply_override(cfg: Any, item: str) -> Any:
             raise ConfigError(f"~{'.'.join(path)}: only a method (~methods.<name>) can be deleted")
         del node[path[-1]]
         return cfg
-    if len(path) == 1 and path[0] in ("methods", "space") and isinstance(override.value(), dict):
+    value: Any = override.value()
+    if len(path) == 1 and path[0] in ("methods", "space") and isinstance(value, dict):
         cfg[path[0]] = {}  # a mapping given whole replaces the preset's
-    return OmegaConf.merge(cfg, parse_override(item))
+    for part in reversed(path):
+        value = {part: value}
+    return OmegaConf.merge(cfg, OmegaConf.create(value))
 
 
 def key_path(key: str) -> list[str]:
@@ -167,8 +168,6 @@ def key_path(key: str) -> list[str]:
     themselves: `space.optim.lr` is the key `optim.lr` of `space`."""
     top = key.split(".")[0]
     if top not in study_keys():
-        import difflib
-
         close = difflib.get_close_matches(top, study_keys(), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(f"{key}: not a study key; {hint}keys: {', '.join(study_keys())}")
@@ -178,22 +177,6 @@ def key_path(key: str) -> list[str]:
     if top == "methods" and len(parts) > 3 and parts[2] in ("space", "keys"):
         return parts[:3] + [".".join(parts[3:])]
     return parts
-
-
-def parse_override(item: str) -> DictConfig:
-    """KEY=VALUE in `mtl-bench train`'s syntax (Hydra's override grammar) as a config to merge."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        override = OverridesParser.create().parse_override(item)
-    except HydraException as err:
-        raise ConfigError(f"{item!r}: {str(err).splitlines()[0]}") from None
-    path = key_path(str(override.key_or_group))
-    node: Any = override.value()
-    for part in reversed(path):
-        node = {part: node}
-    return OmegaConf.create(node)
 
 
 def study_keys() -> list[str]:
@@ -216,7 +199,7 @@ def check_study(cfg: DictConfig) -> None:
     lo_hi = list(weights.range)
     if len(lo_hi) != 2 or not 0 < lo_hi[0] < lo_hi[1]:
         raise ConfigError(f"scalarization.range={lo_hi}: [lo, hi] with 0 < lo < hi")
-    if weights.weights != "loguniform" and lo_hi != [0.1, 10.0]:
+    if weights.weights != "loguniform" and lo_hi != ScalarizationConf().range:
         raise ConfigError(f"scalarization.range: read by weights=loguniform only, not {weights.weights}")
     if not cfg.min_effect > 0:
         raise ConfigError(f"min_effect={cfg.min_effect}: must be > 0 (percentage points of Δm)")

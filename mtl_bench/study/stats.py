@@ -16,6 +16,7 @@ Power of the paired t test (statsmodels.stats.power.TTestPower, the one-sample t
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -59,6 +60,7 @@ class Paired:
     ci: float  # half-width of its 95% t interval
     p: float  # two-sided paired t test
     n: int
+    sd: float  # sample standard deviation of the differences (nan below two)
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> Paired:
@@ -72,7 +74,8 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> Paired:
     p = math.nan
     if len(diffs) >= 2 and any(d != diffs[0] for d in diffs):
         p = float(stats.ttest_rel(a, b).pvalue)
-    return Paired(mean, ci, p, len(diffs))
+    sd = statistics.stdev(diffs) if len(diffs) >= 2 else math.nan
+    return Paired(mean, ci, p, len(diffs), sd)
 
 
 def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[float]:
