@@ -47,7 +47,7 @@ from mtl_bench.balancers.graph import NOT_A_CUT, task_params
 from mtl_bench.balancers.leaf_grads import GradientShapeError, leaf_grads_root, write_leaf_grads
 from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
 from mtl_bench.balancers.task_grads import grads_at_shared, task_jacobian
-from mtl_bench.balancers.weighting import Solution, check_solution
+from mtl_bench.balancers.weighting import Solution, check_measurements, check_solution
 from mtl_bench.errors import ContractError
 
 GRAD_SOURCES = ("shared_params", "shared_rep")
@@ -186,10 +186,7 @@ class GradientBalancer(StagedBalancer):
             raise ContractError(
                 f"{self.part_name}: aggregate returned {type(metrics).__name__}; the contract: a dict of 0-d tensors"
             )
-        for tag, value in metrics.items():
-            if not isinstance(value, Tensor) or value.dim() != 0:
-                shown = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                raise ContractError(f"{self.part_name} returned measurement {tag!r} as {shown}; the contract: 0-d")
+        check_measurements(metrics, self.part_name)
         return metrics
 
     def write_direction(

@@ -18,6 +18,7 @@ from mtl_bench.balancers.weighting import (
     as_solution,
     build_weighting,
     qualified_name,
+    shown,
 )
 from mtl_bench.errors import ContractError
 
@@ -114,10 +115,9 @@ class GramianBalancer(GradientBalancer):
                     wanted = (
                         f"shape {tuple(kept.shape)}" if kept is not None else f"one of {sorted(buffers) or '(none)'}"
                     )
-                    shown = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
                     raise ContractError(
-                        f"{self.part_name} returned state {name!r} {shown}; the contract: a new value of one of its "
-                        f"buffers, {wanted}"
+                        f"{self.part_name} returned state {name!r} {shown(value)}; the contract: a new value of one "
+                        f"of its buffers, {wanted}"
                     )
             self._stage(**{PREFIX + name: value for name, value in solution.state.items()})
         return solution

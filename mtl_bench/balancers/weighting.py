@@ -96,12 +96,20 @@ def check_solution(solution: Solution, tasks: int, blocks: Optional[int], like: 
         raise ContractError(f"{who} returned weights on {weights.device}; the Gramian is on {like.device}")
     heads = solution.head_weights
     if heads is not None and (not isinstance(heads, Tensor) or tuple(heads.shape) != (tasks,)):
-        shown = tuple(heads.shape) if isinstance(heads, Tensor) else type(heads).__name__
-        raise ContractError(f"{who} returned head_weights {shown}; the contract: None or a ({tasks},) tensor")
-    for tag, value in solution.metrics.items():
+        raise ContractError(f"{who} returned head_weights {shown(heads)}; the contract: None or a ({tasks},) tensor")
+    check_measurements(solution.metrics, who, "metric")
+
+
+def check_measurements(metrics: dict[str, Any], who: str, what: str = "measurement") -> None:
+    """A part's measurements (a dict) against the contract: each a 0-d tensor (metadata only). Raises ContractError."""
+    for tag, value in metrics.items():
         if not isinstance(value, Tensor) or value.dim() != 0:
-            shown = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-            raise ContractError(f"{who} returned metric {tag!r} as {shown}; the contract: a 0-d tensor")
+            raise ContractError(f"{who} returned {what} {tag!r} as {shown(value)}; the contract: a 0-d tensor")
+
+
+def shown(value: Any) -> Any:
+    """A result as an error line shows it: a tensor's shape, else its type's name."""
+    return tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
 
 
 def build_weighting(

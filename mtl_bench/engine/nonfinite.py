@@ -71,6 +71,7 @@ class NonFinitePolicy:
         # whose weights were not finite from finite inputs (the method's fault: it stops the run in any mode)
         self.first_bad = torch.full((len(task_names) + 2,), -1, device=device)
         self.weights_source = weights_source
+        self.no_flag = torch.zeros(1, dtype=torch.bool, device=device)  # a step without the balancer's flag
         self.reported = 0.0
         self.history: deque[tuple[int, float]] = deque([(0, 0.0)])  # (step, skipped so far) at reads
 
@@ -82,11 +83,7 @@ class NonFinitePolicy:
     def record(self, step: int, losses: Tensor, skipped: Tensor, nonfinite_weights: Tensor | None = None) -> None:
         """On the device, no read: `nonfinite_weights` is the balancer's flag of this step (None: not set)."""
         self.skipped += skipped
-        weights = (
-            nonfinite_weights.reshape(1).to(self.first_bad.device)
-            if nonfinite_weights is not None
-            else torch.zeros(1, dtype=torch.bool, device=self.first_bad.device)
-        )
+        weights = self.no_flag if nonfinite_weights is None else nonfinite_weights.reshape(1).to(self.no_flag.device)
         flags = [~torch.isfinite(losses), skipped.reshape(1).to(torch.bool), weights]
         bad = torch.cat(flags) & (self.first_bad < 0)
         self.first_bad = torch.where(bad, step, self.first_bad)
