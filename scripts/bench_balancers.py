@@ -48,8 +48,8 @@ from benchmarks.runs import hps_mlp
 from benchmarks.timing import interleaved, markdown_table, medians, seconds_per_call, sync
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.balancers import Balancer, FixedWeights, GradNorm, RescaledNormBalancer
-from mtl_bench.balancers.base import BackwardContext
 from mtl_bench.balancers.upgrad import UPGradWeighting
+from mtl_bench.gradient_engine.balancer import BackwardContext
 from mtl_bench.models.base import MultiTaskModel
 
 VARIANTS: dict[str, Callable[[MultiTaskModel, list[str]], Balancer | Callable]] = {

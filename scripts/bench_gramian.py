@@ -20,9 +20,9 @@ import torch
 from benchmarks.timing import interleaved, markdown_table, medians, ratio, seconds_per_call
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.balancers import excess_mtl, trimmed_mean
-from mtl_bench.balancers.blocks import flat_rows
-from mtl_bench.balancers.gramian import gramian, gramian_kernel
 from mtl_bench.balancers.trimmed_mean import block_drop_extremes, drop_extremes
+from mtl_bench.gradient_engine.blocks import flat_rows
+from mtl_bench.gradient_engine.gramian import gramian, gramian_kernel
 
 SHAPES = [(512, 250), (512,), (512, 512), (512,), (512, 512), (512,), (512, 512), (512,)]
 

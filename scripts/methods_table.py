@@ -23,11 +23,11 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from mtl_bench.balancers.base import Balancer
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
 from mtl_bench.balancers.scalarization import ScalarizedBalancer
-from mtl_bench.balancers.validation import METHODS, needs_validation
+from mtl_bench.balancers.validation_source import METHODS, needs_validation
 from mtl_bench.catalog import conf_root
+from mtl_bench.gradient_engine.balancer import Balancer
+from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ["a", "b", "c"]

@@ -14,8 +14,8 @@ import torch
 
 from mtl_bench import cpp_kernels
 from mtl_bench.balancers import trimmed_mean
-from mtl_bench.balancers.gramian import block_gramian, takes_kernel
 from mtl_bench.balancers.trimmed_mean import block_drop_extremes, drop_extremes
+from mtl_bench.gradient_engine.gramian import block_gramian, takes_kernel
 from mtl_bench.optim.scaled_adam import ScaledAdam, kernel_takes
 
 TASKS = 4

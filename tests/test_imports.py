@@ -32,7 +32,7 @@ LAYERS = (
             "devices",
         ),
     ),
-    ("rooms", ("tasks", "models", "balancers", "optim", "loggers", "analysis", "report")),
+    ("rooms", ("tasks", "models", "gradient_engine", "balancers", "optim", "loggers", "analysis", "report")),
     ("engine", ("engine",)),
     ("app", ("train", "cli", "__main__", "prepare", "study", "api")),
 )

@@ -2,7 +2,6 @@
 
 from mtl_bench.balancers.aligned_mtl import AlignedMTL
 from mtl_bench.balancers.auto_lambda import AutoLambda
-from mtl_bench.balancers.base import BackwardContext, Balancer
 from mtl_bench.balancers.cagrad import CAGrad
 from mtl_bench.balancers.con_fig import ConFIG
 from mtl_bench.balancers.cosmos import COSMOS
@@ -19,7 +18,6 @@ from mtl_bench.balancers.gls import GeometricLoss
 from mtl_bench.balancers.graddrop import GradDrop
 from mtl_bench.balancers.gradnorm import GradNorm
 from mtl_bench.balancers.gradvac import GradVac
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.imtl import IMTL
 from mtl_bench.balancers.krum import Krum
 from mtl_bench.balancers.linear import LinearScalarization
@@ -39,8 +37,10 @@ from mtl_bench.balancers.stch import SmoothTchebycheff
 from mtl_bench.balancers.trimmed_mean import TrimmedMean
 from mtl_bench.balancers.upgrad import UPGrad
 from mtl_bench.balancers.uw import UncertaintyWeighting
-from mtl_bench.balancers.validation import ValidationSource, needs_validation
+from mtl_bench.balancers.validation_source import ValidationSource, needs_validation
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.balancer import BackwardContext, Balancer
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
 
 __all__ = [
     "BackwardContext",

@@ -6,9 +6,9 @@ import numpy as np
 from torch import Tensor
 
 from mtl_bench.balancers.checks import at_least, number
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
-from mtl_bench.balancers.host import host_solution
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.host import host_solution
 
 
 def cagrad_weights(gram: np.ndarray, c: float, rescale: int) -> tuple[np.ndarray, float]:

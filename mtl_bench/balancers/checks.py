@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
 
 
 def _range(low: Optional[float], high: Optional[float], above: bool, below: bool) -> str:
@@ -71,3 +73,21 @@ def one_of(name: str, value: Any, allowed: Sequence[str]) -> str:
     if value not in allowed:
         raise ValueError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
     return value
+
+
+def stack_weights(weights: dict[str, float], task_names: list[str]) -> torch.Tensor:
+    return torch.tensor([float(weights[name]) for name in task_names], dtype=torch.float32)
+
+
+def task_weights(weights: Mapping[str, float] | None, task_names: list[str]) -> dict[str, float]:
+    """Weights for exactly `task_names`: None means 1.0 each; any mismatch or negative weight is a ValueError."""
+    if weights is None:
+        return {name: 1.0 for name in task_names}
+    unknown = sorted(set(weights) - set(task_names))
+    missing = sorted(set(task_names) - set(weights))
+    if unknown or missing:
+        problems = ([f"weights for unknown tasks {unknown}"] if unknown else []) + (
+            [f"no weight for tasks {missing}"] if missing else []
+        )
+        raise ValueError(f"weights: {'; '.join(problems)}; the task set has tasks {list(task_names)}")
+    return {name: at_least(f"weights.{name}", weights[name], 0) for name in task_names}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
-from mtl_bench.balancers.host import host_solution
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.host import host_solution
 
 
 def config_weights(gram: np.ndarray) -> tuple[np.ndarray, float]:

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.upgrad import UPGradWeighting
 from mtl_bench.balancers.weighting import Solution, Weighting, as_solution, build_weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
 
 
 class CRMOGMWeighting(Weighting):

@@ -8,13 +8,13 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.checks import at_least, number
-from mtl_bench.balancers.distributed import rank_mean, world_size
-from mtl_bench.balancers.graph import head_params
-from mtl_bench.balancers.leaf_grads import write_leaf_grads
-from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
-from mtl_bench.balancers.task_grads import float_task_rows, pieces_norm, task_jacobian
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.graph import head_params
+from mtl_bench.gradient_engine.leaf_grads import write_leaf_grads
+from mtl_bench.gradient_engine.rank_average import rank_mean, world_size
+from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
+from mtl_bench.gradient_engine.task_grads import float_task_rows, pieces_norm, task_jacobian
 
 
 class DualBalancing(StagedBalancer):

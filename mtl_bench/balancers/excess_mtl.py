@@ -8,13 +8,13 @@ import torch
 from torch import Tensor
 
 from mtl_bench import cpp_kernels
-from mtl_bench.balancers.blocks import flat_rows
 from mtl_bench.balancers.checks import number, one_of
-from mtl_bench.balancers.distributed import rank_mean, world_size
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
-from mtl_bench.balancers.gramian import takes_kernel
 from mtl_bench.balancers.weighting import Solution
 from mtl_bench.devices import cpu_value
+from mtl_bench.gradient_engine.blocks import flat_rows
+from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
+from mtl_bench.gradient_engine.gramian import takes_kernel
+from mtl_bench.gradient_engine.rank_average import rank_mean, world_size
 
 TOTALS = ("tasks", "one")
 HEAD_WEIGHTS = ("weights", "ones")

@@ -9,9 +9,9 @@ from scipy.optimize import least_squares
 from torch import Tensor
 
 from mtl_bench.balancers.checks import at_least, number, one_of
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
-from mtl_bench.balancers.host import host_solution
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.host import host_solution
 
 HEAD_WEIGHTS = ("weights", "ones")
 

@@ -9,10 +9,10 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
-from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.checks import at_least, number, pair
-from mtl_bench.balancers.distributed import average_by_name
-from mtl_bench.balancers.staged import JOINT, StagedBalancer
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.rank_average import average_by_name
+from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
 
 
 class FAMO(StagedBalancer):

@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import Balancer, Context, stack_weights, task_weights
+from mtl_bench.balancers.checks import stack_weights, task_weights
+from mtl_bench.gradient_engine.balancer import Balancer, Context
 
 
 class FixedWeights(Balancer):

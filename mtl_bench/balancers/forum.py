@@ -11,11 +11,11 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
-from mtl_bench.balancers.base import BackwardContext, Context
 from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
-from mtl_bench.balancers.staged import JOINT
-from mtl_bench.balancers.validation import ValidationSource
+from mtl_bench.balancers.validation_source import ValidationSource
+from mtl_bench.gradient_engine.balancer import BackwardContext, Context
+from mtl_bench.gradient_engine.staged import JOINT
 
 # LibMTL stops the inner SGD steps once f exceeds this ("caused by too large inner_lr and inner_step").
 INNER_LOSS_LIMIT = 1e5

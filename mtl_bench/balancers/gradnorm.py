@@ -10,12 +10,12 @@ from torch.utils.hooks import RemovableHandle
 
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
-from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.checks import at_least, number, one_of, pair
-from mtl_bench.balancers.distributed import average_by_name
-from mtl_bench.balancers.graph import task_params, upstream_leaves
-from mtl_bench.balancers.leaf_grads import leaf_grads_root
-from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.graph import task_params, upstream_leaves
+from mtl_bench.gradient_engine.leaf_grads import leaf_grads_root
+from mtl_bench.gradient_engine.rank_average import average_by_name
+from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer
 
 GRAD_SOURCES = ("last_shared", "shared_rep")
 OPTIMIZERS = ("adam", "sgd")

@@ -10,10 +10,10 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import number, one_of
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
-from mtl_bench.balancers.host import nan_weights, to_device
 from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.host import nan_weights, to_device
 
 GROUPS = ("whole_model", "all_matrix")
 

@@ -10,9 +10,9 @@ from torch import Tensor
 
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import number, one_of
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
-from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
 from mtl_bench.balancers.weighting import Solution
+from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
+from mtl_bench.gradient_engine.host import host_gramian, nan_weights, to_device
 
 MODES = ("hybrid", "gradient", "loss")
 OPTIMIZERS = ("adam", "sgd")

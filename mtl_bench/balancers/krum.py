@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
 
 
 class KrumWeighting(Weighting):

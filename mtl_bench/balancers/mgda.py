@@ -7,10 +7,10 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import number, one_of
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
-from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
-from mtl_bench.balancers.solvers import min_norm_simplex
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.host import host_gramian, nan_weights, to_device
+from mtl_bench.gradient_engine.solvers import min_norm_simplex
 
 NORMALIZATIONS = ("none", "l2", "loss", "loss+")
 

@@ -9,14 +9,14 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import BackwardContext, Context
 from mtl_bench.balancers.checks import at_least, number
-from mtl_bench.balancers.distributed import rank_mean, world_size
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
-from mtl_bench.balancers.gramian import gram_metrics, gramian
-from mtl_bench.balancers.leaf_grads import write_leaf_grads
-from mtl_bench.balancers.staged import JOINT
-from mtl_bench.balancers.task_grads import float_task_rows, pieces_norm
+from mtl_bench.gradient_engine.balancer import BackwardContext, Context
+from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
+from mtl_bench.gradient_engine.gramian import gram_metrics, gramian
+from mtl_bench.gradient_engine.leaf_grads import write_leaf_grads
+from mtl_bench.gradient_engine.rank_average import rank_mean, world_size
+from mtl_bench.gradient_engine.staged import JOINT
+from mtl_bench.gradient_engine.task_grads import float_task_rows, pieces_norm
 
 
 class MoCo(GradientBalancer):

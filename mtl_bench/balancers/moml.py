@@ -10,13 +10,13 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
-from mtl_bench.balancers.base import BackwardContext, Context
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.host import host_gramian
 from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
-from mtl_bench.balancers.solvers import min_norm_simplex
-from mtl_bench.balancers.staged import JOINT
-from mtl_bench.balancers.validation import ValidationSource
+from mtl_bench.balancers.validation_source import ValidationSource
+from mtl_bench.gradient_engine.balancer import BackwardContext, Context
+from mtl_bench.gradient_engine.host import host_gramian
+from mtl_bench.gradient_engine.solvers import min_norm_simplex
+from mtl_bench.gradient_engine.staged import JOINT
 
 
 class MOML(SoftmaxLogitsBalancer):

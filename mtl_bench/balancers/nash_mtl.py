@@ -10,9 +10,9 @@ from scipy.sparse import csc_matrix
 from torch import Tensor
 
 from mtl_bench.balancers.checks import at_least, number, one_of
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
-from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.host import host_gramian, nan_weights, to_device
 
 HEAD_WEIGHTS = ("alpha", "ones")
 

@@ -10,10 +10,10 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import at_least, number, one_of
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
-from mtl_bench.balancers.host import host_gramian, nan_weights, to_device
-from mtl_bench.balancers.solvers import nonneg_qp
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.host import host_gramian, nan_weights, to_device
+from mtl_bench.gradient_engine.solvers import nonneg_qp
 
 PRECISION = 10 * float(np.finfo(np.float32).eps)  # the relative precision of a float32 Gramian (torchjd's bound)
 

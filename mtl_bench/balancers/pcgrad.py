@@ -8,10 +8,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
-from mtl_bench.balancers.host import host_solution
 from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.host import host_solution
 
 
 def pcgrad_weights(gram: np.ndarray, orders: Sequence[Sequence[int]]) -> tuple[np.ndarray, int]:

@@ -8,11 +8,11 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.scalarization import ScalarizedBalancer, preference_vector
 from mtl_bench.balancers.seeded import SeededGenerator
-from mtl_bench.balancers.staged import JOINT, StagedBalancer
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
 
 DIRICHLET = "dirichlet"
 

@@ -8,12 +8,12 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import Context, stack_weights, task_weights
-from mtl_bench.balancers.checks import at_least, number
-from mtl_bench.balancers.distributed import average_by_name
-from mtl_bench.balancers.graph import task_params, upstream_leaves
-from mtl_bench.balancers.leaf_grads import leaf_grads_root
-from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
+from mtl_bench.balancers.checks import at_least, number, stack_weights, task_weights
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.graph import task_params, upstream_leaves
+from mtl_bench.gradient_engine.leaf_grads import leaf_grads_root
+from mtl_bench.gradient_engine.rank_average import average_by_name
+from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer
 
 SMALL_HEAD_FACTOR = 4  # heads of up to this many times the shared features in parameters are small (_task_grads)
 

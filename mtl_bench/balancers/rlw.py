@@ -8,10 +8,10 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.checks import number, one_of
 from mtl_bench.balancers.seeded import SeededGenerator
-from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer
 
 DISTRIBUTIONS = ("normal", "uniform", "dirichlet", "bernoulli")
 

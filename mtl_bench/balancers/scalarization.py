@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import Balancer, Context, task_weights
-from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.distributed import average_by_name
+from mtl_bench.balancers.checks import number, task_weights
+from mtl_bench.gradient_engine.balancer import Balancer, Context
+from mtl_bench.gradient_engine.rank_average import average_by_name
 
 
 def preference_vector(weights: Optional[Mapping[str, float]], task_names: Sequence[str]) -> Tensor:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.multi_batch import MultiBatchBalancer, project_to_simplex
+from mtl_bench.gradient_engine.multi_batch import MultiBatchBalancer, project_to_simplex
 
 
 class SDMGrad(MultiBatchBalancer):

@@ -8,7 +8,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.base import stack_weights, task_weights
+from mtl_bench.balancers.checks import stack_weights, task_weights
 from mtl_bench.balancers.scalarization import ScalarizedBalancer
 
 

@@ -8,9 +8,9 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.staged import StagedBalancer
-from mtl_bench.balancers.validation import ValidationSource, require_validation
+from mtl_bench.balancers.validation_source import ValidationSource, require_validation
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.staged import StagedBalancer
 
 
 class SoftmaxLogitsBalancer(StagedBalancer):

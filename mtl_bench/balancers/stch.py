@@ -8,11 +8,11 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import Context
 from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.preference import DIRICHLET, Concentration, Preference, PreferenceScalarization
 from mtl_bench.balancers.scalarization import reference_point
-from mtl_bench.balancers.staged import JOINT
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.staged import JOINT
 
 
 class SmoothTchebycheff(PreferenceScalarization):

@@ -8,11 +8,11 @@ import torch
 from torch import Tensor
 
 from mtl_bench import cpp_kernels, tags
-from mtl_bench.balancers.blocks import flat_rows, unflatten_row
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
-from mtl_bench.balancers.gramian import GRAMIAN_CFLAGS, gram_metrics, takes_kernel
-from mtl_bench.balancers.leaf_grads import write_leaf_grads
+from mtl_bench.gradient_engine.blocks import flat_rows, unflatten_row
+from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
+from mtl_bench.gradient_engine.gramian import GRAMIAN_CFLAGS, gram_metrics, takes_kernel
+from mtl_bench.gradient_engine.leaf_grads import write_leaf_grads
 
 TRIM_SOURCE = cpp_kernels.source("trimmed_mean_cpu.cpp")
 

@@ -6,10 +6,10 @@ import numpy as np
 from torch import Tensor
 
 from mtl_bench.balancers.checks import at_least
-from mtl_bench.balancers.gramian_balancer import GramianBalancer
-from mtl_bench.balancers.host import host_solution
-from mtl_bench.balancers.solvers import dual_cone_weights
 from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.host import host_solution
+from mtl_bench.gradient_engine.solvers import dual_cone_weights
 
 
 def upgrad_weights(gram: np.ndarray, norm_eps: float, reg_eps: float) -> tuple[np.ndarray, int]:

@@ -23,10 +23,10 @@ from hydra._internal.utils import _locate  # what hydra.utils.get_object uses, w
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.balancers.weighting import WEIGHTING_ARGUMENTS, Weighting
 from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.errors import ConfigError
+from mtl_bench.gradient_engine.balancer import BUILD_ARGUMENTS
 from mtl_bench.hydra_errors import closest
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}

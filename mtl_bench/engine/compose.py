@@ -20,8 +20,7 @@ from torch.utils.data import Dataset
 
 from mtl_bench.analysis.runs import override_key
 from mtl_bench.balancers import Balancer
-from mtl_bench.balancers.base import BUILD_ARGUMENTS
-from mtl_bench.balancers.validation import needs_validation
+from mtl_bench.balancers.validation_source import needs_validation
 from mtl_bench.catalog import conf_root
 from mtl_bench.config import ENGINE_KEYS, RunConf, TrainerConf, section_schema
 from mtl_bench.engine.builders import (
@@ -41,6 +40,7 @@ from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import optimizer_steps_per_epoch, resolve_accumulation, samples_per_epoch
 from mtl_bench.engine.validation import ValidationStream
 from mtl_bench.errors import ConfigError
+from mtl_bench.gradient_engine.balancer import BUILD_ARGUMENTS
 from mtl_bench.hydra_errors import closest
 from mtl_bench.loggers.base import missing_methods
 from mtl_bench.models import MultiTaskModel

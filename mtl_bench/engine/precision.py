@@ -8,7 +8,7 @@ from typing import Any, ContextManager, Mapping, Optional, Union
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.staged import current_scale
+from mtl_bench.gradient_engine.staged import current_scale
 
 DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}

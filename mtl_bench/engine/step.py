@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from mtl_bench.balancers import BackwardContext, Balancer
-from mtl_bench.balancers.validation import needs_validation
+from mtl_bench.balancers.validation_source import needs_validation
 from mtl_bench.config import TrainerConf
 from mtl_bench.engine.data import BatchSource, StepSampler, task_split
 from mtl_bench.engine.diagnostics import GradientDiagnostics

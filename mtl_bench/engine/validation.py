@@ -1,4 +1,4 @@
-"""The engine's ValidationSource (mtl_bench/balancers/validation.py): a bilevel balancer's validation stream, and the
+"""The engine's ValidationSource (balancers/validation_source.py): a bilevel balancer's validation stream, and the
 loop's training batch, task losses, parameters and lr.
 
 Made by compose when a balancer that declares `validation` is built (it holds the validation data), connected to
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from mtl_bench.balancers.validation import Batch
+from mtl_bench.balancers.validation_source import Batch
 from mtl_bench.config import TrainerConf
 from mtl_bench.engine.data import HOLDOUT_STREAM, BatchSource, StepSampler
 from mtl_bench.engine.precision import Precision

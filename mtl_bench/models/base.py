@@ -27,7 +27,8 @@ class MultiTaskModel(nn.Module):
     A subclass may override `forward`, `shared_parameters()` and `task_parameters()`, and its predictions may
     read shared features other than `shared` (SegNet-MTAN's attention modules read every stage): the gradient
     balancers find this in the autograd graph and take exact per-task gradients at the shared parameters
-    (balancers/gradient_balancer.py); only methods defined at `shared` itself (grad_source=shared_rep, GradDrop) refuse.
+    (gradient_engine/gradient_balancer.py); only methods defined at `shared` itself (grad_source=shared_rep, GradDrop)
+    refuse.
 
     Backbones that declare `stages` (the end index of each stage in their trunk, an nn.Sequential; `stem`: where a
     stem ends inside the first) and `make_trunk` (a fresh trunk, built as the first) can be wrapped by an

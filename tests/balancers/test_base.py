@@ -99,7 +99,7 @@ def test_every_balancer_keeps_its_constructors_signature():
 def test_scaled_grad_gives_the_bits_of_the_scaled_loss_without_the_product():
     import torch
 
-    from mtl_bench.balancers.staged import scaled_grad
+    from mtl_bench.gradient_engine.staged import scaled_grad
 
     torch.manual_seed(0)
     x = torch.randn(5, 3, requires_grad=True)

@@ -48,8 +48,8 @@ def test_weights_are_the_ema_of_the_base_weights():
 
 
 def _gram_and_losses(model, losses, shared):
-    from mtl_bench.balancers.gramian import gramian
-    from mtl_bench.balancers.task_grads import task_jacobian
+    from mtl_bench.gradient_engine.gramian import gramian
+    from mtl_bench.gradient_engine.task_grads import task_jacobian
 
     params = list(model.trunk.parameters())
     ordered = [losses[t] for t in TASKS3]

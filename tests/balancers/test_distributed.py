@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from mtl_bench.balancers import GradNorm, RescaledNormBalancer
-from mtl_bench.balancers.distributed import average_by_name
+from mtl_bench.gradient_engine.rank_average import average_by_name
 from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.processes import spawn_and_wait
 

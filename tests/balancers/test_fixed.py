@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mtl_bench.balancers import FixedWeights
-from mtl_bench.balancers.base import task_weights
+from mtl_bench.balancers.checks import task_weights
 
 
 def fixed(weights):

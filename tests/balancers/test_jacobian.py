@@ -1,4 +1,4 @@
-"""The gradient methods' shared machinery (mtl_bench.balancers.gradient_balancer and the modules it uses); the
+"""The gradient methods' shared machinery (mtl_bench.gradient_engine.gradient_balancer and the modules it uses); the
 helpers their tests share are in balancer_kit."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtl_bench.balancers import IMTL, MGDA, BackwardContext, GradVac, PCGrad, UPGrad
-from mtl_bench.balancers.blocks import combine, flat_rows, rows_like
-from mtl_bench.balancers.gramian import gramian
-from mtl_bench.balancers.graph import head_params
-from mtl_bench.balancers.leaf_grads import write_leaf_grads
-from mtl_bench.balancers.task_grads import grads_at_shared, task_jacobian
+from mtl_bench.gradient_engine.blocks import combine, flat_rows, rows_like
+from mtl_bench.gradient_engine.gramian import gramian
+from mtl_bench.gradient_engine.graph import head_params
+from mtl_bench.gradient_engine.leaf_grads import write_leaf_grads
+from mtl_bench.gradient_engine.task_grads import grads_at_shared, task_jacobian
 from tests.helpers.balancer_kit import TASKS3, batch, make_model, no_host_sync, task_losses
 from tests.helpers.param_jacobian import param_jacobian
 

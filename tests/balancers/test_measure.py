@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from mtl_bench.balancers import DualBalancing, ExcessMTL, MoCo, TrimmedMean, UPGrad
-from mtl_bench.balancers.base import BackwardContext
 from mtl_bench.catalog import config_options
 from mtl_bench.engine.checkpoint import CHECKPOINT_NAME
 from mtl_bench.engine.recipe import train
+from mtl_bench.gradient_engine.balancer import BackwardContext
 
 from .test_zoo import EXTRA, SHORT, TASK_SETS
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mtl_bench.balancers import MGDA, BackwardContext
-from mtl_bench.balancers.solvers import min_norm_simplex
+from mtl_bench.gradient_engine.solvers import min_norm_simplex
 from tests.helpers.balancer_kit import (
     TASKS3,
     assert_per_task_is_the_joint_step,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mtl_bench.balancers import BackwardContext, MoDo
-from mtl_bench.balancers.multi_batch import project_to_simplex
+from mtl_bench.gradient_engine.multi_batch import project_to_simplex
 from tests.helpers.balancer_kit import TASKS3, batch, make_model, task_losses
 
 

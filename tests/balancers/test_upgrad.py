@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mtl_bench.balancers import BackwardContext, UPGrad
-from mtl_bench.balancers.solvers import active_set_qp, dual_cone_weights, nonneg_qps
 from mtl_bench.balancers.upgrad import upgrad_weights
+from mtl_bench.gradient_engine.solvers import active_set_qp, dual_cone_weights, nonneg_qps
 from tests.helpers.balancer_kit import (
     TASKS3,
     assert_per_task_is_the_joint_step,

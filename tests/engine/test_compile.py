@@ -13,13 +13,13 @@ from omegaconf import OmegaConf
 from torch._dynamo.utils import counters
 
 from mtl_bench.balancers import Balancer
-from mtl_bench.balancers.base import BUILD_ARGUMENTS
 from mtl_bench.config import ENGINE_KEYS
 from mtl_bench.engine.builders import build, node_dict, target_of
 from mtl_bench.engine.compile import CompiledForward, CompileError, compile_mode, implementation_of, maybe_compile
 from mtl_bench.engine.compose import validation_for
 from mtl_bench.engine.precision import Precision
 from mtl_bench.engine.step import StepRunner
+from mtl_bench.gradient_engine.balancer import BUILD_ARGUMENTS
 from mtl_bench.models import MLP, LeNet, MultiTaskModel
 from mtl_bench.tasks import TaskSet
 

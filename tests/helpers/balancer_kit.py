@@ -3,7 +3,7 @@
 - the host-sync guard and the SGD loop every stateful balancer test trains with;
 - the fixed two-task case of the loss-weighting methods (UW, DWA, RLW, FAMO, DB-MTL): data, a model with fixed
   initial parameters, the resume / GradScaler / skipped-step / no-host-sync checks and the 2-process DDP run;
-- the seeded three-task case of the gradient methods (mtl_bench.balancers.gradient_balancer) and GradNorm: a tiny
+- the seeded three-task case of the gradient methods (mtl_bench.gradient_engine.gradient_balancer) and GradNorm: a tiny
   hard-parameter-sharing model, SGD runs of our balancers, and the reference implementations (LibMTL 1.1.5's
   weighting modules loaded from the installed files by `benchmarks.peers`, torchjd 0.18) on the same
   model, data and initial parameters.

@@ -1,5 +1,5 @@
 """J by one batched vector-Jacobian product through the trunk: the tests' independent way to the Jacobian that
-mtl_bench.balancers.task_grads builds one backward per task."""
+mtl_bench.gradient_engine.task_grads builds one backward per task."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A ValidationSource (mtl_bench/balancers/validation.py) for a model outside the engine, as a library user's own
+"""A ValidationSource (mtl_bench/balancers/validation_source.py) for a model outside the engine, as a library user's own
 loop writes one: the test hands it each step's training and validation batches."""
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtl_bench.balancers import MGDA, BackwardContext, GradDrop, NashMTL, PCGrad, UPGrad
-from mtl_bench.balancers.blocks import combine
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
-from mtl_bench.balancers.gramian import gramian
-from mtl_bench.balancers.graph import task_params
+from mtl_bench.gradient_engine.blocks import combine
+from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
+from mtl_bench.gradient_engine.gramian import gramian
+from mtl_bench.gradient_engine.graph import task_params
 from mtl_bench.models import SegNet, SegNetMTAN
 from tests.helpers.param_jacobian import param_jacobian
 

@@ -7,8 +7,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from mtl_bench.balancers.base import BackwardContext, Balancer, Context
 from mtl_bench.devices import cpu_value
+from mtl_bench.gradient_engine.balancer import BackwardContext, Balancer, Context
 
 JOINT, PER_TASK = "joint", "per_task"
 

@@ -8,9 +8,6 @@ from typing import Any, Callable, Iterable, Literal, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from mtl_bench.balancers.distributed import rank_mean
-from mtl_bench.balancers.gradient_balancer import GRAD_SOURCES, GradientBalancer
-from mtl_bench.balancers.gramian import gramian
 from mtl_bench.balancers.weighting import (
     WEIGHTING_ARGUMENTS,
     Solution,
@@ -21,6 +18,9 @@ from mtl_bench.balancers.weighting import (
     shown,
 )
 from mtl_bench.errors import ContractError
+from mtl_bench.gradient_engine.gradient_balancer import GRAD_SOURCES, GradientBalancer
+from mtl_bench.gradient_engine.gramian import gramian
+from mtl_bench.gradient_engine.rank_average import rank_mean
 
 PREFIX = "weighting."
 

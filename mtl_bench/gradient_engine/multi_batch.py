@@ -9,15 +9,15 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.blocks import flat_rows
-from mtl_bench.balancers.distributed import rank_mean
-from mtl_bench.balancers.gradient_balancer import GradientBalancer
-from mtl_bench.balancers.gramian import gram_metrics, gramian
-from mtl_bench.balancers.graph import task_params
-from mtl_bench.balancers.leaf_grads import leaf_grads_root, write_leaf_grads
-from mtl_bench.balancers.staged import JOINT
-from mtl_bench.balancers.task_grads import grads_at_shared, task_jacobian
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.blocks import flat_rows
+from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
+from mtl_bench.gradient_engine.gramian import gram_metrics, gramian
+from mtl_bench.gradient_engine.graph import task_params
+from mtl_bench.gradient_engine.leaf_grads import leaf_grads_root, write_leaf_grads
+from mtl_bench.gradient_engine.rank_average import rank_mean
+from mtl_bench.gradient_engine.staged import JOINT
+from mtl_bench.gradient_engine.task_grads import grads_at_shared, task_jacobian
 
 
 def project_to_simplex(v: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from mtl_bench import cpp_kernels, tags
-from mtl_bench.balancers.blocks import flat_rows
+from mtl_bench.gradient_engine.blocks import flat_rows
 
 # The C++ Gramian kernel (gramian_cpu.cpp) takes float32 CPU blocks of at least KERNEL_MIN_NUMEL floats: below
 # that a block's Gramian takes well under a millisecond either way, and a toy run never waits for the build.

@@ -8,9 +8,9 @@ from typing import Iterator, Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench.balancers.blocks import has_rows_like, rows_like
-from mtl_bench.balancers.graph import head_params, task_params
-from mtl_bench.balancers.staged import scaled_grad
+from mtl_bench.gradient_engine.blocks import has_rows_like, rows_like
+from mtl_bench.gradient_engine.graph import head_params, task_params
+from mtl_bench.gradient_engine.staged import scaled_grad
 
 
 def grads_at_shared(

@@ -10,8 +10,6 @@ from typing import Any, Mapping, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from mtl_bench.balancers.checks import at_least
-
 # What the engine hands a balancer's constructor, by name, when the signature asks for it; everything
 # else in the signature is an option set from config (`balancer.<name>=...`).
 BUILD_ARGUMENTS = {
@@ -41,7 +39,7 @@ class BackwardContext:
     and the keys they fill; the gradients it writes and the state it stages must not change.
 
     What only some methods need is given at build time instead: a bilevel method's batches, validation stream
-    and task losses come from the `validation` argument it declares (balancers/validation.py).
+    and task losses come from the `validation` argument it declares (balancers/validation_source.py).
     """
 
     scaler: Optional[torch.amp.GradScaler] = None
@@ -210,21 +208,3 @@ def old_constructor_form(cls: type, names: Mapping[Any, Any]) -> str:
     return (
         f"{cls.__name__}: the first argument is the task names (a list of str), got a dict {dict(names)!r}; pass {fix}"
     )
-
-
-def stack_weights(weights: dict[str, float], task_names: list[str]) -> torch.Tensor:
-    return torch.tensor([float(weights[name]) for name in task_names], dtype=torch.float32)
-
-
-def task_weights(weights: Mapping[str, float] | None, task_names: list[str]) -> dict[str, float]:
-    """Weights for exactly `task_names`: None means 1.0 each; any mismatch or negative weight is a ValueError."""
-    if weights is None:
-        return {name: 1.0 for name in task_names}
-    unknown = sorted(set(weights) - set(task_names))
-    missing = sorted(set(task_names) - set(weights))
-    if unknown or missing:
-        problems = ([f"weights for unknown tasks {unknown}"] if unknown else []) + (
-            [f"no weight for tasks {missing}"] if missing else []
-        )
-        raise ValueError(f"weights: {'; '.join(problems)}; the task set has tasks {list(task_names)}")
-    return {name: at_least(f"weights.{name}", weights[name], 0) for name in task_names}

@@ -38,17 +38,17 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.base import Context
-from mtl_bench.balancers.blocks import combine
 from mtl_bench.balancers.checks import one_of
-from mtl_bench.balancers.distributed import rank_mean
-from mtl_bench.balancers.gramian import build_kernel_for, gram_metrics, gramian
-from mtl_bench.balancers.graph import NOT_A_CUT, task_params
-from mtl_bench.balancers.leaf_grads import GradientShapeError, leaf_grads_root, write_leaf_grads
-from mtl_bench.balancers.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
-from mtl_bench.balancers.task_grads import grads_at_shared, task_jacobian
 from mtl_bench.balancers.weighting import Solution, check_measurements, check_solution
 from mtl_bench.errors import ContractError
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.blocks import combine
+from mtl_bench.gradient_engine.gramian import build_kernel_for, gram_metrics, gramian
+from mtl_bench.gradient_engine.graph import NOT_A_CUT, task_params
+from mtl_bench.gradient_engine.leaf_grads import GradientShapeError, leaf_grads_root, write_leaf_grads
+from mtl_bench.gradient_engine.rank_average import rank_mean
+from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer, scaled_grad
+from mtl_bench.gradient_engine.task_grads import grads_at_shared, task_jacobian
 
 GRAD_SOURCES = ("shared_params", "shared_rep")
 
