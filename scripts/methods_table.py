@@ -28,6 +28,7 @@ from mtl_bench.balancers.validation_source import METHODS, needs_validation
 from mtl_bench.catalog import conf_root
 from mtl_bench.gradient_engine.balancer import Balancer
 from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ["a", "b", "c"]
@@ -124,9 +125,12 @@ def _is_family(path: Path) -> bool:
     return path.name in FAMILY_TESTS.values()
 
 
-def reference(cls: type[Balancer]) -> str:
-    weighting = getattr(cls, "weighting_class", None)  # a Gramian method: its weighting has the docstring
-    doc = " ".join(line.strip() for line in inspect.getdoc(weighting or cls).splitlines())
+def reference(cls: type[Balancer], instance: Balancer | None) -> str:
+    # a Gramian method: its weighting has the docstring (balancer=gramian's weighting is the user's choice)
+    weighting = getattr(instance, "weighting", None) if cls is not GramianBalancer else None
+    doc = " ".join(
+        line.strip() for line in inspect.getdoc(type(weighting) if weighting is not None else cls).splitlines()
+    )
     # the sentence ends at a full stop, not at the one of "e.g." or "i.e." inside it
     found = re.search(r"References?: (.*?)(?<!\be\.g)(?<!\bi\.e)\.(?:\s|$)", doc)
     return found.group(1) if found else "none stated"
@@ -160,7 +164,7 @@ def rows() -> list[dict[str, str]]:
                 "test": tests[0].name if tests else "none",
                 "host_solve": (instance or cls).HOST_SOLVE,
                 "paper": paper(cls),
-                "reference": reference(cls),
+                "reference": reference(cls, instance),
             }
         )
     return out

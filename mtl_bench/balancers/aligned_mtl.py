@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable, Literal, Optional, Sequence
+
 import numpy as np
 from torch import Tensor
 
@@ -58,5 +60,20 @@ class AlignedMTLWeighting(Weighting):
         return host_solution(gram, "aligned_mtl/condition", lambda g: aligned_weights(g, self.scale_mode))
 
 
-class AlignedMTL(GramianBalancer, weighting=AlignedMTLWeighting):
+class AlignedMTL(GramianBalancer):
     """AlignedMTL (`AlignedMTLWeighting`) as a balancer: `balancer=aligned_mtl`."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: Literal["shared_params", "shared_rep"] = "shared_params",
+        scale_mode: str = "min",
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients) or shared_rep (at the shared representation).
+        scale_mode: the common singular value: min (the paper), median or rmse (the mean eigenvalue).
+        """
+        super().__init__(task_names, shared_params, AlignedMTLWeighting(scale_mode=scale_mode), grad_source)

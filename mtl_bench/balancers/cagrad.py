@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable, Optional, Sequence
+
 import numpy as np
 from torch import Tensor
 
@@ -73,5 +75,21 @@ class CAGradWeighting(Weighting):
         return host_solution(gram, "cagrad/lambda", lambda g: cagrad_weights(g, self.c, self.rescale))
 
 
-class CAGrad(GramianBalancer, weighting=CAGradWeighting, sources=("shared_params",)):
+class CAGrad(GramianBalancer):
     """CAGrad (`CAGradWeighting`) as a balancer: `balancer=cagrad`; at the shared parameters, as its reference."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        c: float = 0.5,
+        rescale: int = 1,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        The gradients are taken at the shared parameters only, as in the reference (no grad_source option).
+        c: the radius of the ball around the mean gradient, relative to its norm (>= 0; the paper's 0.4-0.5).
+        rescale: divide the update by 1 (0), 1 + c² (1) or 1 + c (2).
+        """
+        super().__init__(task_names, shared_params, CAGradWeighting(c=c, rescale=rescale))

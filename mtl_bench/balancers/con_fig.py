@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable, Optional, Sequence
+
 import numpy as np
 from torch import Tensor
 
@@ -50,5 +52,17 @@ class ConFIGWeighting(Weighting):
         return host_solution(gram, "con_fig/cos_mean", config_weights)
 
 
-class ConFIG(GramianBalancer, weighting=ConFIGWeighting, sources=("shared_params",)):
+class ConFIG(GramianBalancer):
     """ConFIG (`ConFIGWeighting`) as a balancer: `balancer=con_fig`; at the shared parameters, as its reference."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        The gradients are taken at the shared parameters only, as in the reference (no grad_source option).
+        """
+        super().__init__(task_names, shared_params, ConFIGWeighting())

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from functools import partial
+from typing import Callable, Iterable, Literal, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -80,5 +81,23 @@ class CRMOGMWeighting(Weighting):
         )
 
 
-class CRMOGM(GramianBalancer, weighting=CRMOGMWeighting):
+class CRMOGM(GramianBalancer):
     """CR-MOGM (`CRMOGMWeighting`) as a balancer: `balancer=cr_mogm`."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: Literal["shared_params", "shared_rep"] = "shared_params",
+        base: Union[Weighting, Callable[..., Weighting], None] = None,
+        alpha: float = 0.9,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients) or shared_rep (at the shared representation).
+        base: the wrapped weighting, a config node (`_target_`, with `_partial_: true` when it takes task_names);
+            null: UPGrad's with its defaults.
+        alpha: the EMA's weight α in [0, 1] on the previous λ (0: the base unchanged).
+        """
+        super().__init__(task_names, shared_params, partial(CRMOGMWeighting, base=base, alpha=alpha), grad_source)

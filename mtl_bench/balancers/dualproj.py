@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable, Optional, Sequence
+
 import numpy as np
 from torch import Tensor
 
@@ -49,5 +51,21 @@ class DualProjWeighting(Weighting):
         return host_solution(gram, "dualproj/active", lambda g: dualproj_weights(g, u, self.norm_eps, self.reg_eps))
 
 
-class DualProj(GramianBalancer, weighting=DualProjWeighting, sources=("shared_params",)):
+class DualProj(GramianBalancer):
     """DualProj (`DualProjWeighting`) as a balancer: `balancer=dualproj`; at the shared parameters, as its reference."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        norm_eps: float = 1e-4,
+        reg_eps: float = 1e-4,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        The gradients are taken at the shared parameters only, as in the reference (no grad_source option).
+        norm_eps: a Gramian whose trace is below this (>= 0) counts as zero.
+        reg_eps: added to the normalised Gramian's diagonal (>= 0) so the QP is strictly convex.
+        """
+        super().__init__(task_names, shared_params, DualProjWeighting(norm_eps=norm_eps, reg_eps=reg_eps))

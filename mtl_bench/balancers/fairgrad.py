@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -72,5 +72,25 @@ class FairGradWeighting(Weighting):
         return solution
 
 
-class FairGrad(GramianBalancer, weighting=FairGradWeighting, sources=("shared_params",)):
+class FairGrad(GramianBalancer):
     """FairGrad (`FairGradWeighting`) as a balancer: `balancer=fairgrad`; at the shared parameters, as its reference."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        alpha: float = 1.0,
+        max_nfev: Optional[int] = None,
+        head_weights: str = "weights",
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        The gradients are taken at the shared parameters only, as in the reference (no grad_source option).
+        alpha: the fairness α (>= 0; the paper's runs use 0.5 to 8 by data set).
+        max_nfev: the most residual evaluations of the solve (>= 1); null: scipy's default, 100·T.
+        head_weights: the heads' loss weights: weights (the authors' code, LibMTL) or ones (torchjd).
+        """
+        super().__init__(
+            task_names, shared_params, FairGradWeighting(alpha=alpha, max_nfev=max_nfev, head_weights=head_weights)
+        )

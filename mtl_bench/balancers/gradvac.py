@@ -3,7 +3,8 @@ Multilingual Models" (GradVac)."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from functools import partial
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -118,5 +119,23 @@ class GradVacWeighting(SeededGenerator, Weighting):
         )
 
 
-class GradVac(GramianBalancer, weighting=GradVacWeighting, sources=("shared_params",)):
+class GradVac(GramianBalancer):
     """GradVac (`GradVacWeighting`) as a balancer: `balancer=gradvac`; at the shared parameters, as its reference."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        beta: float = 0.5,
+        group: str = "whole_model",
+        seed: Optional[int] = None,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        The gradients are taken at the shared parameters only, as in the reference (no grad_source option).
+        beta: the EMA rate of the cosine targets, in [0, 1] (the paper's 0.01; LibMTL's default 0.5).
+        group: whole_model (one target per task pair) or all_matrix (one per pair and shared parameter tensor).
+        seed: seed of the generator that orders the corrections; None draws one from torch's global RNG.
+        """
+        super().__init__(task_names, shared_params, partial(GradVacWeighting, beta=beta, group=group, seed=seed))

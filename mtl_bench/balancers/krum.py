@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from functools import partial
+from typing import Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -51,5 +52,27 @@ class KrumWeighting(Weighting):
         return Solution(weights + 0 * scores.sum())  # NaN weights when G is not finite (a skipped step)
 
 
-class Krum(GramianBalancer, weighting=KrumWeighting):
+class Krum(GramianBalancer):
     """Krum (`KrumWeighting`) as a balancer: `balancer=krum`."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: Literal["shared_params", "shared_rep"] = "shared_params",
+        n_byzantine: int = 0,
+        n_selected: int = 1,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients) or shared_rep (at the shared representation).
+        n_byzantine: f, the number of task gradients that may be outliers (>= 0; needs T >= f + 3).
+        n_selected: how many of the best-scored gradients are averaged (1: Krum; more: Multi-Krum; <= T).
+        """
+        super().__init__(
+            task_names,
+            shared_params,
+            partial(KrumWeighting, n_byzantine=n_byzantine, n_selected=n_selected),
+            grad_source,
+        )

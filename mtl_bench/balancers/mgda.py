@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable, Literal, Optional, Sequence
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -68,5 +70,24 @@ class MGDAWeighting(Weighting):
         )
 
 
-class MGDA(GramianBalancer, weighting=MGDAWeighting):
+class MGDA(GramianBalancer):
     """MGDA (`MGDAWeighting`) as a balancer: `balancer=mgda`."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        grad_source: Literal["shared_params", "shared_rep"] = "shared_params",
+        normalization: str = "none",
+        max_iter: int = 250,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        grad_source: shared_params (exact per-task gradients) or shared_rep (at the shared representation).
+        normalization: gradient normalisation before the solve: none, l2, loss or loss+.
+        max_iter: the most Frank-Wolfe iterations (>= 1) after the best pair.
+        """
+        super().__init__(
+            task_names, shared_params, MGDAWeighting(normalization=normalization, max_iter=max_iter), grad_source
+        )

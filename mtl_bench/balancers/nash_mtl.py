@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from functools import partial
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -194,5 +195,39 @@ class NashMTLWeighting(Weighting):
         return Solution(to_device(alpha * clip, gram), heads, metrics, state)
 
 
-class NashMTL(GramianBalancer, weighting=NashMTLWeighting, sources=("shared_params",)):
+class NashMTL(GramianBalancer):
     """NashMTL (`NashMTLWeighting`) as a balancer: `balancer=nash_mtl`; at the shared parameters, as its reference."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        update_weights_every: int = 1,
+        optim_niter: int = 20,
+        max_norm: float = 1.0,
+        head_weights: str = "alpha",
+        solver: str = "ECOS",
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        The gradients are taken at the shared parameters only, as in the reference (no grad_source option).
+        update_weights_every: solve for α every this many steps (>= 1), reuse it in between.
+        optim_niter: the most convex problems per solve (>= 1).
+        max_norm: clip the shared update to this norm (0: no clipping).
+        head_weights: the heads' loss weights: alpha (the authors' code) or ones (torchjd).
+        solver: the solver of each convex problem: ECOS as the reference (called directly), or any other solver
+            cvxpy has installed (CLARABEL ships with cvxpy).
+        """
+        super().__init__(
+            task_names,
+            shared_params,
+            partial(
+                NashMTLWeighting,
+                update_weights_every=update_weights_every,
+                optim_niter=optim_niter,
+                max_norm=max_norm,
+                head_weights=head_weights,
+                solver=solver,
+            ),
+        )

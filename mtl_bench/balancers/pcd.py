@@ -3,7 +3,8 @@ Multi-Objective Optimization", TMLR 2026 (PCD)."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from functools import partial
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -120,5 +121,25 @@ class PCDWeighting(Weighting):
         )
 
 
-class PCD(GramianBalancer, weighting=PCDWeighting, sources=("shared_params",)):
+class PCD(GramianBalancer):
     """PCD (`PCDWeighting`) as a balancer: `balancer=pcd`; at the shared parameters, as its reference."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        primary: Optional[str] = None,
+        tau: float = 0.02,
+        beta: float = 0.999,
+        eps: float = 1e-8,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        The gradients are taken at the shared parameters only, as in the reference (no grad_source option).
+        primary: the primary task; null: the task set's first task.
+        tau: the fraction τ in [0, 1] of normalised progress guaranteed to every other task.
+        beta: the decay β in [0, 1) of the EMA of the squared gradient norms.
+        eps: ε >= 0, added to the EMA before its inverse square root.
+        """
+        super().__init__(task_names, shared_params, partial(PCDWeighting, primary=primary, tau=tau, beta=beta, eps=eps))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -69,5 +69,19 @@ class PCGradWeighting(SeededGenerator, Weighting):
         return host_solution(gram, "pcgrad/projections", lambda g: pcgrad_weights(g, orders))
 
 
-class PCGrad(GramianBalancer, weighting=PCGradWeighting, sources=("shared_params",)):
+class PCGrad(GramianBalancer):
     """PCGrad (`PCGradWeighting`) as a balancer: `balancer=pcgrad`; at the shared parameters, as its reference."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        seed: Optional[int] = None,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        The gradients are taken at the shared parameters only, as in the reference (no grad_source option).
+        seed: seed of the generator that orders the projections; None draws one from torch's global RNG.
+        """
+        super().__init__(task_names, shared_params, PCGradWeighting(seed=seed))

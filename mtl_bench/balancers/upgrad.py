@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable, Optional, Sequence
+
 import numpy as np
 from torch import Tensor
 
@@ -52,5 +54,21 @@ class UPGradWeighting(Weighting):
         return host_solution(gram, "upgrad/active", lambda g: upgrad_weights(g, self.norm_eps, self.reg_eps))
 
 
-class UPGrad(GramianBalancer, weighting=UPGradWeighting, sources=("shared_params",)):
+class UPGrad(GramianBalancer):
     """UPGrad (`UPGradWeighting`) as a balancer: `balancer=upgrad`; at the shared parameters, as its reference."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]] = None,
+        norm_eps: float = 1e-4,
+        reg_eps: float = 1e-4,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        shared_params: the model's shared parameters (given by the engine).
+        The gradients are taken at the shared parameters only, as in the reference (no grad_source option).
+        norm_eps: a Gramian whose trace is below this (>= 0) counts as zero.
+        reg_eps: added to the normalised Gramian's diagonal (>= 0) so the QP is strictly convex.
+        """
+        super().__init__(task_names, shared_params, UPGradWeighting(norm_eps=norm_eps, reg_eps=reg_eps))

@@ -72,7 +72,7 @@ def test_matches_torchjd(base, weighting):
 
 def test_resume_continues_and_a_skipped_step_keeps_the_state():
     saved = assert_resume_and_skip_keep_the_state(lambda model: build(model, base=DualProjWeighting(), alpha=0.5))
-    assert set(saved) == {"lambdas", "started"}
+    assert set(saved) == {"weighting.lambdas", "weighting.started"}
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ def test_matches_torchjd_over_steps_seeded_alike():
     train_torchjd(reference, aggregation.GradVac(beta=0.5), 8)
     assert_same_parameters(ours, reference)
     assert sum(m["gradvac/corrections"].item() for m in history[1:]) > 0  # the targets acted
-    assert (bal.targets > 0).any()
+    assert (bal.weighting.targets > 0).any()
 
 
 def test_first_step_matches_libmtl_1_1_5():
@@ -71,7 +71,7 @@ def test_all_matrix_with_one_tensor_is_whole_model():
     for group in ("whole_model", "all_matrix"):
         theta.grad = None
         bal = GradVac(list(TASKS3), [theta], group=group, seed=1)
-        bal.targets.fill_(0.3)
+        bal.weighting.targets.fill_(0.3)
         shared = theta * 1.0
         bal.backward({t: shared @ d for t, d in directions.items()}, shared)
         grads.append(theta.grad.clone())
@@ -83,7 +83,7 @@ def test_resume_and_skipped_steps():
     bal = build(model, group="all_matrix")
     train_ours(model, bal, 2)
     saved_model, saved = copy.deepcopy(model.state_dict()), copy.deepcopy(bal.state_dict())
-    assert saved["targets"].shape == (4, 3, 3)
+    assert saved["weighting.targets"].shape == (4, 3, 3)
     train_ours(model, bal, 2)
     again_model = make_model(seed=2)
     again_model.load_state_dict(saved_model)
@@ -91,12 +91,12 @@ def test_resume_and_skipped_steps():
     again.load_state_dict(saved)
     train_ours(again_model, again, 2)
     assert_same_parameters(again_model, model, rtol=0, atol=0)
-    before = bal.targets.clone()
+    before = bal.weighting.targets.clone()
     x, y = batch()
     out, losses = task_losses(model, x, y)
     bal.backward(losses, out.shared, BackwardContext())
     bal.step(torch.tensor(True))
-    assert torch.equal(bal.targets, before)
+    assert torch.equal(bal.weighting.targets, before)
 
 
 def test_bad_options_fail_clearly():

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from mtl_bench.balancers import BackwardContext, GramianBalancer
 from mtl_bench.engine.compose import finalise_config
 from mtl_bench.engine.recipe import train
+from mtl_bench.errors import ContractError
 from tests.helpers.balancer_kit import TASKS3, assert_state_is, batch, make_model, task_losses
 
 PROJECT = Path(__file__).parents[1] / "fixtures" / "my_lab_project"
@@ -56,13 +57,23 @@ def test_the_direction_is_the_smoothed_inverse_norm_sum(my_lab):
         with torch.no_grad():
             for p in model.parameters():
                 p -= 0.1 * p.grad
-    assert set(bal.state_dict()) == {"scales", "started"}  # the weighting's state, under its own names
-    torch.testing.assert_close(bal.state_dict()["scales"], scales)
+    assert set(bal.state_dict()) == {"weighting.scales", "weighting.started"}  # the weighting's state
+    torch.testing.assert_close(bal.state_dict()["weighting.scales"], scales)
     before = copy.deepcopy(bal.state_dict())
     out, losses = task_losses(model, *batch(seed=9))
     bal.backward(losses, out.shared, BackwardContext())
     bal.step(torch.tensor(True))  # a skipped step: the staged scales are dropped
     assert_state_is(bal, before)
+
+
+def test_a_checkpoint_with_the_weightings_state_under_flat_names_is_refused_in_one_line(my_lab):
+    bal = GramianBalancer(
+        TASKS3, list(torch.nn.Linear(2, 2).parameters()), weighting=my_lab.SmoothedInverseNorm(TASKS3)
+    )
+    flat = {key.removeprefix("weighting."): value for key, value in bal.state_dict().items()}
+    with pytest.raises(ContractError, match=r"flat names \('scales'\).*start a new run") as err:
+        bal.load_state_dict(flat)
+    assert "\n" not in str(err.value)
 
 
 def test_a_run_from_the_users_config_node(my_lab, compose_cfg, tmp_path):
@@ -74,7 +85,8 @@ def test_a_run_from_the_users_config_node(my_lab, compose_cfg, tmp_path):
     result = train(cfg, tmp_path / "run")
     assert result.step > 0
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["balancer"]
-    assert set(state) == {"scales", "started"} and bool(state["started"]) and (state["scales"] > 0).all()
+    assert set(state) == {"weighting.scales", "weighting.started"}
+    assert bool(state["weighting.started"]) and (state["weighting.scales"] > 0).all()
 
 
 def test_docs_show_the_fixtures_code_in_at_most_40_lines():

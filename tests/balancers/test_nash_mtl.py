@@ -150,7 +150,7 @@ def test_resume_and_skipped_steps_keep_the_state():
     saved = assert_resume_and_skip_keep_the_state(
         lambda model: build(model, update_weights_every=2), first=3, resumed_seed=4
     )
-    assert set(saved) == {"alpha", "steps"} and saved["steps"].item() == 3
+    assert set(saved) == {"weighting.alpha", "weighting.steps"} and saved["weighting.steps"].item() == 3
 
 
 def test_per_task_mode_weights_the_heads_after_the_solve():
@@ -167,7 +167,7 @@ def test_bad_options_fail_clearly():
         build(model, head_weights="sum")
     with pytest.raises(ValueError, match="^solver: must be a solver's name"):
         build(model, solver=3)
-    assert build(model, solver="ecos").solver == "ECOS"  # in any case, as cvxpy takes them
+    assert build(model, solver="ecos").weighting.solver == "ECOS"  # in any case, as cvxpy takes them
     pytest.importorskip("cvxpy")
     with pytest.raises(ValueError, match="^solver: NOPE is not installed"):
         build(model, solver="NOPE")

@@ -62,7 +62,7 @@ def test_matches_torchjd(tau):
 
 def test_resume_continues_and_a_skipped_step_keeps_the_state():
     saved = assert_resume_and_skip_keep_the_state(lambda model: build(model, tau=0.5, beta=0.9))
-    assert set(saved) == {"sq_norm_ema", "steps"} and saved["steps"].item() == 2
+    assert set(saved) == {"weighting.sq_norm_ema", "weighting.steps"} and saved["weighting.steps"].item() == 2
 
 
 def test_per_task_mode_with_scaler_matches_the_joint_step():
