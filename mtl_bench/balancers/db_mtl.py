@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -58,7 +58,7 @@ class DualBalancing(StagedBalancer):
     def __init__(
         self,
         task_names: Sequence[str],
-        shared_params: Iterable[Tensor],
+        shared_params: Optional[Iterable[Tensor]] = None,
         beta: float = 0.9,
         beta_sigma: float = 0.0,
         eps: float = 1e-8,

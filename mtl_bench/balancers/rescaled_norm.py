@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.checks import at_least, number, stack_weights, task_weights
-from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.balancer import Context, weights_first
 from mtl_bench.gradient_engine.graph import task_params, upstream_leaves
 from mtl_bench.gradient_engine.leaf_grads import leaf_grads_root
 from mtl_bench.gradient_engine.rank_average import average_by_name
@@ -57,7 +57,7 @@ class RescaledNormBalancer(StagedBalancer):
 
     def __init__(
         self,
-        task_names: Sequence[str],
+        task_names: Union[Sequence[str], Mapping[str, float], None] = None,
         weights: Optional[Mapping[str, float]] = None,
         rescale_grads: bool = True,
         total_norm: float = 1.0,
@@ -67,7 +67,8 @@ class RescaledNormBalancer(StagedBalancer):
         monitor: bool = True,
     ) -> None:
         """
-        task_names: the tasks (given by the engine).
+        task_names: the tasks (given by the engine); a mapping, or none with weights= given: EnCodec's forms, the
+            mapping's keys are the tasks and its values the weights.
         weights: each task's share w_k of the gradient norm (>= 0); None gives every task 1.0.
         rescale_grads: rescale each loss's gradient; false trains on the plain weighted sum.
         total_norm: the norm the rescaled gradients add up to (> 0).
@@ -76,8 +77,9 @@ class RescaledNormBalancer(StagedBalancer):
         epsilon: added to the averaged norm before dividing (>= 0).
         monitor: log ratio/<task> (free when rescaling: the norms are measured anyway).
         """
+        task_names, given = weights_first(type(self), task_names, weights)
         super().__init__(task_names)
-        weights = task_weights(weights, self.task_names)
+        weights = task_weights(given, self.task_names)
         if rescale_grads and not sum(weights.values()) > 0:
             raise ValueError(f"weights: sum to 0 ({weights}); rescaling needs a positive total weight")
         self.ema_decay = number("ema_decay", ema_decay, 0, 1, above=True, note="(1: a plain mean)")

@@ -3,13 +3,14 @@ Bargaining Game" (Nash-MTL), Section 6."""
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import stack_weights, task_weights
 from mtl_bench.balancers.scalarization import ScalarizedBalancer
+from mtl_bench.gradient_engine.balancer import weights_first
 
 
 class ScaleInvariant(ScalarizedBalancer):
@@ -26,12 +27,18 @@ class ScaleInvariant(ScalarizedBalancer):
 
     task_scales: Tensor
 
-    def __init__(self, task_names: Sequence[str], weights: Optional[Mapping[str, float]] = None) -> None:
+    def __init__(
+        self,
+        task_names: Union[Sequence[str], Mapping[str, float], None] = None,
+        weights: Optional[Mapping[str, float]] = None,
+    ) -> None:
         """
-        task_names: the tasks (given by the engine).
+        task_names: the tasks (given by the engine); a mapping, or none with weights= given: EnCodec's forms, the
+            mapping's keys are the tasks and its values the weights.
         weights: the c_i of Σ_i c_i log L_i, one >= 0 per task; None gives every task 1.0 (the paper).
         """
-        super().__init__(list(task_names))
+        task_names, weights = weights_first(type(self), task_names, weights)
+        super().__init__(task_names)
         self.register_buffer("task_scales", stack_weights(task_weights(weights, self.task_names), self.task_names))
 
     def _objective(self, losses: Tensor) -> Tensor:

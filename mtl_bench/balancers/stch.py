@@ -63,7 +63,7 @@ class SmoothTchebycheff(PreferenceScalarization):
         """
         if preference == DIRICHLET and warmup_steps:
             raise ValueError("warmup_steps: the warm-up's nadir point needs a fixed preference, not dirichlet; set 0")
-        super().__init__(list(task_names), preference, alpha, seed)
+        super().__init__(task_names, preference, alpha, seed)
         self.mu = number("mu", mu, 0, above=True)
         self.warmup_steps = number("warmup_steps", warmup_steps, 0, integer=True)
         if nadir_steps is not None and warmup_steps == 0:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -104,27 +103,8 @@ class Balancer(nn.Module):
     # method's fault, not the data's); the engine records it per step and reads it where it reads the device anyway.
     nonfinite_weights: Optional[Tensor] = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Every balancer's first argument is its task names. A balancer that takes `weights` also takes EnCodec's
-        # forms, `Balancer(weights, ...)` and `Balancer(weights=..., ...)`: the mapping's keys are the task names.
-        # Any other mapping where names are expected would become names without weights, so it is refused. Each
-        # subclass's own __init__ goes through this first (functools.wraps keeps its signature for the config
-        # checks; the engine always passes task_names=).
-        super().__init_subclass__(**kwargs)
-        init = cls.__dict__.get("__init__")
-        if init is None:
-            return
-
-        @functools.wraps(init)
-        def checked_init(self: Any, *args: Any, **kw: Any) -> None:
-            args, kw = weights_first(type(self), args, kw)
-            init(self, *args, **kw)
-
-        cls.__init__ = checked_init  # type: ignore[method-assign]
-
     def __init__(self, task_names: list[str]) -> None:
-        if isinstance(task_names, Mapping):
-            raise TypeError(old_constructor_form(type(self), task_names))
+        task_names = task_list(type(self), task_names)
         super().__init__()
         if not task_names:
             raise ValueError("task_names: a balancer needs at least one task")
@@ -179,23 +159,34 @@ class Balancer(nn.Module):
         return f"tasks={self.task_names}"
 
 
-def weights_first(cls: type, args: tuple[Any, ...], kw: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments with EnCodec's constructor forms spelled out: a mapping as the first argument of a balancer
-    that takes `weights` is the weights, and the task names are its keys (the arguments after it are the
-    options after `weights`, as in EnCodec's signature); `weights=` alone names the tasks the same way. A mapping
-    given as task names anywhere else is a TypeError naming what to pass."""
-    takes_weights = "weights" in inspect.signature(cls).parameters
-    if args and isinstance(args[0], Mapping):
-        if not takes_weights:
-            raise TypeError(old_constructor_form(cls, args[0]))
-        if "weights" in kw:
+def task_list(cls: type, task_names: Sequence[str]) -> list[str]:
+    """The task names as a list; a mapping there (EnCodec's weights, given to a balancer without weights, whose
+    keys would become names without weights) is a TypeError naming what to pass."""
+    if isinstance(task_names, Mapping):
+        raise TypeError(old_constructor_form(cls, task_names))
+    return list(task_names)
+
+
+def weights_first(
+    cls: type, task_names: Union[Sequence[str], Mapping[str, float], None], weights: Optional[Mapping[str, float]]
+) -> tuple[list[str], Optional[Mapping[str, float]]]:
+    """The task names and weights of a balancer that takes weights, with EnCodec's forms spelled out:
+    `Balancer(weights)` and `Balancer(weights=...)` name the tasks by the mapping's keys. Options after the mapping
+    go by name (EnCodec's positional options would land in `weights`: a TypeError says so)."""
+    if isinstance(task_names, Mapping):
+        if isinstance(weights, Mapping):
             raise TypeError(f"{cls.__name__}: weights given twice (the first argument and weights=)")
-        return (list(args[0]), dict(args[0]), *args[1:]), kw
-    if isinstance(kw.get("task_names"), Mapping):
-        raise TypeError(old_constructor_form(cls, kw["task_names"]))
-    if not args and "task_names" not in kw and takes_weights and isinstance(kw.get("weights"), Mapping):
-        return (list(kw["weights"]),), kw
-    return args, kw
+        if weights is not None:
+            raise TypeError(
+                f"{cls.__name__}: after a weights mapping, pass the options by name (got {weights!r} as the second "
+                "argument)"
+            )
+        return list(task_names), dict(task_names)
+    if task_names is None:
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"{cls.__name__}: task_names: needed (or weights=, a mapping whose keys are the tasks)")
+        return list(weights), weights
+    return list(task_names), weights
 
 
 def old_constructor_form(cls: type, names: Mapping[Any, Any]) -> str:

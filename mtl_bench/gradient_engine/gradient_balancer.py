@@ -142,10 +142,6 @@ class GradientBalancer(StagedBalancer):
         gram = gramian(blocks)
         return rank_mean(gram / (scale * scale) if scale is not None else gram)
 
-    def _transform_losses(self, losses: list[Tensor]) -> list[Tensor]:
-        """The losses the gradients are taken of (IMTL-L scales them); the identity by default."""
-        return losses
-
     # ------------------------------------------------------------------ the step
 
     def _steps(self) -> int:
@@ -221,7 +217,7 @@ class GradientBalancer(StagedBalancer):
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         scale = self._begin(JOINT, ctx, shared)
-        ordered = self._transform_losses([losses[name] for name in self.task_names])
+        ordered = [losses[name] for name in self.task_names]
         loss_values = torch.stack([loss.detach().float() for loss in ordered])
         head_w = self._known_head_weights()
         if self.grad_source == "shared_rep":
@@ -279,7 +275,6 @@ class GradientBalancer(StagedBalancer):
             raise RuntimeError(
                 f"task {task!r} already had its backward in this step; call balancer.step() once per optimizer step"
             )
-        (loss,) = self._transform_losses_one(i, loss)
         params, _ = task_params(loss, shared, self._param_ids)  # exact whether or not `shared` is a cut
         grads = scaled_grad(loss, [*self._params, *params], scale, allow_unused=True)
         shared_grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self._params)]
@@ -297,9 +292,6 @@ class GradientBalancer(StagedBalancer):
         self._task_blocks = {}
         losses = torch.stack([self._collected[name]["loss"] for name in self.task_names])
         return self._aggregate_checked(blocks, scale, losses, None)
-
-    def _transform_losses_one(self, index: int, loss: Tensor) -> list[Tensor]:
-        return [loss]
 
     def step(self, skipped: bool | Tensor | None = None) -> dict[str, Tensor]:
         pending_joint = self._mode == JOINT and self._seen.get("joint", 0) not in (0, self._steps())

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from mtl_bench.devices import cpu_value
-from mtl_bench.gradient_engine.balancer import BackwardContext, Balancer, Context
+from mtl_bench.gradient_engine.balancer import BackwardContext, Balancer, Context, task_list
 
 JOINT, PER_TASK = "joint", "per_task"
 
@@ -52,6 +52,7 @@ class StagedBalancer(Balancer):
     """
 
     def __init__(self, task_names: Sequence[str]) -> None:
+        task_names = task_list(type(self), task_names)
         if len(set(task_names)) != len(task_names):
             raise ValueError(f"task names repeat: {list(task_names)}")
         super().__init__(sorted(task_names))

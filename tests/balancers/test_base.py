@@ -1,5 +1,6 @@
-"""The Balancer base class: EnCodec's constructor forms (a mapping of weights first, or `weights=` alone) for every
-balancer that takes weights; a dict where task names are expected elsewhere is a TypeError naming what to pass."""
+"""EnCodec's constructor forms (a mapping of weights first, or `weights=` alone) for every balancer that takes weights
+(each constructor's own `weights_first`); a dict where task names are expected elsewhere is a TypeError naming what
+to pass."""
 
 from __future__ import annotations
 
@@ -54,15 +55,15 @@ def test_encodecs_constructor_forms_take_the_task_names_from_the_weights(cls: ty
         assert repr(built) == repr(explicit)
     with pytest.raises(TypeError, match="weights given twice"):
         cls(weights, weights=weights)
-    with pytest.raises(TypeError, match=rf"the first argument is the task names .*pass {cls.__name__}\(\['a', 'b'\]"):
-        cls(task_names=weights)
 
 
-def test_encodecs_positional_options_follow_the_weights() -> None:
-    """EnCodec's signature is (weights, rescale_grads, total_norm, ...): positional options after the mapping keep
-    their meaning."""
-    bal = balancers.RescaledNormBalancer({"a": 1, "b": 1}, False, 2.0)
+def test_encodecs_options_after_the_weights_go_by_name() -> None:
+    """EnCodec's signature is (weights, rescale_grads, total_norm, ...): after the mapping, the options go by name;
+    a positional one would land in `weights`, so it is a TypeError saying so."""
+    bal = balancers.RescaledNormBalancer({"a": 1, "b": 1}, rescale_grads=False, total_norm=2.0)
     assert (bal.rescale_grads, bal.total_norm) == (False, 2.0)
+    with pytest.raises(TypeError, match=r"^RescaledNormBalancer: after a weights mapping, pass the options by name"):
+        balancers.RescaledNormBalancer({"a": 1, "b": 1}, False, 2.0)
 
 
 def test_the_engines_build_with_task_names_and_weights_from_config_is_unchanged() -> None:
