@@ -23,6 +23,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from mtl_bench.balancers.preference import PreferenceScalarization
 from mtl_bench.balancers.scalarization import ScalarizedBalancer
 from mtl_bench.balancers.validation_source import METHODS, needs_validation
 from mtl_bench.catalog import conf_root
@@ -33,7 +34,12 @@ from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ["a", "b", "c"]
 # The test file of what a family shares: AMP and DDP checks written once for every method of the family.
-FAMILY_TESTS = {GradientBalancer: "test_jacobian.py", ScalarizedBalancer: "test_scalarization.py"}
+# the family's shared code path (the scalarizations share scalarization.py's functions)
+FAMILY_TESTS = {
+    GradientBalancer: "test_jacobian.py",
+    ScalarizedBalancer: "test_scalarization.py",
+    PreferenceScalarization: "test_scalarization.py",
+}
 WIDTH = 120
 
 

@@ -20,7 +20,7 @@ from mtl_bench.gradient_engine.staged import JOINT
 from mtl_bench.gradient_engine.task_grads import grads_at_shared
 
 
-class GradDrop(SeededGenerator, GradientBalancer):
+class GradDrop(GradientBalancer):
     """Gradient sign dropout at the shared representation: per feature, the sign purity
     P = ½(1 + Σ_i s_i / Σ_i |s_i|) of the tasks' batch-summed signed gradients s_i = Σ_batch ∇_Z L_i·sign(Z)
     decides, with one uniform draw U per feature, which sign survives (positive if P > U, negative if P < U);
@@ -54,7 +54,7 @@ class GradDrop(SeededGenerator, GradientBalancer):
         """
         super().__init__(task_names, shared_params, "shared_rep")
         self.leak = number("leak", leak, 0, 1)
-        self._seed_generator(seed)
+        self.rng = SeededGenerator(seed)
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
@@ -63,7 +63,7 @@ class GradDrop(SeededGenerator, GradientBalancer):
         write_leaf_grads([pair for task in heads for pair in task])
         signed = (rows * shared.detach().sign()).sum(1)  # (T, *features): summed over the batch
         purity = 0.5 * (1 + signed.sum(0) / (signed.abs().sum(0) + 1e-7))
-        draw = torch.rand(purity.shape, generator=self.generator, dtype=purity.dtype).to(purity.device)
+        draw = torch.rand(purity.shape, generator=self.rng.generator, dtype=purity.dtype).to(purity.device)
         keep = (purity > draw) & (signed > 0) | (purity < draw) & (signed < 0)
         factor = self.leak + (1 - self.leak) * keep.to(rows.dtype)
         kept = rows * factor.unsqueeze(1)

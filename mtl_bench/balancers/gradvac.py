@@ -51,7 +51,7 @@ def gradvac_weights(
     return c.sum(0), new_targets, corrections
 
 
-class GradVacWeighting(SeededGenerator, Weighting):
+class GradVacWeighting(Weighting):
     """Gradient vaccine: for each pair of tasks, when the cosine of their gradients falls below its running
     target φ̂_ij (an EMA of the observed cosines, decay `beta`), task i's gradient gets the amount of g_j that
     brings the cosine up to φ̂_ij; the corrected gradients are summed (`gradvac_weights`). PCGrad is the
@@ -90,7 +90,7 @@ class GradVacWeighting(SeededGenerator, Weighting):
         """
         super().__init__()
         self.beta, self.group = number("beta", beta, 0, 1), one_of("group", group, GROUPS)
-        self._seed_generator(seed)
+        self.rng = SeededGenerator(seed)
         self.per_block = group == "all_matrix"
         groups = 1 if group == "whole_model" else blocks
         t = len(task_names)
@@ -99,7 +99,7 @@ class GradVacWeighting(SeededGenerator, Weighting):
     def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         t = gram.shape[-1]
         others = [np.array([j for j in range(t) if j != i]) for i in range(t)]
-        orders = [others[i][torch.randperm(t - 1, generator=self.generator).numpy()] for i in range(t)]
+        orders = [others[i][torch.randperm(t - 1, generator=self.rng.generator).numpy()] for i in range(t)]
         grams = gram if self.per_block else gram[None]  # per block: (K, T, T)
         host = grams.detach().to("cpu", torch.float64).numpy()  # one host copy (a sync on a GPU)
         if not np.isfinite(host).all():

@@ -38,7 +38,7 @@ def pcgrad_weights(gram: np.ndarray, orders: Sequence[Sequence[int]]) -> tuple[n
     return total, projections
 
 
-class PCGradWeighting(SeededGenerator, Weighting):
+class PCGradWeighting(Weighting):
     """Projects each task's gradient off the gradients it conflicts with, then sums (Algorithm 1).
 
     For each task i, in a random order over the other tasks j: if g_i^PC·g_j < 0, g_i^PC −= (g_i^PC·g_j /
@@ -61,11 +61,11 @@ class PCGradWeighting(SeededGenerator, Weighting):
         seed: seed of the generator that orders the projections; None draws one from torch's global RNG.
         """
         super().__init__()
-        self._seed_generator(seed)
+        self.rng = SeededGenerator(seed)
 
     def forward(self, gram: Tensor, losses: Tensor) -> Solution:
         t = gram.shape[0]
-        orders = [list(torch.randperm(t, generator=self.generator).numpy()) for _ in range(t)]
+        orders = [list(torch.randperm(t, generator=self.rng.generator).numpy()) for _ in range(t)]
         return host_solution(gram, "pcgrad/projections", lambda g: pcgrad_weights(g, orders))
 
 

@@ -9,7 +9,13 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.scalarization import ScalarizedBalancer, preference_vector
+from mtl_bench.balancers.scalarization import (
+    no_per_task_mode,
+    objective_weights,
+    preference_vector,
+    rank_mean_losses,
+    weighted_backward,
+)
 from mtl_bench.balancers.seeded import SeededGenerator
 from mtl_bench.gradient_engine.balancer import Context
 from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
@@ -35,7 +41,7 @@ def concentration(alpha: Concentration, default: float, task_names: Sequence[str
     return [number(f"alpha.{name}", value, 0, above=True, finite=True) for name, value in zip(task_names, values)]
 
 
-class PreferenceScalarization(SeededGenerator, StagedBalancer, ScalarizedBalancer):
+class PreferenceScalarization(StagedBalancer):
     """A scalarization f(L; r) whose preference r is fixed by config or drawn anew each optimizer step.
 
     `preference`: a {task: r_i} mapping or None (1/T each) trains one trade-off, r fixed for the run;
@@ -65,7 +71,7 @@ class PreferenceScalarization(SeededGenerator, StagedBalancer, ScalarizedBalance
             raise ValueError(f"preference: {preference!r} is not {DIRICHLET!r}, a {{task: weight >= 0}} or null")
         if not self.draws and alpha is not None:
             raise ValueError(f"alpha: the Dirichlet concentration needs preference: {DIRICHLET}, got {alpha!r}")
-        self._seed_generator(seed)
+        self.rng = SeededGenerator(seed)
         if self.draws:
             self.alpha = concentration(alpha, self.DEFAULT_ALPHA, self.task_names)
             self._alpha = torch.tensor(self.alpha)  # float32, on the CPU like the generator
@@ -77,10 +83,10 @@ class PreferenceScalarization(SeededGenerator, StagedBalancer, ScalarizedBalance
     def extra_repr(self) -> str:
         if not self.draws:
             return f"tasks={self.task_names}, preference={self.pref.tolist()}"
-        return f"tasks={self.task_names}, preference={DIRICHLET}, alpha={self.alpha}, seed={self.seed}"
+        return f"tasks={self.task_names}, preference={DIRICHLET}, alpha={self.alpha}, seed={self.rng.seed}"
 
     def _draw(self) -> Tensor:
-        return torch._sample_dirichlet(self._alpha, generator=self.generator)
+        return torch._sample_dirichlet(self._alpha, generator=self.rng.generator)
 
     def _next(self) -> None:
         """Stage the next step's r, once per optimizer step."""
@@ -91,13 +97,24 @@ class PreferenceScalarization(SeededGenerator, StagedBalancer, ScalarizedBalance
             draw = draw.pin_memory()
         self._stage(pref=draw.to(self.pref.device, non_blocking=True))
 
+    def _objective(self, losses: Tensor) -> Tensor:
+        """f(L; r), a differentiable 0-d tensor of the (T,) losses."""
+        raise NotImplementedError
+
+    def per_task_problem(self) -> str:
+        return no_per_task_mode(self)
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        raise NotImplementedError(self.per_task_problem())
+
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        if not self.draws:
-            return ScalarizedBalancer.backward(self, losses, shared, ctx)
         self.check_losses(losses)
+        ordered = {name: losses[name] for name in self.task_names}
+        if not self.draws:
+            return weighted_backward(self, ordered, objective_weights(self._objective, rank_mean_losses(ordered)), ctx)
         self._begin(JOINT, ctx, shared)
         pref = self.pref.clone()  # this step's r: a commit overwrites the buffer
         self._next()
-        metrics = ScalarizedBalancer.backward(self, losses, shared, ctx)
+        metrics = weighted_backward(self, ordered, objective_weights(self._objective, rank_mean_losses(ordered)), ctx)
         self._end_joint()
         return metrics | {tags.preference(name): pref[i] for i, name in enumerate(self.task_names)}

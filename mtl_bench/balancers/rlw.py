@@ -16,7 +16,7 @@ from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer
 DISTRIBUTIONS = ("normal", "uniform", "dirichlet", "bernoulli")
 
 
-class RandomLossWeighting(SeededGenerator, StagedBalancer):
+class RandomLossWeighting(StagedBalancer):
     """Each optimizer step trains on Σ_i w_i L_i with fresh random weights: w = softmax(λ), λ_i ~ N(0, 1).
 
     `distribution` picks λ as LibMTL 1.1.5's `dist` does: normal (the paper's default, LibMTL main's only
@@ -48,15 +48,15 @@ class RandomLossWeighting(SeededGenerator, StagedBalancer):
         """
         super().__init__(task_names)
         self.distribution = one_of("distribution", distribution, DISTRIBUTIONS)
-        self._seed_generator(number("seed", seed, integer=True))
+        self.rng = SeededGenerator(number("seed", seed, integer=True))
         self.register_buffer("weights", self._draw())
 
     def extra_repr(self) -> str:
-        return f"tasks={self.task_names}, seed={self.seed}, distribution={self.distribution}"
+        return f"tasks={self.task_names}, seed={self.rng.seed}, distribution={self.distribution}"
 
     def _draw(self) -> Tensor:
         """The next weights, drawn on the CPU (as LibMTL draws them), float32."""
-        n, g = len(self.task_names), self.generator
+        n, g = len(self.task_names), self.rng.generator
         if self.distribution == "bernoulli":
             while True:  # LibMTL redraws an all-zero sample; a CPU tensor, so no device sync
                 sample = torch.bernoulli(torch.full((n,), 0.5), generator=g)

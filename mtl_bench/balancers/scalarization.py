@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -37,6 +37,36 @@ def reference_point(point: Optional[Mapping[str, float]], task_names: Sequence[s
     return torch.tensor([values[name] for name in task_names], dtype=torch.float32)
 
 
+def objective_weights(objective: Callable[[Tensor], Tensor], losses: Tensor) -> Tensor:
+    """w = ∂f/∂L of a scalarization f at the (detached, float32) losses."""
+    with torch.enable_grad():
+        at = losses.detach().float().requires_grad_(True)
+        (weights,) = torch.autograd.grad(objective(at), at)
+    return weights
+
+
+def rank_mean_losses(losses: dict[str, Tensor]) -> Tensor:
+    """The detached losses in the mapping's order, averaged across DDP ranks by name (the global batch's losses)."""
+    mean = average_by_name({tags.loss(name): loss.detach().float() for name, loss in losses.items()})
+    return torch.stack([mean[tags.loss(name)] for name in losses])
+
+
+def weighted_backward(
+    balancer: Balancer, losses: dict[str, Tensor], weights: Tensor, ctx: Context
+) -> dict[str, Tensor]:
+    """One backward of Σ_i w_i L_i (losses in the balancer's task order) through the loss scale; `weight/<task>`."""
+    stacked = torch.stack([loss.float() for loss in losses.values()])
+    balancer.run_backward((weights * stacked).sum(), ctx)
+    return {tags.weight(name): weights[i] for i, name in enumerate(losses)}
+
+
+def no_per_task_mode(balancer: Balancer) -> str:
+    return (
+        f"{type(balancer).__name__} has no per-task mode: each task's weight ∂f/∂L_i depends on every "
+        "task's loss of the same batch; use trainer.step_mode=joint"
+    )
+
+
 class ScalarizedBalancer(Balancer):
     """Trains on f(L) for a method's objective `_objective(L)` (a differentiable 0-d tensor of the (T,) losses).
 
@@ -56,32 +86,13 @@ class ScalarizedBalancer(Balancer):
     def _objective(self, losses: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def _weights(self, losses: Tensor) -> Tensor:
-        """w = ∂f/∂L at the (detached) losses."""
-        with torch.enable_grad():
-            at = losses.detach().float().requires_grad_(True)
-            (weights,) = torch.autograd.grad(self._objective(at), at)
-        return weights
-
-    def _rank_mean(self, losses: dict[str, Tensor]) -> Tensor:
-        mean = average_by_name({tags.loss(name): loss.detach().float() for name, loss in losses.items()})
-        return torch.stack([mean[tags.loss(name)] for name in losses])
-
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         ordered = {name: losses[name] for name in self.task_names}
-        weights = self._weights(self._rank_mean(ordered))
-        stacked = torch.stack([loss.float() for loss in ordered.values()])
-        self.run_backward((weights * stacked).sum(), ctx)
-        return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
+        return weighted_backward(self, ordered, objective_weights(self._objective, rank_mean_losses(ordered)), ctx)
 
     def per_task_problem(self) -> Optional[str]:
-        if self.PER_TASK:
-            return None
-        return (
-            f"{type(self).__name__} has no per-task mode: each task's weight ∂f/∂L_i depends on every "
-            "task's loss of the same batch; use trainer.step_mode=joint"
-        )
+        return None if self.PER_TASK else no_per_task_mode(self)
 
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         problem = self.per_task_problem()
@@ -89,7 +100,7 @@ class ScalarizedBalancer(Balancer):
             raise NotImplementedError(problem)
         if task not in self.task_names:
             raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
-        weight = self._task_weight(task, self._rank_mean({task: loss})[0])
+        weight = self._task_weight(task, rank_mean_losses({task: loss})[0])
         self.run_backward(weight * loss.float(), ctx)
         return {tags.weight(task): weight}
 

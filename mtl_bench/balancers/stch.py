@@ -7,10 +7,9 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.preference import DIRICHLET, Concentration, Preference, PreferenceScalarization
-from mtl_bench.balancers.scalarization import reference_point
+from mtl_bench.balancers.scalarization import objective_weights, rank_mean_losses, reference_point, weighted_backward
 from mtl_bench.gradient_engine.balancer import Context
 from mtl_bench.gradient_engine.staged import JOINT
 
@@ -92,7 +91,7 @@ class SmoothTchebycheff(PreferenceScalarization):
         self.check_losses(losses)
         self._begin(JOINT, ctx, shared)
         ordered = {name: losses[name] for name in self.task_names}
-        current = self._mean("losses", self._rank_mean(ordered))
+        current = self._mean("losses", rank_mean_losses(ordered))
         warming = self.steps < self.warmup_steps
         nadir = self.steps >= self.warmup_steps - self.nadir_steps
         self._require_finite(current)
@@ -100,8 +99,7 @@ class SmoothTchebycheff(PreferenceScalarization):
             steps=self.steps + 1, nadir_sum=torch.where(warming & nadir, self.nadir_sum + current, self.nadir_sum)
         )
         # warm-up: ∂ Σ log(L + 1e-20) / ∂L; after it the STCH weights on the committed nadir point
-        weights = torch.where(warming, 1 / (current + 1e-20), self._weights(current))
-        stacked = torch.stack([loss.float() for loss in ordered.values()])
-        self.run_backward((weights * stacked).sum(), ctx)
+        weights = torch.where(warming, 1 / (current + 1e-20), objective_weights(self._objective, current))
+        metrics = weighted_backward(self, ordered, weights, ctx)
         self._end_joint()
-        return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
+        return metrics

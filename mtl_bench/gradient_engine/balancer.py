@@ -9,6 +9,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
+from mtl_bench.errors import ContractError
+
 # What the engine hands a balancer's constructor, by name, when the signature asks for it; everything
 # else in the signature is an option set from config (`balancer.<name>=...`).
 BUILD_ARGUMENTS = {
@@ -114,6 +116,21 @@ class Balancer(nn.Module):
     def part_name(self) -> str:
         """The part as a user's error line names it: `balancer (my_lab.balancers.Mine)`."""
         return f"balancer ({type(self).__module__}.{type(self).__qualname__})"
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        # A random generator's state is the extra state of the `rng` module that holds it; a checkpoint that keeps it
+        # as the balancer's own (or its weighting's) predates that.
+        for key in state_dict:
+            if key.startswith(prefix) and key.endswith("_extra_state"):
+                path = key[len(prefix) : -len("_extra_state")].rstrip(".")
+                owner = self.get_submodule(path) if path in dict(self.named_modules()) else None
+                if owner is None or type(owner).get_extra_state is nn.Module.get_extra_state:
+                    raise ContractError(
+                        f"{self.part_name}: the checkpoint keeps a random generator's state as "
+                        f"{key[len(prefix) :]!r}, a layout this version does not read (it is under rng.); start a "
+                        "new run"
+                    )
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def check_losses(self, losses: dict[str, Tensor]) -> None:
         """Losses must name exactly the balancer's tasks."""

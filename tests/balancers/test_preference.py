@@ -75,7 +75,7 @@ def test_resume_continues_the_uninterrupted_stream(name):
         range(3, 6),
         remake=lambda model: CLASSES[name](list(TASKS), preference="dirichlet", seed=99),
     )  # the stream comes from the state, not the new seed
-    assert {"pref", "_extra_state"} <= set(saved)
+    assert {"pref", "rng._extra_state"} <= set(saved)
     assert {f"preference/{t}" for t in TASKS} <= set(straight[0])
 
 

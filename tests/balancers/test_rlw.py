@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mtl_bench.balancers import BackwardContext, RandomLossWeighting
+from mtl_bench.errors import ContractError
 from mtl_bench.models.base import MultiTaskModel
 from tests.helpers.balancer_kit import (
     TASKS,
@@ -75,7 +76,7 @@ def test_state_dict_round_trip_continues_identically():
         range(3, 6),
         remake=lambda model: RandomLossWeighting(list(TASKS), seed=99),
     )  # the seed comes from the state
-    assert {"weights", "_extra_state"} <= set(saved)
+    assert {"weights", "rng._extra_state"} <= set(saved)
 
 
 def test_a_skipped_step_keeps_the_weights_for_its_retry():
@@ -149,3 +150,11 @@ def test_bad_options_name_their_argument(options, message):
     with pytest.raises(ValueError) as info:
         RandomLossWeighting(list(TASKS), **options)
     assert str(info.value).startswith(message)
+
+
+def test_a_checkpoint_with_the_generator_as_the_balancers_own_state_is_refused_in_one_line():
+    state = RandomLossWeighting(list(TASKS), seed=5).state_dict()
+    state["_extra_state"] = state.pop("rng._extra_state")  # the layout before the generator was a module of its own
+    with pytest.raises(ContractError, match=r"generator's state as '_extra_state'.*start a new run") as err:
+        RandomLossWeighting(list(TASKS), seed=5).load_state_dict(state)
+    assert "\n" not in str(err.value)
