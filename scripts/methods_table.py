@@ -24,20 +24,20 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mtl_bench.balancers.preference import PreferenceScalarization
-from mtl_bench.balancers.scalarization import ScalarizedBalancer
 from mtl_bench.balancers.validation_source import METHODS, needs_validation
 from mtl_bench.catalog import conf_root
 from mtl_bench.gradient_engine.balancer import Balancer
 from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
 from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ["a", "b", "c"]
 # The test file of what a family shares: AMP and DDP checks written once for every method of the family.
-# the family's shared code path (the scalarizations share scalarization.py's functions)
+# the family's shared code path (the scalarizations share loss_weighting_balancer.py's functions)
 FAMILY_TESTS = {
     GradientBalancer: "test_jacobian.py",
-    ScalarizedBalancer: "test_scalarization.py",
+    LossWeightingBalancer: "test_scalarization.py",
     PreferenceScalarization: "test_scalarization.py",
 }
 WIDTH = 120

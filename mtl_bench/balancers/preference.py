@@ -9,15 +9,15 @@ from torch import Tensor
 
 from mtl_bench import tags
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.scalarization import (
+from mtl_bench.balancers.scalarization import preference_vector
+from mtl_bench.balancers.seeded import SeededGenerator
+from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.loss_weighting_balancer import (
     no_per_task_mode,
     objective_weights,
-    preference_vector,
     rank_mean_losses,
     weighted_backward,
 )
-from mtl_bench.balancers.seeded import SeededGenerator
-from mtl_bench.gradient_engine.balancer import Context
 from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
 
 DIRICHLET = "dirichlet"

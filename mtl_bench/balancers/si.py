@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence, Union
 
-import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import stack_weights, task_weights
-from mtl_bench.balancers.scalarization import ScalarizedBalancer
+from mtl_bench.balancers.loss_weighting import LossWeighting
 from mtl_bench.gradient_engine.balancer import weights_first
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 
 
-class ScaleInvariant(ScalarizedBalancer):
+class ScaleInvariantWeighting(LossWeighting):
     """Trains on Σ_i c_i log L_i: each task's gradient divided by its own loss (w_i = c_i / L_i), so scaling a
     loss by a constant does not change the update. The losses must be positive.
 
@@ -23,9 +23,22 @@ class ScaleInvariant(ScalarizedBalancer):
     Metrics: `weight/<task>` (c_i / L_i).
     """
 
-    PER_TASK = True
-
+    per_task = True
     task_scales: Tensor
+
+    def __init__(self, task_scales: Tensor) -> None:
+        """
+        task_scales: the c_i, one per task in sorted task order.
+        """
+        super().__init__()
+        self.register_buffer("task_scales", task_scales)
+
+    def forward(self, losses: Tensor) -> Tensor:
+        return self.task_scales / losses  # ∂/∂L_i of Σ_i c_i log L_i
+
+
+class ScaleInvariant(LossWeightingBalancer):
+    """SI (`ScaleInvariantWeighting`) as a balancer: `balancer=si`."""
 
     def __init__(
         self,
@@ -37,12 +50,6 @@ class ScaleInvariant(ScalarizedBalancer):
             mapping's keys are the tasks and its values the weights.
         weights: the c_i of Σ_i c_i log L_i, one >= 0 per task; None gives every task 1.0 (the paper).
         """
-        task_names, weights = weights_first(type(self), task_names, weights)
-        super().__init__(task_names)
-        self.register_buffer("task_scales", stack_weights(task_weights(weights, self.task_names), self.task_names))
-
-    def _objective(self, losses: Tensor) -> Tensor:
-        return (self.task_scales * torch.log(losses)).sum()
-
-    def _task_weight(self, task: str, loss: Tensor) -> Tensor:
-        return self.task_scales[self.task_names.index(task)] / loss
+        names, weights = weights_first(type(self), task_names, weights)
+        scales = stack_weights(task_weights(weights, names), sorted(names))  # the balancer's rows: sorted
+        super().__init__(names, ScaleInvariantWeighting(scales))

@@ -9,8 +9,9 @@ from torch import Tensor
 
 from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.preference import DIRICHLET, Concentration, Preference, PreferenceScalarization
-from mtl_bench.balancers.scalarization import objective_weights, rank_mean_losses, reference_point, weighted_backward
+from mtl_bench.balancers.scalarization import reference_point
 from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.gradient_engine.loss_weighting_balancer import objective_weights, rank_mean_losses, weighted_backward
 from mtl_bench.gradient_engine.staged import JOINT
 
 

@@ -216,3 +216,14 @@ def old_constructor_form(cls: type, names: Mapping[Any, Any]) -> str:
     return (
         f"{cls.__name__}: the first argument is the task names (a list of str), got a dict {dict(names)!r}; pass {fix}"
     )
+
+
+def refuse_flat_state(balancer: Balancer, state_dict: dict, prefix: str) -> None:
+    """A method's state is saved under `weighting.`; a checkpoint with flat names (`alpha`) predates that and is
+    refused in one line."""
+    flat = [key[len(prefix) :] for key in state_dict if key.startswith(prefix) and "." not in key[len(prefix) :]]
+    if flat:
+        raise ContractError(
+            f"{balancer.part_name}: the checkpoint keeps the weighting's state under flat names ({flat[0]!r}), a "
+            "layout this version does not read; start a new run"
+        )

@@ -16,6 +16,7 @@ from mtl_bench.balancers.weighting import (
     shown,
 )
 from mtl_bench.errors import ContractError
+from mtl_bench.gradient_engine.balancer import refuse_flat_state
 from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
 from mtl_bench.gradient_engine.gramian import gramian
 from mtl_bench.gradient_engine.rank_average import rank_mean
@@ -80,13 +81,7 @@ class GramianBalancer(GradientBalancer):
         return f"balancer.weighting ({qualified_name(self.weighting)})"
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        # The weighting's state is saved under `weighting.`; a checkpoint with flat names (`alpha`) predates that.
-        flat = [key[len(prefix) :] for key in state_dict if key.startswith(prefix) and "." not in key[len(prefix) :]]
-        if flat:
-            raise ContractError(
-                f"{self.part_name}: the checkpoint keeps the weighting's state under flat names ({flat[0]!r}), a "
-                "layout this version does not read; start a new run"
-            )
+        refuse_flat_state(self, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
