@@ -132,8 +132,9 @@ def _is_family(path: Path) -> bool:
 
 
 def reference(cls: type[Balancer], instance: Balancer | None) -> str:
-    # a Gramian method: its weighting has the docstring (balancer=gramian's weighting is the user's choice)
-    weighting = getattr(instance, "weighting", None) if cls is not GramianBalancer else None
+    # a method's weighting or aggregator has the docstring (balancer=gramian's weighting is the user's choice)
+    method = getattr(instance, "weighting", None) or getattr(instance, "aggregator", None)
+    weighting = method if cls is not GramianBalancer else None
     doc = " ".join(
         line.strip() for line in inspect.getdoc(type(weighting) if weighting is not None else cls).splitlines()
     )

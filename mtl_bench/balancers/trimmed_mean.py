@@ -7,17 +7,19 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench import cpp_kernels, tags
+from mtl_bench import cpp_kernels
+from mtl_bench.balancers.aggregator import Aggregation, Aggregator
 from mtl_bench.balancers.checks import number
+from mtl_bench.balancers.weighting import Solution
+from mtl_bench.gradient_engine.aggregator_balancer import AggregatorBalancer
+from mtl_bench.gradient_engine.balancer import task_list
 from mtl_bench.gradient_engine.blocks import flat_rows, unflatten_row
-from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
-from mtl_bench.gradient_engine.gramian import GRAMIAN_CFLAGS, gram_metrics, takes_kernel
-from mtl_bench.gradient_engine.leaf_grads import write_leaf_grads
+from mtl_bench.gradient_engine.gramian import GRAMIAN_CFLAGS, takes_kernel
 
 TRIM_SOURCE = cpp_kernels.source("trimmed_mean_cpu.cpp")
 
 
-class TrimmedMean(GradientBalancer):
+class TrimmedMeanAggregator(Aggregator):
     """Coordinate-wise trimmed mean of the task gradients: in every coordinate of the shared parameters the
     `trim` largest and `trim` smallest of the T values are dropped and the other T − 2·trim averaged. Not a
     weighting of whole gradients, so the direction is built per parameter block (a sort over the T rows;
@@ -34,6 +36,40 @@ class TrimmedMean(GradientBalancer):
     only at steps whose measurements are read: `BackwardContext.measure`).
     """
 
+    def __init__(self, tasks: int, trim: int = 1) -> None:
+        """
+        tasks: T, the number of tasks.
+        trim: how many of the largest and of the smallest values each coordinate drops (>= 0; needs T >= 2·trim + 1).
+        """
+        super().__init__()
+        note = f"for {tasks} tasks (at most (T - 1) // 2)"
+        self.trim = number("trim", trim, 0, (tasks - 1) // 2, integer=True, note=note)
+
+    def extra_repr(self) -> str:
+        return f"trim={self.trim}"
+
+    def _sorted_mean(self, block: Tensor) -> tuple[Tensor, Tensor]:
+        """The mean of the middle T − 2·trim values of every coordinate, and how often each row is among them."""
+        t, kept = block.shape[0], block.shape[0] - 2 * self.trim
+        ordered, rows = torch.sort(block, dim=0)
+        middle = rows.narrow(0, self.trim, kept).reshape(-1)
+        return ordered.narrow(0, self.trim, kept).mean(dim=0), torch.bincount(middle, minlength=t)
+
+    def forward(self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor) -> Aggregation:
+        t = blocks[0].shape[0]
+        kept = t - 2 * self.trim
+        directions, counts, total = [], torch.zeros(t, device=blocks[0].device), 0
+        for block in blocks:  # the trimmed mean is homogeneous: scaled J, scaled result
+            direction, kept_counts = block_drop_extremes(block) if self.trim == 1 else self._sorted_mean(block)
+            directions.append(direction)
+            counts += kept_counts.to(counts.dtype)
+            total += block[0].numel()
+        return Aggregation(directions, Solution(counts / (total * kept)))
+
+
+class TrimmedMean(AggregatorBalancer):
+    """TrimmedMean (`TrimmedMeanAggregator`) as a balancer: `balancer=trimmed_mean`; at the shared parameters."""
+
     def __init__(
         self,
         task_names: Sequence[str],
@@ -45,38 +81,9 @@ class TrimmedMean(GradientBalancer):
         shared_params: the model's shared parameters (given by the engine).
         trim: how many of the largest and of the smallest values each coordinate drops (>= 0; needs T >= 2·trim + 1).
         """
-        super().__init__(task_names, shared_params, "shared_params")
-        t = len(self.task_names)
-        self.trim = number("trim", trim, 0, (t - 1) // 2, integer=True, note=f"for {t} tasks (at most (T - 1) // 2)")
-        if trim == 1 and any(takes_kernel(p, t) for p in self._params):
+        super().__init__(task_names, shared_params, TrimmedMeanAggregator(len(task_list(type(self), task_names)), trim))
+        if trim == 1 and any(takes_kernel(p, len(self.task_names)) for p in self._params):
             trim_kernel()  # built now, with the run's other parts, rather than inside its first timed step
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, trim={self.trim}"
-
-    def _sorted_mean(self, block: Tensor) -> tuple[Tensor, Tensor]:
-        """The mean of the middle T − 2·trim values of every coordinate, and how often each row is among them."""
-        t, kept = block.shape[0], block.shape[0] - 2 * self.trim
-        ordered, rows = torch.sort(block, dim=0)
-        middle = rows.narrow(0, self.trim, kept).reshape(-1)
-        return ordered.narrow(0, self.trim, kept).mean(dim=0), torch.bincount(middle, minlength=t)
-
-    def aggregate(
-        self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor, shared: Optional[Tensor]
-    ) -> dict[str, Tensor]:
-        t, kept = len(self.task_names), len(self.task_names) - 2 * self.trim
-        directions, counts, total = [], torch.zeros(t, device=blocks[0].device), 0
-        for p, block in zip(self._params, blocks):  # the trimmed mean is homogeneous: scaled J, scaled result
-            direction, kept_counts = block_drop_extremes(block) if self.trim == 1 else self._sorted_mean(block)
-            directions.append((p, direction))
-            counts += kept_counts.to(counts.dtype)
-            total += block[0].numel()
-        write_leaf_grads(directions)
-        weights = counts / (total * kept)
-        metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
-        if self.measuring:  # the trimmed mean has no state and does not read the Gramian: only for the metrics
-            metrics.update(gram_metrics(self._unscaled_gramian(blocks, scale), self.task_names))
-        return metrics
 
 
 def drop_extremes(block: Tensor) -> tuple[Tensor, Tensor]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mtl_bench.balancers import ExcessMTL, excess_mtl
-from mtl_bench.balancers import gramian as gramian_module
+from mtl_bench.gradient_engine import gramian as gramian_module
 from mtl_bench.gradient_engine.gramian import KERNEL_MIN_NUMEL
 from tests.balancers import test_excess_mtl
 from tests.helpers.balancer_kit import built_kernel_or_skip, on_one_and_two_threads

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mtl_bench.balancers import PCGrad
-from mtl_bench.balancers import gramian as gramian_module
+from mtl_bench.gradient_engine import gramian as gramian_module
 from mtl_bench.gradient_engine.gramian import KERNEL_MIN_NUMEL, block_gramian
 from tests.helpers.balancer_kit import built_kernel_or_skip, on_one_and_two_threads
 

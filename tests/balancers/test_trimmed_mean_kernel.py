@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mtl_bench.balancers import TrimmedMean, trimmed_mean
-from mtl_bench.balancers import gramian as gramian_module
 from mtl_bench.balancers.trimmed_mean import block_drop_extremes, drop_extremes
+from mtl_bench.gradient_engine import gramian as gramian_module
 from mtl_bench.gradient_engine.gramian import KERNEL_MIN_NUMEL
 from tests.balancers import test_trimmed_mean
 from tests.helpers.balancer_kit import TASKS3, built_kernel_or_skip, on_one_and_two_threads
