@@ -10,13 +10,19 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
+from mtl_bench.balancers.softmax_logits import (
+    hold_softmax_logits,
+    no_per_task_mode,
+    one_micro_batch,
+    stacked,
+    unscale,
+)
 from mtl_bench.balancers.validation_source import ValidationSource
 from mtl_bench.gradient_engine.balancer import BackwardContext, Context
-from mtl_bench.gradient_engine.staged import JOINT
+from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
 
 
-class AutoLambda(SoftmaxLogitsBalancer):
+class AutoLambda(StagedBalancer):
     """Task logits α (start at 1/T), weights λ = softmax(α); the network descends Σ_i λ_i L_i on its batch,
     and α learns, before each step, what a look-ahead step would do to the validation loss Σ_i L_i^val:
 
@@ -47,9 +53,13 @@ class AutoLambda(SoftmaxLogitsBalancer):
     Metrics: `weight/<task>` (λ_i used this step). α and Adam's moments are buffers.
     """
 
-    ONE_BATCH_WORK = "its look-ahead step"
-    VALIDATION_WORK = "the validation loss"
-    STEP_WORK = "one look-ahead step"
+    # what must see one batch of every task in one process (for the messages)
+    ONE_BATCH_WORK, VALIDATION_WORK, STEP_WORK = "its look-ahead step", "the validation loss", "one look-ahead step"
+    validation: ValidationSource
+    logits: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    opt_step: Tensor
 
     def __init__(
         self,
@@ -65,11 +75,21 @@ class AutoLambda(SoftmaxLogitsBalancer):
         validation: the training batch, validation batches, task losses, parameters and lr (given by the engine;
             in your own loop, any ValidationSource).
         """
-        super().__init__(task_names, world_size, validation)
+        super().__init__(task_names)
+        hold_softmax_logits(self, world_size, validation, self.ONE_BATCH_WORK)
         self.outer_lr = number("outer_lr", outer_lr, 0, above=True)
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}, outer_lr={self.outer_lr}"
+
+    def per_task_problem(self) -> str:
+        return no_per_task_mode(self, self.ONE_BATCH_WORK, self.VALIDATION_WORK)
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        raise NotImplementedError(self.per_task_problem())
+
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        return one_micro_batch(self, steps, self.STEP_WORK)
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
@@ -80,7 +100,7 @@ class AutoLambda(SoftmaxLogitsBalancer):
         scale = self._loss_scale  # the grad scaler's, set by _begin (None without one)
         trainable = source.trainable_parameters()
         names, params = list(trainable), list(trainable.values())
-        ordered = self._stacked(losses)
+        ordered = stacked(self.task_names, losses)
         alpha = self.logits
         lr = source.learning_rate()
 
@@ -89,16 +109,16 @@ class AutoLambda(SoftmaxLogitsBalancer):
         grads = self._grad(inner, params, scale, allow_unused=True)
         with torch.no_grad():
             ahead = {
-                n: (p - lr * self._unscale(g, scale) if g is not None else p.clone()).requires_grad_()
+                n: (p - lr * unscale(g, scale) if g is not None else p.clone()).requires_grad_()
                 for n, p, g in zip(names, params, grads)
             }
 
         # d = ∇_θ' of the validation loss at θ'.
         val_inputs, val_targets = source.next_validation_batch()
-        outer = self._stacked(source.task_losses(val_inputs, val_targets, ahead)).sum()
+        outer = stacked(self.task_names, source.task_losses(val_inputs, val_targets, ahead)).sum()
         outer = outer * scale if scale is not None else outer
         found = torch.autograd.grad(outer, list(ahead.values()), allow_unused=True)
-        d = [self._unscale(g, scale) if g is not None else torch.zeros_like(p) for g, p in zip(found, params)]
+        d = [unscale(g, scale) if g is not None else torch.zeros_like(p) for g, p in zip(found, params)]
 
         # ∇²_{α,θ} Σ λ_i L_i · d by central differences at θ ± ε d on the training batch.
         eps = 0.01 / torch.linalg.vector_norm(torch.stack(torch._foreach_norm(d)))
@@ -106,8 +126,8 @@ class AutoLambda(SoftmaxLogitsBalancer):
         with torch.no_grad():
             plus = {n: p + eps * g for n, p, g in zip(names, params, d)}
             minus = {n: p - eps * g for n, p, g in zip(names, params, d)}
-            at_plus = self._stacked(source.task_losses(inputs, targets, plus))
-            at_minus = self._stacked(source.task_losses(inputs, targets, minus))
+            at_plus = stacked(self.task_names, source.task_losses(inputs, targets, plus))
+            at_minus = stacked(self.task_names, source.task_losses(inputs, targets, minus))
             z = torch.softmax(alpha, dim=-1)
             # ∇_α Σ softmax(α)_i L_i = z ∘ (L − z·L): the softmax's backward, as autograd computes it.
             hessian = (z * (at_plus - (z * at_plus).sum()) - z * (at_minus - (z * at_minus).sum())) / (2 * eps)

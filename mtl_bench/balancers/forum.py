@@ -12,16 +12,22 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
+from mtl_bench.balancers.softmax_logits import (
+    hold_softmax_logits,
+    no_per_task_mode,
+    one_micro_batch,
+    stacked,
+    unscale,
+)
 from mtl_bench.balancers.validation_source import ValidationSource
 from mtl_bench.gradient_engine.balancer import BackwardContext, Context
-from mtl_bench.gradient_engine.staged import JOINT
+from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
 
 # LibMTL stops the inner SGD steps once f exceeds this ("caused by too large inner_lr and inner_step").
 INNER_LOSS_LIMIT = 1e5
 
 
-class FORUM(SoftmaxLogitsBalancer):
+class FORUM(StagedBalancer):
     """FORUM: task logits α (start at 1/T) and the network θ descend together, (α, θ) along one direction
     that lowers every task's validation loss F_t(θ) while keeping θ near the minimizer of the inner problem
     f(α, θ) = Σ_i softmax(α)_i L_i(θ) (its value-function gap q as a constraint):
@@ -75,9 +81,13 @@ class FORUM(SoftmaxLogitsBalancer):
     HOST_SOLVE = "scipy's SLSQP on the (T+1)×(T+1) program"
     HOST_SOLVE_IN = "backward"
 
-    ONE_BATCH_WORK = "its inner steps"
-    VALIDATION_WORK = "validation gradients"
-    STEP_WORK = "its inner steps"
+    # what must see one batch of every task in one process (for the messages)
+    ONE_BATCH_WORK, VALIDATION_WORK, STEP_WORK = "its inner steps", "validation gradients", "its inner steps"
+    validation: ValidationSource
+    logits: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    opt_step: Tensor
     lambdas: Tensor
 
     def __init__(
@@ -100,7 +110,8 @@ class FORUM(SoftmaxLogitsBalancer):
         validation: the training batch, validation batches, task losses and parameters (given by the engine; in
             your own loop, any ValidationSource).
         """
-        super().__init__(task_names, world_size, validation)
+        super().__init__(task_names)
+        hold_softmax_logits(self, world_size, validation, self.ONE_BATCH_WORK)
         self.outer_lr, self.inner_lr = (
             number("outer_lr", outer_lr, 0, above=True),
             number("inner_lr", inner_lr, 0, above=True),
@@ -117,6 +128,15 @@ class FORUM(SoftmaxLogitsBalancer):
             f"inner_step={self.inner_step}, phi={self.phi}"
         )
 
+    def per_task_problem(self) -> str:
+        return no_per_task_mode(self, self.ONE_BATCH_WORK, self.VALIDATION_WORK)
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        raise NotImplementedError(self.per_task_problem())
+
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        return one_micro_batch(self, steps, self.STEP_WORK)
+
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         context = BackwardContext.of(ctx)
@@ -126,7 +146,7 @@ class FORUM(SoftmaxLogitsBalancer):
         scale = self._loss_scale  # the grad scaler's, set by _begin (None without one)
         trainable = source.trainable_parameters()
         names, params = list(trainable), list(trainable.values())
-        ordered = self._stacked(losses)
+        ordered = stacked(self.task_names, losses)
         alpha = self.logits
         z = torch.softmax(alpha, dim=-1)
         n = len(self.task_names)
@@ -141,22 +161,22 @@ class FORUM(SoftmaxLogitsBalancer):
         going = torch.ones((), dtype=torch.bool, device=shared.device)
         for _ in range(self.inner_step):
             current = {name: p.detach().requires_grad_() for name, p in current.items()}
-            inner = (z.detach() * self._stacked(source.task_losses(inputs, targets, current))).sum()
+            inner = (z.detach() * stacked(self.task_names, source.task_losses(inputs, targets, current))).sum()
             going = going & ~(inner.detach() > INNER_LOSS_LIMIT)  # LibMTL breaks out of its loop here
             found = self._grad(inner, list(current.values()), scale, allow_unused=True)
             with torch.no_grad():
                 current = {
-                    name: torch.where(going, p - self.inner_lr * self._unscale(g, scale), p) if g is not None else p
+                    name: torch.where(going, p - self.inner_lr * unscale(g, scale), p) if g is not None else p
                     for (name, p), g in zip(current.items(), found)
                 }
         with torch.no_grad():
-            at_inner = self._stacked(source.task_losses(inputs, targets, current))
+            at_inner = stacked(self.task_names, source.task_losses(inputs, targets, current))
         g_q_alpha = (g_f_alpha - self._softmax_grad(z, at_inner)).to(g_f.dtype)
         g_q = torch.cat([g_q_alpha, g_f])
 
         # g_F: each task's validation gradient at θ, normalized, zero in α. The model itself runs this forward.
         val_inputs, val_targets = source.next_validation_batch()
-        outer = self._stacked(source.task_losses(val_inputs, val_targets))
+        outer = stacked(self.task_names, source.task_losses(val_inputs, val_targets))
         g_F = torch.stack([self._flat(self._grad(outer[i], params, scale, True), params, scale) for i in range(n)])
         g_F = g_F / g_F.pow(2).sum(-1).sqrt().unsqueeze(1)
         g_F = torch.cat([g_F.new_zeros(n, n), g_F], dim=1)
@@ -203,10 +223,7 @@ class FORUM(SoftmaxLogitsBalancer):
     def _flat(cls, grads: Sequence[Optional[Tensor]], params: Sequence[Tensor], scale: Optional[Tensor]) -> Tensor:
         """One flat vector of the gradients (zeros for a parameter the loss does not reach), unscaled."""
         return torch.cat(
-            [
-                (cls._unscale(g, scale) if g is not None else torch.zeros_like(p)).reshape(-1)
-                for g, p in zip(grads, params)
-            ]
+            [(unscale(g, scale) if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)]
         )
 
 

@@ -11,15 +11,21 @@ from torch import Tensor
 from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import number
-from mtl_bench.balancers.softmax_logits import SoftmaxLogitsBalancer
+from mtl_bench.balancers.softmax_logits import (
+    hold_softmax_logits,
+    no_per_task_mode,
+    one_micro_batch,
+    stacked,
+    unscale,
+)
 from mtl_bench.balancers.validation_source import ValidationSource
 from mtl_bench.gradient_engine.balancer import BackwardContext, Context
 from mtl_bench.gradient_engine.host import host_gramian
 from mtl_bench.gradient_engine.solvers import min_norm_simplex
-from mtl_bench.gradient_engine.staged import JOINT
+from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
 
 
-class MOML(SoftmaxLogitsBalancer):
+class MOML(StagedBalancer):
     """Task logits α (start at 1/T), weights λ = softmax(α); the network descends Σ_i λ_i L_i on its batch,
     and α learns, before each step, how a look-ahead step moves every task's validation loss, each one an
     objective of the upper level (multi-objective, solved by MGDA):
@@ -60,9 +66,13 @@ class MOML(SoftmaxLogitsBalancer):
     HOST_SOLVE = "Frank-Wolfe min-norm on the simplex (numpy)"
     HOST_SOLVE_IN = "_min_norm_weights"
 
-    ONE_BATCH_WORK = "its look-ahead step"
-    VALIDATION_WORK = "the validation losses"
-    STEP_WORK = "one look-ahead step"
+    # what must see one batch of every task in one process (for the messages)
+    ONE_BATCH_WORK, VALIDATION_WORK, STEP_WORK = "its look-ahead step", "the validation losses", "one look-ahead step"
+    validation: ValidationSource
+    logits: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    opt_step: Tensor
 
     def __init__(
         self,
@@ -80,7 +90,8 @@ class MOML(SoftmaxLogitsBalancer):
         validation: the validation batches, task losses and parameters (given by the engine; in your own loop,
             any ValidationSource).
         """
-        super().__init__(task_names, world_size, validation)
+        super().__init__(task_names)
+        hold_softmax_logits(self, world_size, validation, self.ONE_BATCH_WORK)
         self.inner_lr, self.outer_lr = (
             number("inner_lr", inner_lr, 0, above=True),
             number("outer_lr", outer_lr, 0, above=True),
@@ -88,6 +99,15 @@ class MOML(SoftmaxLogitsBalancer):
 
     def extra_repr(self) -> str:
         return f"tasks={self.task_names}, inner_lr={self.inner_lr}, outer_lr={self.outer_lr}"
+
+    def per_task_problem(self) -> str:
+        return no_per_task_mode(self, self.ONE_BATCH_WORK, self.VALIDATION_WORK)
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        raise NotImplementedError(self.per_task_problem())
+
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        return one_micro_batch(self, steps, self.STEP_WORK)
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
@@ -127,7 +147,7 @@ class MOML(SoftmaxLogitsBalancer):
         self._stage(logits=new, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
 
         weights = torch.softmax(new, dim=-1)
-        ordered = self._stacked(losses)
+        ordered = stacked(self.task_names, losses)
         self.run_backward((weights * ordered).sum(), context)
         self._end_joint()
         return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
@@ -139,7 +159,7 @@ class MOML(SoftmaxLogitsBalancer):
         for t, loss in enumerate(losses):
             for block, g in zip(blocks, self._grad(loss, params, scale, allow_unused=True)):
                 if g is not None:
-                    block[t] = self._unscale(g, scale).reshape(-1)
+                    block[t] = unscale(g, scale).reshape(-1)
         return blocks
 
     @staticmethod
