@@ -1,5 +1,6 @@
 """Loss balancers: each turns {task: loss} into gradients (see `Balancer`)."""
 
+from mtl_bench.balancers.aggregator import Aggregation, Aggregator
 from mtl_bench.balancers.aligned_mtl import AlignedMTL
 from mtl_bench.balancers.auto_lambda import AutoLambda
 from mtl_bench.balancers.cagrad import CAGrad
@@ -21,6 +22,7 @@ from mtl_bench.balancers.gradvac import GradVac
 from mtl_bench.balancers.imtl import IMTL
 from mtl_bench.balancers.krum import Krum
 from mtl_bench.balancers.linear import LinearScalarization
+from mtl_bench.balancers.loss_weighting import LossWeighting
 from mtl_bench.balancers.mgda import MGDA
 from mtl_bench.balancers.moco import MoCo
 from mtl_bench.balancers.modo import MoDo
@@ -49,6 +51,9 @@ __all__ = [
     "Solution",
     "ValidationSource",
     "Weighting",
+    "Aggregator",
+    "Aggregation",
+    "LossWeighting",
     "needs_validation",
     "AlignedMTL",
     "AutoLambda",
