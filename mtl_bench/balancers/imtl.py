@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Iterable, Literal, Optional, Sequence
 
 import numpy as np
@@ -10,8 +11,8 @@ from torch import Tensor
 
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import number, one_of
-from mtl_bench.balancers.weighting import Solution
-from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
+from mtl_bench.balancers.weighting import Solution, Weighting
+from mtl_bench.gradient_engine.gramian_balancer import GramianBalancer
 from mtl_bench.gradient_engine.host import host_gramian, nan_weights, to_device
 
 MODES = ("hybrid", "gradient", "loss")
@@ -28,7 +29,7 @@ def imtl_g_weights(gram: np.ndarray) -> np.ndarray:
     return np.zeros_like(v) if abs(total) < 1e-12 else v / total
 
 
-class IMTL(GradientBalancer):
+class IMTLWeighting(Weighting):
     """Impartial MTL: IMTL-G weights the gradients so that the shared direction has equal projections on
     every task's unit gradient (`imtl_g_weights`); IMTL-L scales each loss by a learned e^{s_i} (training
     e^{s_i} L_i − s_i, so s_i moves towards −log L_i); IMTL-H (`mode="hybrid"`, the paper's method) does both:
@@ -59,6 +60,67 @@ class IMTL(GradientBalancer):
     def __init__(
         self,
         task_names: Sequence[str],
+        mode: str = "hybrid",
+        scale_optimizer: str = "adam",
+        scale_lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        """
+        task_names: the tasks, sorted (given by the engine).
+        mode: hybrid (IMTL-H), gradient (IMTL-G) or loss (IMTL-L).
+        scale_optimizer: the optimizer of the loss scales s: adam or sgd (unused in gradient mode).
+        scale_lr: its learning rate (> 0).
+        betas: Adam's betas for s.
+        eps: Adam's eps for s.
+        """
+        super().__init__()
+        one_of("mode", mode, MODES)
+        one_of("scale_optimizer", scale_optimizer, OPTIMIZERS)
+        number("scale_lr", scale_lr, 0, above=True)
+        self.mode, self.scale_optimizer, self.scale_lr = mode, scale_optimizer, float(scale_lr)
+        self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
+        self.task_names = list(task_names)
+        self.weighs_heads = mode != "gradient"  # the heads get e^{s_i} ∇L_i
+        n = len(self.task_names)
+        self.register_buffer("loss_scale", torch.zeros(n))
+        self.register_buffer("exp_avg", torch.zeros(n))
+        self.register_buffer("exp_avg_sq", torch.zeros(n))
+        self.register_buffer("opt_step", torch.zeros(()))
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode}"
+
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
+        t = len(self.task_names)
+        s = self.loss_scale.clone()
+        metrics = {f"imtl/loss_scale/{name}": v for name, v in zip(self.task_names, s.unbind())}
+        scales = s.exp() if self.mode != "gradient" else torch.ones_like(s)
+        state = self._updated_scales(losses) if self.mode != "gradient" else {}
+        if self.mode == "loss":
+            return Solution(scales.to(gram.device), scales.to(gram.device), metrics, state)
+        g = host_gramian(gram * (scales[:, None] * scales[None, :]).to(gram.device))
+        alpha = nan_weights(t, gram) if g is None else to_device(imtl_g_weights(g), gram)
+        head = None if self.mode == "gradient" else scales.to(gram.device)
+        return Solution(alpha * scales.to(gram.device), head, metrics, state)
+
+    def _updated_scales(self, losses: Tensor) -> dict[str, Tensor]:
+        """s − step(e^s L − 1) from the committed s, and the optimizer's new state."""
+        grad = self.loss_scale.exp() * losses.to(self.loss_scale.device) - 1
+        if self.scale_optimizer == "adam":
+            new, exp_avg, exp_avg_sq, step = adam_update(
+                self.loss_scale, grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.scale_lr, self.betas, self.eps
+            )
+            return {"loss_scale": new, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "opt_step": step}
+        return {"loss_scale": self.loss_scale - self.scale_lr * grad}
+
+
+class IMTL(GramianBalancer):
+    """IMTL (`IMTLWeighting`) as a balancer: `balancer=imtl`."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]] = None,
         grad_source: Literal["shared_params", "shared_rep"] = "shared_params",
         mode: str = "hybrid",
@@ -77,46 +139,7 @@ class IMTL(GradientBalancer):
         betas: Adam's betas for s.
         eps: Adam's eps for s.
         """
-        super().__init__(task_names, shared_params, grad_source)
-        one_of("mode", mode, MODES)
-        one_of("scale_optimizer", scale_optimizer, OPTIMIZERS)
-        number("scale_lr", scale_lr, 0, above=True)
-        self.mode, self.scale_optimizer, self.scale_lr = mode, scale_optimizer, float(scale_lr)
-        self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
-        n = len(self.task_names)
-        self.register_buffer("loss_scale", torch.zeros(n))
-        self.register_buffer("exp_avg", torch.zeros(n))
-        self.register_buffer("exp_avg_sq", torch.zeros(n))
-        self.register_buffer("opt_step", torch.zeros(()))
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, mode={self.mode}"
-
-    def _known_head_weights(self) -> Optional[Tensor]:
-        return None if self.mode == "gradient" else self.loss_scale.exp()
-
-    def _solve(self, gram: Tensor, losses: Tensor) -> Solution:
-        t = len(self.task_names)
-        s = self.loss_scale.clone()
-        metrics = {f"imtl/loss_scale/{name}": v for name, v in zip(self.task_names, s.unbind())}
-        scales = s.exp() if self.mode != "gradient" else torch.ones_like(s)
-        if self.mode != "gradient":
-            self._update_scales(losses)
-        if self.mode == "loss":
-            return Solution(scales.to(gram.device), scales.to(gram.device), metrics)
-        g = host_gramian(gram * (scales[:, None] * scales[None, :]).to(gram.device))
-        alpha = nan_weights(t, gram) if g is None else to_device(imtl_g_weights(g), gram)
-        head = None if self.mode == "gradient" else scales.to(gram.device)
-        return Solution(alpha * scales.to(gram.device), head, metrics)
-
-    def _update_scales(self, losses: Tensor) -> None:
-        """Stage s − step(e^s L − 1) from the committed s (a later micro-batch restages it)."""
-        grad = self.loss_scale.exp() * losses.to(self.loss_scale.device) - 1
-        if self.scale_optimizer == "adam":
-            new, exp_avg, exp_avg_sq, step = adam_update(
-                self.loss_scale, grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.scale_lr, self.betas, self.eps
-            )
-            self._stage(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
-        else:
-            new = self.loss_scale - self.scale_lr * grad
-        self._stage(loss_scale=new)
+        weighting = partial(
+            IMTLWeighting, mode=mode, scale_optimizer=scale_optimizer, scale_lr=scale_lr, betas=betas, eps=eps
+        )
+        super().__init__(task_names, shared_params, weighting, grad_source)

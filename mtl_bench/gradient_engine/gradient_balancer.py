@@ -27,7 +27,7 @@ rows are the g_i. So one step here is:
    `shared_rep` the direction at `shared` goes back through the trunk instead.
 
 The heads' parameters get the gradient of Σ_i c_i L_i with c_i = 1 (the papers; LibMTL and torchjd do the
-same) unless a method says otherwise (Nash-MTL: its weights; IMTL-L: the loss scales).
+same) unless a method says otherwise (Nash-MTL: its weights; IMTL-L: the loss scales), through its solution.
 """
 
 from __future__ import annotations
@@ -147,17 +147,15 @@ class GradientBalancer(StagedBalancer):
     def _steps(self) -> int:
         return self._ctx.accumulation_steps if self._ctx is not None else 1
 
-    def _heads(
-        self, heads: list[list[tuple[Tensor, Tensor]]], indices: Sequence[int], weights: Optional[Tensor]
-    ) -> list[tuple[Tensor, Tensor]]:
-        """Head gradients to write now: weighted by `weights` (None: 1), or held for the solve."""
+    def _heads(self, heads: list[list[tuple[Tensor, Tensor]]], indices: Sequence[int]) -> list[tuple[Tensor, Tensor]]:
+        """Head gradients to write now (weight 1), or, when the heads wait for the solve's weights, held for it."""
         pairs = []
         for i, task_heads in zip(indices, heads):
             for p, g in task_heads:
-                if self.heads_wait and weights is None:
+                if self.heads_wait:
                     self._held.append((i, p, g))
                 else:
-                    pairs.append((p, g if weights is None else g * weights[i].to(g.dtype)))
+                    pairs.append((p, g))
         return pairs
 
     def aggregate(
@@ -219,13 +217,12 @@ class GradientBalancer(StagedBalancer):
         scale = self._begin(JOINT, ctx, shared)
         ordered = [losses[name] for name in self.task_names]
         loss_values = torch.stack([loss.detach().float() for loss in ordered])
-        head_w = self._known_head_weights()
         if self.grad_source == "shared_rep":
             found = [task_params(loss, shared, self._param_ids) for loss in ordered]
             if not all(cut for _, cut in found):
                 raise ValueError(f"grad_source: shared_rep: {NOT_A_CUT}")
             rows, heads = grads_at_shared(ordered, shared, scale, self._param_ids, [p for p, _ in found])
-            pairs = self._heads(heads, range(len(ordered)), head_w)
+            pairs = self._heads(heads, range(len(ordered)))
             write_leaf_grads(pairs) if pairs else None
             metrics = self._aggregate_checked([rows], scale, self._mean("losses", loss_values), shared)
             self._end_joint()
@@ -233,7 +230,7 @@ class GradientBalancer(StagedBalancer):
         spare = self._spare if self._blocks is None else None  # never the accumulator of this step's micro-batches
         self._spare = None  # while the blocks are in use
         blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids, spare)
-        write_leaf_grads(self._heads(heads, range(len(ordered)), head_w))
+        write_leaf_grads(self._heads(heads, range(len(ordered))))
         self._add_blocks(blocks)
         self._losses_sum = loss_values if self._losses_sum is None else self._losses_sum + loss_values
         self._seen["joint"] = self._seen.get("joint", 0) + 1
@@ -250,10 +247,6 @@ class GradientBalancer(StagedBalancer):
             self._blocks = blocks
         else:
             torch._foreach_add_(self._blocks, blocks)
-
-    def _known_head_weights(self) -> Optional[Tensor]:
-        """The heads' weights before the solve (IMTL-L's scales); None: 1 each, or wait for the solve."""
-        return None
 
     def per_task_problem(self) -> Optional[str]:
         if self.grad_source == "shared_rep":
@@ -279,7 +272,7 @@ class GradientBalancer(StagedBalancer):
         grads = scaled_grad(loss, [*self._params, *params], scale, allow_unused=True)
         shared_grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self._params)]
         head = [(p, g) for p, g in zip(params, grads[len(self._params) :]) if g is not None]
-        write_leaf_grads(self._heads([head], [i], self._known_head_weights()))
+        write_leaf_grads(self._heads([head], [i]))
         if task in self._task_blocks:
             torch._foreach_add_(self._task_blocks[task], shared_grads)
         else:

@@ -48,8 +48,8 @@ def test_hybrid_matches_libmtl():
     weighting = libmtl_weighting("IMTL", reference, TASKS3)
     train_libmtl(reference, weighting, 5, lr=LR, params=lambda: list(reference.parameters()) + [weighting.loss_scale])
     assert_same_parameters(ours, reference)
-    torch.testing.assert_close(bal.loss_scale, weighting.loss_scale.detach(), rtol=1e-5, atol=1e-6)
-    assert not torch.equal(bal.loss_scale, torch.zeros(3))
+    torch.testing.assert_close(bal.weighting.loss_scale, weighting.loss_scale.detach(), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(bal.weighting.loss_scale, torch.zeros(3))
 
 
 def test_gradient_mode_matches_torchjd():
@@ -64,7 +64,7 @@ def test_loss_mode_trains_the_scaled_losses():
     """IMTL-L: the step is that of Σ e^{s_i} L_i; s moves by −lr(e^s L − 1)."""
     model, (x, y) = make_model(), batch()
     bal = build(model, mode="loss", scale_optimizer="sgd", scale_lr=0.5)
-    bal.loss_scale.copy_(torch.tensor([0.5, -1.0, 0.2]))
+    bal.weighting.loss_scale.copy_(torch.tensor([0.5, -1.0, 0.2]))
     out, losses = task_losses(model, x, y)
     metrics = bal.backward(losses, out.shared)
     got = [p.grad.clone() for p in model.parameters()]
@@ -75,13 +75,13 @@ def test_loss_mode_trains_the_scaled_losses():
     for g, p in zip(got, model.parameters()):
         torch.testing.assert_close(g, p.grad)
     L = torch.stack([losses[t].detach() for t in TASKS3])
-    torch.testing.assert_close(bal.loss_scale, s - 0.5 * (s.exp() * L - 1))
+    torch.testing.assert_close(bal.weighting.loss_scale, s - 0.5 * (s.exp() * L - 1))
     assert metrics["imtl/loss_scale/b"].item() == pytest.approx(-1.0)
 
 
 def test_resume_and_skipped_steps():
     saved = assert_resume_and_skip_keep_the_state(lambda model: build(model, scale_lr=0.05))
-    assert {"loss_scale", "exp_avg", "exp_avg_sq", "opt_step"} <= set(saved)
+    assert {"weighting.loss_scale", "weighting.exp_avg", "weighting.exp_avg_sq", "weighting.opt_step"} <= set(saved)
 
 
 def test_shared_rep_and_per_task_mode():
