@@ -79,7 +79,7 @@ def test_resume_continues_and_a_skipped_step_keeps_the_state():
     ("options", "message"),
     [
         ({"base": "MGDA"}, "^base: must be a Weighting or a config node naming one"),
-        ({"base": PCGradWeighting}, r"^base: PCGradWeighting has state of its own \(_extra_state\)"),
+        ({"base": PCGradWeighting}, r"^base: PCGradWeighting has state of its own \(rng._extra_state\)"),
         ({"base": FairGradWeighting()}, "^base: FairGradWeighting does not weight whole task gradients"),
         ({"base": functools.partial(MGDAWeighting, normalization="x")}, "^base.normalization: 'x' is not one of"),
         ({"alpha": 2.0}, r"^alpha: must be a number in \[0, 1\]"),
