@@ -148,7 +148,7 @@ def main() -> None:
             )
             print(rows[-1], flush=True)
     print(
-        "\n| learner | objective | ideal / bound | HV / bound | HV / true HV | IGD to true front | max distance to "
+        "\n| learner | objective | ideal / bound | HV / bound | HV / true HV | IGD to true front | max dist. to "
         "front | covered | seconds |\n|---|---|---|---|---|---|---|---|---|"
     )
     print("\n".join(rows))

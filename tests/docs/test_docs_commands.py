@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.test_readme import README, REPO, bash_commands
 from tests.helpers.cli import run_cli
-from tests.test_readme import README, REPO, bash_commands
 
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 # Hydra's flags that take a value, and flags that print instead of training.
