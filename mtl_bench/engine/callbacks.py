@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from omegaconf import DictConfig
 
-from mtl_bench.engine.builders import build, check_part, node_dict
+from mtl_bench.engine.builders import build, check_part, node_dict, target_of
 from mtl_bench.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -94,8 +94,10 @@ class Callbacks:
 
     def __init__(self, callbacks: list[Callback]) -> None:
         self.all = list(callbacks)
+        self.overriding: dict[str, list[Any]] = {}  # hook -> the bound methods it calls
         for hook in (*HOOKS, "wants_test"):
             overriding = [getattr(c, hook) for c in self.all if getattr(type(c), hook) is not getattr(Callback, hook)]
+            self.overriding[hook] = overriding
             setattr(self, hook, self._dispatch(overriding) if hook != "wants_test" else self._any(overriding))
 
     @staticmethod
@@ -131,11 +133,12 @@ def check_callbacks(cfg: DictConfig) -> None:
         node = nodes[name]
         if not isinstance(node, DictConfig) or "_target_" not in node:
             raise ConfigError(f"callbacks.{name}: expected a node with _target_ (a Callback subclass), got {node!r}")
-        target = check_part(f"callbacks.{name}", node_dict(node))
+        target = target_of(f"callbacks.{name}", node_dict(node))
         if not (isinstance(target, type) and issubclass(target, Callback)):
             raise ConfigError(
                 f"callbacks.{name}._target_: {node._target_} is not a subclass of mtl_bench.engine.callbacks.Callback"
             )
+        check_part(f"callbacks.{name}", node_dict(node))
 
 
 def user_callbacks(cfg: DictConfig) -> list[Callback]:
