@@ -92,8 +92,16 @@ class Callbacks:
     teardown: Callable[[Recipe], None]
     wants_test: Callable[[int], bool]
 
-    def __init__(self, callbacks: list[Callback]) -> None:
+    def __init__(self, callbacks: list[Callback], taken: tuple[str, ...] = ()) -> None:
+        """`taken`: the checkpoint entries that are not a callback's (engine/checkpoint.py: RUN_STATE_KEYS)."""
         self.all = list(callbacks)
+        keys = [c.state_key for c in self.all if c.state_key is not None]
+        clash = sorted({k for k in keys if keys.count(k) > 1 or k in taken})
+        if clash:
+            raise ConfigError(
+                f"callbacks: state_key {clash[0]!r} is taken (by another callback or the run's own checkpoint "
+                f"entries: {', '.join(taken)}); give the callback another state_key"
+            )
         self.overriding: dict[str, list[Any]] = {}  # hook -> the bound methods it calls
         for hook in (*HOOKS, "wants_test"):
             overriding = [getattr(c, hook) for c in self.all if getattr(type(c), hook) is not getattr(Callback, hook)]

@@ -104,6 +104,8 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
 # What may change when a run resumes (config.py: the options declared resumable); any other difference would
 # train another config than the run records.
 RESUMABLE_KEYS = keys_where("resumable")
+# A checkpoint's own entries (RunState.save); each callback's state goes under its state_key beside them.
+RUN_STATE_KEYS = (*CHECKPOINT_KEYS, "grad_scaler", "skipped_steps", "config", "overrides")
 # The .hydra/ files an attempt's record holds (train.py sends a resume in place to .hydra/attempts/<n>/)
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 

@@ -35,6 +35,7 @@ from mtl_bench.engine.builders import (
     target_of,
 )
 from mtl_bench.engine.callbacks import Callback, Callbacks, check_callbacks, user_callbacks
+from mtl_bench.engine.checkpoint import RUN_STATE_KEYS
 from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.engine.data import hold_out
 from mtl_bench.engine.diagnostics import Diagnostics
@@ -383,4 +384,4 @@ def build_callbacks(cfg: DictConfig, conf: TrainerConf, parts: Parts, selection:
         found.append(ScheduleOnVal(parts.scheduler))
     if conf.diagnostics:
         found.append(Diagnostics(conf.diagnostics_every))
-    return Callbacks([*found, *user_callbacks(cfg), Preemption()])
+    return Callbacks([*found, *user_callbacks(cfg), Preemption()], taken=RUN_STATE_KEYS)

@@ -119,3 +119,16 @@ def test_the_loop_calls_only_the_hooks_a_callback_overrides():
     callbacks.on_log(SimpleNamespace(step=5), {}, {"t0": 1.0}, 1.0)
     assert CALLS == [("one",), ("log", 5, ["t0"], False)]
     assert callbacks.wants_test(3) is False
+
+
+def test_a_state_key_that_is_taken_is_refused_in_one_line():
+    from mtl_bench.engine.checkpoint import RUN_STATE_KEYS
+
+    with pytest.raises(ConfigError, match="^callbacks: state_key 'recorder' is taken"):
+        Callbacks([Recorder(), Recorder()])
+
+    class Model(Recorder):
+        state_key = "model"
+
+    with pytest.raises(ConfigError, match="^callbacks: state_key 'model' is taken"):
+        Callbacks([Model()], taken=RUN_STATE_KEYS)
