@@ -110,6 +110,9 @@ class Callbacks:
 
     @staticmethod
     def _dispatch(methods: list[Any]) -> Any:
+        if len(methods) <= 1:  # the per-step hooks mostly: no loop, or the one method itself
+            return methods[0] if methods else _nothing
+
         def call(*args: Any) -> None:
             for method in methods:
                 method(*args)
@@ -127,6 +130,10 @@ class Callbacks:
         for c in self.all:
             if c.state_key is not None and c.state_key in state:
                 c.load_state_dict(state[c.state_key])
+
+
+def _nothing(*args: Any) -> None:
+    pass
 
 
 def check_callbacks(cfg: DictConfig) -> None:
