@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mtl_bench.analysis.front_metrics import hypervolume, igd
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.api import run
-from mtl_bench.report.front_metrics import hypervolume, igd
 from mtl_bench.tasks.pareto_toy import ParetoToy
 
 REFERENCE = [1.0, 1.0]

@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench import tags
+from mtl_bench.analysis.criterion import score
 from mtl_bench.config import TrainerConf, keys_where, option_defaults
 from mtl_bench.engine.anomalous import parameters_outside_graph
 from mtl_bench.engine.builders import build, node_dict, pick_device
@@ -47,15 +48,14 @@ from mtl_bench.engine.nonfinite import NonFinitePolicy, nonfinite_flag, step_unl
 from mtl_bench.engine.preemption import StopSignals, resume_hint, signal_name
 from mtl_bench.engine.profile import maybe_profile
 from mtl_bench.engine.progress import Progress
-from mtl_bench.engine.selection import ModelSelection, eval_steps, score
+from mtl_bench.engine.selection import ModelSelection, eval_steps
 from mtl_bench.engine.step import StepResult, StepRunner
 from mtl_bench.engine.threads import choose_threads
 from mtl_bench.errors import Interrupted, ResumeError
-from mtl_bench.files import write_json
 from mtl_bench.loggers import Logger, Loggers, RunInfo
 from mtl_bench.loggers.hparams import flatten_hparams, hparam_values
 from mtl_bench.optim.cyclic import group_momentum
-from mtl_bench.records import METRICS_FILE, previous_status, record_failure
+from mtl_bench.records import METRICS_FILE, RunRecord, Status, previous_status, record_failure
 
 log = logging.getLogger("mtl_bench")
 
@@ -73,6 +73,7 @@ class TrainResult:
     summary: dict[str, float]
     wall_time_s: float
     initial_test: Metrics = field(default_factory=dict)
+    record: Optional[RunRecord] = None  # what metrics.json holds (rank 0 of a completed run)
 
 
 def loss_ratio_sum(test: Metrics, initial: Metrics) -> float:
@@ -221,7 +222,7 @@ class Recipe:
     def _resume_setting(self) -> str | None:
         """trainer.resume; a job that submitit requeued after preemption resumes its own run by itself."""
         if self.conf.resume is None and os.environ.get("SUBMITIT_EXECUTOR"):
-            if previous_status(self.run_dir) == "interrupted":
+            if previous_status(self.run_dir) is Status.INTERRUPTED:
                 return "auto"
         return self.conf.resume
 
@@ -598,30 +599,30 @@ class Recipe:
         if self.dist is not None:
             shutdown_distributed(self.dist, together)
 
-    def metrics_record(self, result: TrainResult) -> dict[str, Any]:
+    def metrics_record(self, result: TrainResult) -> RunRecord:
         """What metrics.json holds for a completed run."""
-        return {
-            "status": "completed",
-            "step": result.step,
-            "wall_time_s": round(result.wall_time_s, 3),
-            "overrides": self.overrides,
-            "choices": self.choices,
-            "seed": self.seed,
-            "val": result.val,
-            "test": result.test,
-            "summary": result.summary,
-            "initial_test": result.initial_test,
-            "higher_is_better": self.higher_is_better,
-            "model_selection": self.selection.record(),
-            "implementations": self.implementations,
-            "reference": self.taskset.reference,
-            **({"front": self.front_record} if self.front_record is not None else {}),
-            **true_front_record(self.taskset, self.cfg),
-            "peak_memory": peak_memory(self.device),
-            "threads": torch.get_num_threads(),
-            "device": self.device.type,
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
+        return RunRecord(
+            Status.COMPLETED,
+            step=result.step,
+            wall_time_s=round(result.wall_time_s, 3),
+            overrides=self.overrides,
+            choices=self.choices,
+            seed=self.seed,
+            val=result.val,
+            test=result.test,
+            summary=result.summary,
+            initial_test=result.initial_test,
+            higher_is_better=self.higher_is_better,
+            model_selection=self.selection.record(),
+            implementations=self.implementations,
+            reference=self.taskset.reference,
+            front=self.front_record,
+            true_front=true_front_record(self.taskset, self.cfg).get("true_front"),
+            peak_memory=peak_memory(self.device),
+            threads=torch.get_num_threads(),
+            device=self.device.type,
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        )
 
 
 def train(
@@ -669,7 +670,8 @@ def train(
     finally:
         recipe.cleanup(completed or recipe.stopped_together)
     if recipe.dist is not None and recipe.dist.is_main:
-        write_json(recipe.run_dir / METRICS_FILE, recipe.metrics_record(result))
+        result.record = recipe.metrics_record(result)
+        result.record.write(recipe.run_dir)
         log.info(
             "done: %d steps in %.1f s; final metrics in %s",
             result.step,

@@ -19,9 +19,10 @@ hundreds of steps and far above the drift of a run whose parameters do not move.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 from mtl_bench.analysis.runs import Run
+from mtl_bench.records import RunRecord
 
 MARGIN = 0.05
 MIN_POINTS = 3
@@ -47,8 +48,8 @@ def _first_last_from_events(run: Run, tasks: list[str]) -> Optional[dict[str, tu
     return out
 
 
-def _first_last_from_record(record: dict[str, Any], tasks: list[str]) -> Optional[dict[str, tuple[float, float]]]:
-    initial, final = record.get("initial_test") or {}, record.get("test") or {}
+def _first_last_from_record(record: RunRecord, tasks: list[str]) -> Optional[dict[str, tuple[float, float]]]:
+    initial, final = record.split("initial_test"), record.split("test")
     out: dict[str, tuple[float, float]] = {}
     for task in tasks:
         first, last = initial.get(task, {}).get("loss"), final.get(task, {}).get("loss")
@@ -60,14 +61,14 @@ def _first_last_from_record(record: dict[str, Any], tasks: list[str]) -> Optiona
 
 def not_learned(run: Run) -> Optional[str]:
     """Why a completed run did not learn, in one line; None when it learned or cannot be judged."""
-    tasks = list(run.metrics.get("test") or {})
+    tasks = list(run.record.split("test"))
     if not tasks:
         return None
     where, losses = "training loss", _first_last_from_events(run, tasks)
     if losses == SHORT:
         return None
     if losses is None:
-        where, losses = "test loss (untrained -> final)", _first_last_from_record(run.metrics, tasks)
+        where, losses = "test loss (untrained -> final)", _first_last_from_record(run.record, tasks)
     if not isinstance(losses, dict):
         return None
     drops = [(first - last) / abs(first) for first, last in losses.values() if first != 0]

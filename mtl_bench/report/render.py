@@ -211,7 +211,7 @@ def problem_line(p: dict[str, Any]) -> str:
 
 def model_selection(groups: list[Group]) -> str:
     """The runs' model selection, one phrase each (runs of one report normally share it)."""
-    found = sorted({selection_text(r.metrics.get("model_selection")) for g in groups for r in g.runs})
+    found = sorted({selection_text(r.record.model_selection) for g in groups for r in g.runs})
     return ", ".join(found) or "final step"
 
 
@@ -278,7 +278,7 @@ def _problem_lines(problems: list[dict[str, Any]]) -> list[str]:
 
 def _reference_row(part: list[Group], header: list[str]) -> list[str] | None:
     """The task set's reference values (tasks.reference) as a row of the wide table, marked."""
-    reference = part[0].runs[0].metrics.get("reference") or {}
+    reference = part[0].runs[0].record.reference or {}
     if not reference:
         return None
     row = ["reference (tasks.reference) [baseline]", ""]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from mtl_bench.analysis.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
+from mtl_bench.analysis.stats import ci_half_width, mean_ranks, t_quantile, tied_ranks
 from mtl_bench.cli import app
-from mtl_bench.report.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
 from mtl_bench.report.main import make_report
-from mtl_bench.report.stats import ci_half_width, mean_ranks, t_quantile, tied_ranks
 
 HIB = {"a": {"loss": False, "acc": True, "err": False}, "b": {"loss": False, "mse": False}}
 

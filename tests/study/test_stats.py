@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from mtl_bench.study.stats import (
+from mtl_bench.analysis.stats import (
     detectable_difference,
     holm,
     mean_ci,
