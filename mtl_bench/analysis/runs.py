@@ -114,21 +114,11 @@ class Run:
         return {key: value for key, value in config.items() if is_training_key(key)}
 
     def scalars(self, prefix: str) -> dict[str, list[tuple[int, float]]]:
-        """TensorBoard scalars whose tag starts with `prefix`, as {tag: [(step, value), ...]}."""
-        import logging
+        """Logged scalars whose tag starts with `prefix`, as {tag: [(step, value), ...]}, whichever shipped logger
+        wrote them (analysis/scalars.py)."""
+        from mtl_bench.analysis.scalars import read_scalars
 
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-        # noise here: "No path found after <file>", and "Detected out of order event.step" for a resumed run (whose
-        # later session rewrote the steps after its checkpoint: TensorBoard keeps the rewrite, as the report wants)
-        logging.getLogger("tensorboard").setLevel(logging.ERROR)
-        events = EventAccumulator(str(self.path), size_guidance={"scalars": 0})
-        events.Reload()
-        return {
-            tag: [(e.step, e.value) for e in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"]
-            if tag.startswith(prefix)
-        }
+        return read_scalars(self.path, prefix)
 
 
 def run_status(run: Run) -> Status:

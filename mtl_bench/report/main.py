@@ -24,8 +24,8 @@ def collect(paths: list[Path]) -> list[Run]:
 
 
 def split_not_learned(runs: list[Run]) -> tuple[list[Run], list[dict[str, Any]]]:
-    """The runs to rank, and the completed runs that did not learn (report/learning.py) as problems."""
-    from mtl_bench.report.learning import not_learned
+    """The runs to rank, and the completed runs that did not learn (analysis/learning.py) as problems."""
+    from mtl_bench.analysis.learning import not_learned
     from mtl_bench.report.summary import varied_overrides
 
     kept, flagged = [], []

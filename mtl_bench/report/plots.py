@@ -98,7 +98,7 @@ def _save(plt, fig, path: Path) -> Path:
 
 
 def _weights(plt, groups: list[Group], path: Path) -> Path:
-    """weight/<task> over steps, from the first seed of each group (TensorBoard event files).
+    """weight/<task> over steps, from the first seed of each group (its logged scalars, TensorBoard or CSV).
 
     Each task has its own colour, line style and marker, and lines drawn later are thinner, so tasks with equal
     weights show as overlapping but distinct lines; markers are staggered along the steps for the same reason.

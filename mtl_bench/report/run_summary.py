@@ -6,16 +6,16 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from mtl_bench.records import RunRecord, Status
+from mtl_bench.records import RunRecord
 from mtl_bench.report.numbers import selection_text
 
 
 def final_weights(run_dir: Path, tasks: list[str]) -> dict[str, float]:
-    """The last logged `weight/<task>` of each task from the run's TensorBoard events ({} when none was logged)."""
-    from mtl_bench.analysis.runs import Run
+    """The last logged `weight/<task>` of each task from the run's logged scalars ({} when none was logged)."""
+    from mtl_bench.analysis.scalars import read_scalars
 
     try:
-        series = Run(run_dir, RunRecord(Status.INCOMPLETE)).scalars("weight/")
+        series = read_scalars(run_dir, "weight/")
     except Exception:  # no events (yet), or unreadable ones: the summary says so
         return {}
     return {task: max(series[f"weight/{task}"])[1] for task in tasks if series.get(f"weight/{task}")}

@@ -222,9 +222,9 @@ class Study:
         return reference
 
     def not_learned(self) -> dict[str, str]:
-        """The completed final runs that did not learn, with why (the plain report's check, report/learning.py)."""
+        """The completed final runs that did not learn, with why (the plain report's check, analysis/learning.py)."""
+        from mtl_bench.analysis.learning import not_learned
         from mtl_bench.analysis.runs import Run
-        from mtl_bench.report.learning import not_learned
 
         found = {}
         for run in self.final:

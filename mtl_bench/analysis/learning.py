@@ -9,7 +9,8 @@ The best task decides, not the mean: a run whose weights favour one task (equal 
 one loss is 10⁴ times the other) learns that task while the other gets worse; it learned, and Δm judges the
 balance. A run that learned nothing (a learning rate too small to move anything, frozen parameters) moves no task.
 
-with L_t the `loss/<task>` scalars of its TensorBoard events (what the loop logged every `log_every` steps).
+with L_t the `loss/<task>` scalars the loop logged every `log_every` steps, read from whichever shipped logger
+wrote them (TensorBoard's events or the CSV logger's file: analysis/scalars.py).
 A run with fewer than MIN_POINTS logged values per task is too short to judge and is kept. A run without
 training-loss events is judged on metrics.json instead: the test loss of the untrained model (`initial_test`)
 against the final one. A run with neither is kept. 5% is far below what any run that trains moves in its first
@@ -32,7 +33,7 @@ SHORT = "too short to judge"
 
 
 def _first_last_from_events(run: Run, tasks: list[str]) -> Optional[dict[str, tuple[float, float]] | str]:
-    """{task: (first, last)} logged training loss; SHORT with too few points; None without loss events."""
+    """{task: (first, last)} logged training loss; SHORT with too few points; None without logged losses."""
     try:
         series = run.scalars("loss/")
     except Exception:  # no events, or unreadable ones: judged from metrics.json
