@@ -22,7 +22,7 @@ from mtl_bench.analysis.stats import (
     seeds_needed,
     separated,
 )
-from mtl_bench.records import RunRecord
+from mtl_bench.records import RunRecord, Status
 from mtl_bench.study.plan import FINAL, TUNE
 from mtl_bench.study.spec import SCALARIZATION, SINGLE_TASK
 from mtl_bench.study.tuning import without_loss
@@ -88,7 +88,7 @@ def summarize(
         if run["id"] in completed:
             by_row.setdefault(run["row"], {})[run["seed"]] = completed[run["id"]]
         status = "did not learn" if run["id"] in not_learned else record.status_name if record else "not run"
-        if status != "completed":
+        if status != Status.COMPLETED:
             outcomes.setdefault(run["row"], {})[str(run["seed"])] = status
     table: dict[str, dict[str, Any]] = {}
     if reference_test:

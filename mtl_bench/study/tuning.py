@@ -26,7 +26,7 @@ LOSS = "loss"
 class ValView:
     """What selection may read of a run: its status, validation metrics and metric directions."""
 
-    status: str
+    status: Status
     val: Metrics
     higher_is_better: dict[str, dict[str, bool]]
 
@@ -34,8 +34,8 @@ class ValView:
     def of(cls, record: Optional[RunRecord]) -> "ValView":
         """The view of a run's record: everything but its validation metrics, directions and status is left out."""
         if record is None:
-            return cls(Status.INCOMPLETE.value, {}, {})
-        return cls(record.status_name, dict(record.split("val")), dict(record.higher_is_better or {}))
+            return cls(Status.INCOMPLETE, {}, {})
+        return cls(record.status, dict(record.split("val")), dict(record.higher_is_better or {}))
 
 
 def without_loss(metrics: Mapping[str, Mapping[str, float]]) -> Metrics:
@@ -44,7 +44,7 @@ def without_loss(metrics: Mapping[str, Mapping[str, float]]) -> Metrics:
 
 def cost(view: ValView, select: str, reference_val: Optional[Metrics]) -> float:
     """The selection criterion as a cost (lower is better); inf for a run that did not complete."""
-    if view.status != "completed":
+    if view.status is not Status.COMPLETED:
         return math.inf
     if select == "delta_m":
         assert reference_val is not None
@@ -73,7 +73,7 @@ def choose(views: list[ValView], select: str, reference_val: Optional[Metrics]) 
 
 def choose_single_task(views: list[ValView], task: str) -> Optional[int]:
     """The trial with the best mean rank on its task's validation metrics (ties: the lower validation loss)."""
-    done = [i for i, v in enumerate(views) if v.status == "completed" and task in v.val]
+    done = [i for i, v in enumerate(views) if v.status is Status.COMPLETED and task in v.val]
     if not done:
         return None
     means = [{task: without_loss(views[i].val)[task]} for i in done]
