@@ -1,4 +1,4 @@
-"""The statistics (analysis/stats.py) against scipy and statsmodels on fixed numbers, and against the formulas by hand."""
+"""analysis/stats.py against scipy and statsmodels on fixed numbers, and against the formulas by hand."""
 
 from __future__ import annotations
 
