@@ -127,9 +127,11 @@ class Study:
         self.write_index()
         from mtl_bench.study.launch import launch
 
-        launch(todo, self.runs_dir, self.launcher, resume)
-        for run in todo:
-            self.records.pop(run.id, None)
+        try:
+            launch(todo, self.runs_dir, self.launcher, resume)
+        finally:  # what they wrote is read again (also when the launch was interrupted: the index says it)
+            for run in todo:
+                self.records.pop(run.id, None)
         self.write_index()
 
     # ------------------------------------------------------------------ selection
