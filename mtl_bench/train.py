@@ -7,7 +7,6 @@ imported only inside the task function.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import shutil
@@ -58,7 +57,7 @@ def run_experiment(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
     from mtl_bench.errors import ResumeError
-    from mtl_bench.records import METRICS_FILE, previous_status, record_failure
+    from mtl_bench.records import previous_status, record_failure
 
     hydra_cfg = HydraConfig.get()
     choices = {
@@ -99,8 +98,8 @@ def run_experiment(cfg: DictConfig) -> float:
     from mtl_bench.report.run_summary import format_run_summary
 
     if not multirun and int(os.environ.get("RANK", "0")) == 0:  # a sweep ends with its own summary table
-        record = json.loads((run_dir / METRICS_FILE).read_text())
-        print(format_run_summary(record, run_dir), end="", flush=True)
+        assert result.record is not None  # rank 0 of a completed run
+        print(format_run_summary(result.record, run_dir), end="", flush=True)
     return loss_ratio_sum(result.val, result.initial_test) / len(result.val)
 
 

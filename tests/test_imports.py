@@ -32,7 +32,7 @@ LAYERS = (
             "devices",
         ),
     ),
-    ("rooms", ("tasks", "models", "balancers", "optim", "loggers", "analysis", "report")),
+    ("rooms", ("tasks", "models", "balancers", "optim", "loggers", "analysis", "figures", "report")),
     ("engine", ("engine",)),
     ("app", ("train", "cli", "__main__", "prepare", "study", "api")),
 )
@@ -97,6 +97,18 @@ def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
         if dep != "mtl_bench" and layer_of(dep) > layer_of(name)
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_statistics_never_import_the_report():
+    """report/ renders: the engine and analysis/ (the statistics, the run record's readers) import nothing from it."""
+    found = [
+        f"{name} imports {dep}"
+        for name, deps in graph().items()
+        if name.startswith(("mtl_bench.engine", "mtl_bench.analysis"))
+        for dep in deps
+        if dep.startswith("mtl_bench.report")
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_the_import_graph_has_no_cycle():

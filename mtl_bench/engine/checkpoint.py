@@ -21,7 +21,7 @@ from mtl_bench.config import keys_where, option_defaults
 from mtl_bench.errors import ConfigError, ResumeError
 from mtl_bench.files import atomic_write
 from mtl_bench.loggers.hparams import flatten_hparams
-from mtl_bench.records import METRICS_FILE, previous_status, record_failure
+from mtl_bench.records import METRICS_FILE, Status, previous_status, record_failure
 
 if TYPE_CHECKING:
     from mtl_bench.engine.recipe import Recipe
@@ -130,7 +130,7 @@ class RunState:
     def resume_setting(self, resume: str | None) -> str | None:
         """trainer.resume; a job that submitit requeued after preemption resumes its own run by itself."""
         if resume is None and os.environ.get("SUBMITIT_EXECUTOR"):
-            if previous_status(self.run_dir) == "interrupted":
+            if previous_status(self.run_dir) is Status.INTERRUPTED:
                 return "auto"
         return resume
 

@@ -14,6 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench import tags
+from mtl_bench.analysis.front_metrics import front_summary, hypervolume, require_pymoo
 from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.preference import PreferenceScalarization
 from mtl_bench.catalog import conf_root
@@ -22,10 +23,9 @@ from mtl_bench.engine.builders import build, node_dict
 from mtl_bench.engine.callbacks import Callback
 from mtl_bench.engine.evaluate import evaluate
 from mtl_bench.errors import ConfigError
+from mtl_bench.figures import figure_pixels, front_figure
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.models.fronts import PreferenceModel
-from mtl_bench.report.front_metrics import front_summary, hypervolume, require_pymoo
-from mtl_bench.report.front_plots import figure_pixels, front_figure
 from mtl_bench.tasks import TaskSet
 
 if TYPE_CHECKING:

@@ -30,9 +30,8 @@ from mtl_bench.engine.optimizer_step import build_step, optimizer_step, read_log
 from mtl_bench.engine.profile import maybe_profile
 from mtl_bench.engine.step import StepResult
 from mtl_bench.engine.threads import choose_threads
-from mtl_bench.files import write_json
 from mtl_bench.loggers import Logger
-from mtl_bench.records import METRICS_FILE
+from mtl_bench.records import RunRecord, Status
 
 log = logging.getLogger("mtl_bench")
 
@@ -48,6 +47,7 @@ class TrainResult:
     summary: dict[str, float]
     wall_time_s: float
     initial_test: Metrics = field(default_factory=dict)
+    record: Optional[RunRecord] = None  # what metrics.json holds (rank 0 of a completed run)
 
 
 class Recipe:
@@ -229,30 +229,30 @@ class Recipe:
         if self.dist is not None:
             ddp.shutdown_distributed(self.dist, together)
 
-    def metrics_record(self, result: TrainResult) -> dict[str, Any]:
+    def metrics_record(self, result: TrainResult) -> RunRecord:
         """What metrics.json holds for a completed run."""
-        return {
-            "status": "completed",
-            "step": result.step,
-            "wall_time_s": round(result.wall_time_s, 3),
-            "overrides": self.overrides,
-            "choices": self.choices,
-            "seed": self.seed,
-            "val": result.val,
-            "test": result.test,
-            "summary": result.summary,
-            "initial_test": result.initial_test,
-            "higher_is_better": self.higher_is_better,
-            "model_selection": self.selection.record(),
-            "implementations": self.implementations,
-            "reference": self.taskset.reference,
-            **({"front": self.front_record} if self.front_record is not None else {}),
-            **true_front_record(self.taskset, self.cfg),
-            "peak_memory": peak_memory(self.device),
-            "threads": torch.get_num_threads(),
-            "device": self.device.type,
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
+        return RunRecord(
+            Status.COMPLETED,
+            step=result.step,
+            wall_time_s=round(result.wall_time_s, 3),
+            overrides=self.overrides,
+            choices=self.choices,
+            seed=self.seed,
+            val=result.val,
+            test=result.test,
+            summary=result.summary,
+            initial_test=result.initial_test,
+            higher_is_better=self.higher_is_better,
+            model_selection=self.selection.record(),
+            implementations=self.implementations,
+            reference=self.taskset.reference,
+            front=self.front_record,
+            true_front=true_front_record(self.taskset, self.cfg).get("true_front"),
+            peak_memory=peak_memory(self.device),
+            threads=torch.get_num_threads(),
+            device=self.device.type,
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        )
 
 
 def train(
@@ -292,8 +292,8 @@ def train(
         finally:
             recipe.cleanup(completed or recipe.stopped_together)
         if recipe.dist is not None and recipe.dist.is_main:
-            write_json(recipe.run_dir / METRICS_FILE, recipe.metrics_record(result))
-            done = (result.step, result.wall_time_s, recipe.run_dir / METRICS_FILE)
+            result.record = recipe.metrics_record(result)
+            done = (result.step, result.wall_time_s, result.record.write(recipe.run_dir))
             log.info("done: %d steps in %.1f s; final metrics in %s", *done)
     finally:
         recipe.state.promote(attempt_dir)  # the checkpoint is this attempt's now: so is the record
