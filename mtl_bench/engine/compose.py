@@ -376,12 +376,15 @@ def build_selection(cfg: DictConfig, parts: Parts, higher_is_better: dict[str, d
 
 def build_callbacks(cfg: DictConfig, conf: TrainerConf, parts: Parts, selection: ModelSelection) -> Callbacks:
     """The run's callbacks in the order the loop calls them: the selection (it sets the reported metrics before
-    the others see them at the end), the front's evaluation, the loggers, the gradient diagnostics, the user's
-    own (`callbacks:`), and the stop signals last (a stop ends the step's hooks)."""
+    the others see them at the end), the front's evaluation, the loggers, the gradient diagnostics, a bilevel
+    balancer's validation stream, the user's own (`callbacks:`), and the stop signals last (a stop ends the step's
+    hooks)."""
     front = front_run(parts.model, parts.balancer, cfg, conf, parts.taskset.task_names)
     found: list[Callback] = [Selection(selection), *([front] if front is not None else []), MetricLogging()]
     if hasattr(parts.scheduler, "validation_step"):  # a schedule stepped by a val criterion (plateau)
         found.append(ScheduleOnVal(parts.scheduler))
     if conf.diagnostics:
         found.append(Diagnostics(conf.diagnostics_every))
+    if parts.validation is not None:  # a bilevel balancer's stream: connected to the run at set-up
+        found.append(parts.validation)
     return Callbacks([*found, *user_callbacks(cfg), Preemption()], taken=RUN_STATE_KEYS)

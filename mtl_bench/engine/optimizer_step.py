@@ -35,8 +35,6 @@ def build_step(run: Recipe, parts: Parts, forward_model: torch.nn.Module) -> tup
         run.device,
         dist.rank,
         dist.world_size,
-        optimizer=parts.optimizer,
-        validation=parts.validation,
     )
     nonfinite = NonFinitePolicy(
         parts.taskset.task_names,
