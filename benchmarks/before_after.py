@@ -1,5 +1,7 @@
-"""Two trees' `scripts/bench_balancers.py --peers` tables side by side: each of our rows' ratio to the floor
-before and after, and the pooled after/before ratio with its 95% t interval (scipy) over the rows."""
+"""Two trees' benchmark tables side by side: by default each of our rows' ratio to the floor in
+`scripts/bench_balancers.py --peers` tables, or any one column of any of the scripts' tables (`column`, e.g.
+ms/step of `scripts/bench_bilevel.py`); before and after, and the pooled after/before ratio with its 95% t interval
+(scipy) over the rows."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Sequence
 import numpy as np
 from scipy import stats
 
-Row = tuple[str, str, str]  # (T, method, variant)
+Row = tuple[str, ...]  # the row's labels: (T, method, variant) of a peers table
 
 
 def floor_ratios(table: str) -> dict[Row, float]:
@@ -21,6 +23,24 @@ def floor_ratios(table: str) -> dict[Row, float]:
         if len(cells) >= 6 and cells[0].isdigit() and cells[2].startswith("ours"):
             found[(cells[0], cells[1], cells[2])] = float(cells[5])
     return found
+
+
+def column_values(table: str, column: str) -> tuple[list[str], dict[Row, float]]:
+    """The labels of the table's rows (the text columns before `column`) and each row's value in `column`."""
+    header: list[str] = []
+    found: dict[Row, float] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if column in cells and not header:
+            header = cells
+        elif header and len(cells) == len(header) and not set(cells[0]) <= set("-: "):
+            at = header.index(column)
+            labels = [i for i in range(at) if not header[i].startswith(("x ", "ms/", "peak"))]
+            found[tuple(cells[i] for i in labels)] = float(cells[at].rstrip("x"))
+    if not header:
+        raise ValueError(f"no table with a column {column!r}")
+    at = header.index(column)
+    return [h for h in header[:at] if not h.startswith(("x ", "ms/", "peak"))], found
 
 
 def pooled(before: Sequence[dict[Row, float]], after: Sequence[dict[Row, float]]) -> tuple[list[Row], dict]:
@@ -40,13 +60,20 @@ def pooled(before: Sequence[dict[Row, float]], after: Sequence[dict[Row, float]]
     return rows, summary
 
 
-def report(before_paths: Sequence[Path], after_paths: Sequence[Path]) -> str:
-    before = [floor_ratios(Path(p).read_text()) for p in before_paths]
-    after = [floor_ratios(Path(p).read_text()) for p in after_paths]
+def report(before_paths: Sequence[Path], after_paths: Sequence[Path], column: str | None = None) -> str:
+    """`column` None: our rows' "x floor" of peers tables; else that column of each table's rows."""
+    labels, name = ["T", "method", "variant"], "x floor"
+    if column is None:
+        before = [floor_ratios(Path(p).read_text()) for p in before_paths]
+        after = [floor_ratios(Path(p).read_text()) for p in after_paths]
+    else:
+        labels, name = column_values(Path(before_paths[0]).read_text(), column)[0], column
+        before = [column_values(Path(p).read_text(), column)[1] for p in before_paths]
+        after = [column_values(Path(p).read_text(), column)[1] for p in after_paths]
     rows, summary = pooled(before, after)
     lines = [
-        "| T | method | variant | x floor before | x floor after | after / before |",
-        "|---:|---|---|---:|---:|---:|",
+        f"| {' | '.join(labels)} | {name} before | {name} after | after / before |",
+        "|" + "---|" * len(labels) + "---:|---:|---:|",
     ]
     for row in rows:
         b, a = [run[row] for run in before], [run[row] for run in after]

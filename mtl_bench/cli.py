@@ -160,8 +160,8 @@ def study(
 
     from mtl_bench.errors import ConfigError, Interrupted
     from mtl_bench.hydra_errors import describe
-    from mtl_bench.study.report import load_results, render_study
-    from mtl_bench.study.run import run_study
+    from mtl_bench.study.driver import run_study
+    from mtl_bench.study.table import load_results, render_study
 
     try:
         study_dir = run_study(preset, list(ctx.args))
@@ -178,7 +178,7 @@ def study(
 
 
 def is_study_dir(path: Path) -> bool:
-    from mtl_bench.study.report import is_study_dir as holds_study
+    from mtl_bench.study.table import is_study_dir as holds_study
 
     return holds_study(path)
 
@@ -186,7 +186,7 @@ def is_study_dir(path: Path) -> bool:
 def study_report(paths: list[Path], fmt: str, plots: Optional[Path], refused: object) -> tuple[str, list[Path]]:
     from mtl_bench.errors import ConfigError
     from mtl_bench.report.render import FORMATS
-    from mtl_bench.study.report import load_results, render_study, write_study_plot
+    from mtl_bench.study.table import load_results, render_study, write_study_plot
 
     if len(paths) != 1:
         raise ConfigError("a study directory is reported alone: give one path")

@@ -297,7 +297,7 @@ class OptimEngineKeys:
 ENGINE_KEYS: dict[str, tuple[str, ...]] = {
     "optim": tuple(f.name for f in dataclasses.fields(OptimEngineKeys)),
     "model": ("front",),  # the preference-conditioned model around the model (model/front=<option>)
-    "tasks": ("front_reference",),  # {task: loss}: the hypervolume's reference point (engine/front.py)
+    "tasks": ("front_reference",),  # {task: loss}: the hypervolume's reference point (engine/front_evaluation.py)
 }
 # Part options that are labels: the task set's published reference numbers are read by the report, never by training.
 PART_LABELS = ("tasks.reference",)
@@ -325,6 +325,12 @@ class RunConf:
         resumable=True,
         training=False,
         group=True,
+    )
+    callbacks: Any = option(
+        None,
+        "a run's own loop callbacks: +callbacks.<name>._target_=<class> (a subclass of "
+        "mtl_bench.engine.callbacks.Callback) and +callbacks.<name>.<key>=<value> for its arguments",
+        training=False,
     )
     trainer: TrainerConf = option(help="the loop's settings", factory=TrainerConf)
     seed: int = option(0, "seed of every random draw; runs over seeds form one group in the report", training=False)

@@ -35,7 +35,7 @@ def metric(split: str, task: str, name: str) -> str:
 
 
 def front(split: str, indicator: str) -> str:
-    """An indicator of a preference-conditioned model's front (engine/front.py); its image is `front/<split>`."""
+    """An indicator of a preference-conditioned model's front (engine/front_evaluation.py); image is `front/<split>`."""
     return f"front/{split}/{indicator}"
 
 

@@ -7,7 +7,6 @@ imported only inside the task function.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import shutil
@@ -58,7 +57,7 @@ def run_experiment(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
     from mtl_bench.errors import ResumeError
-    from mtl_bench.records import METRICS_FILE, previous_status, record_failure
+    from mtl_bench.records import previous_status, record_failure
 
     hydra_cfg = HydraConfig.get()
     choices = {
@@ -71,7 +70,6 @@ def run_experiment(cfg: DictConfig) -> float:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     subdir = hydra_cfg.output_subdir
     attempt_dir = run_dir / subdir if subdir and Path(subdir).parent.name == ATTEMPTS else None
-    checkpoint_before = _identity(run_dir / "checkpoints" / "last.pt")
     try:
         check_data_root(cfg, choices.get("tasks"))  # before torch is imported: a mistyped path costs no import
         from mtl_bench.engine.progress import use_bar
@@ -96,15 +94,12 @@ def run_experiment(cfg: DictConfig) -> float:
             else:
                 remove_if_only_hydras(run_dir)  # nothing was built: a typo leaves no run directory behind
         raise
-    finally:
-        if attempt_dir is not None and _identity(run_dir / "checkpoints" / "last.pt") != checkpoint_before:
-            promote_attempt(run_dir, attempt_dir)  # the checkpoint is this attempt's now: so is the record
     from mtl_bench.engine.recipe import loss_ratio_sum
     from mtl_bench.report.run_summary import format_run_summary
 
     if not multirun and int(os.environ.get("RANK", "0")) == 0:  # a sweep ends with its own summary table
-        record = json.loads((run_dir / METRICS_FILE).read_text())
-        print(format_run_summary(record, run_dir), end="", flush=True)
+        assert result.record is not None  # rank 0 of a completed run
+        print(format_run_summary(result.record, run_dir), end="", flush=True)
     return loss_ratio_sum(result.val, result.initial_test) / len(result.val)
 
 
@@ -126,9 +121,9 @@ def check_data_root(cfg: DictConfig, option: str | None) -> None:
 
 
 # A second attempt in a run directory (a resume in place) writes its .hydra/ record and log under
-# .hydra/attempts/<n>/; they replace the run's own only when the attempt writes a checkpoint (promote_attempt).
+# .hydra/attempts/<n>/; they replace the run's own only when the attempt writes a checkpoint (engine/checkpoint.py:
+# RunState.promote, called by engine.recipe.train, which is given the attempt's directory).
 ATTEMPTS = "attempts"
-HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 
 def attempt_overrides(argv: list[str]) -> list[str]:
@@ -149,28 +144,6 @@ def attempt_overrides(argv: list[str]) -> list[str]:
     if not any(o.startswith(("hydra/job_logging", "hydra.job_logging")) for o in argv) and "'" not in str(log_file):
         extra.append(f"hydra.job_logging.handlers.file.filename='{log_file}'")
     return extra
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    """A file's inode and modification time: a checkpoint is written to a temp file and renamed over it."""
-    try:
-        found = path.stat()
-    except OSError:
-        return None
-    return found.st_ino, found.st_mtime_ns
-
-
-def promote_attempt(run_dir: Path, attempt_dir: Path) -> None:
-    """The attempt's config, overrides and Hydra record become the run's, and its log lines join the run's log."""
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    for name in HYDRA_FILES:
-        if (attempt_dir / name).is_file():
-            shutil.copyfile(attempt_dir / name, run_dir / ".hydra" / name)
-    log_file = attempt_dir / "train.log"
-    if log_file.is_file():
-        with open(run_dir / "train.log", "a") as run_log:
-            run_log.write(log_file.read_text())
 
 
 def remove_if_only_hydras(run_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""Write docs/configuration.md from the options' declarations in mtl_bench/config.py (tests/test_config_docs.py
+"""Write docs/configuration.md from the options' declarations in mtl_bench/config.py (tests/docs/test_config_docs.py
 checks that the committed page equals what this writes).
 
     python scripts/config_docs.py

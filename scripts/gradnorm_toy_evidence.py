@@ -49,14 +49,14 @@ def final_weights(run: Run) -> list[float]:
 def table(runs: list[Run]) -> tuple[str, dict[str, float]]:
     by_seed: dict[int, dict[str, Run]] = {}
     for run in runs:
-        by_seed.setdefault(int(run.metrics["seed"]), {})[run.overrides["experiment"]] = run
+        by_seed.setdefault(int(run.record.seed), {})[run.overrides["experiment"]] = run
     header = ["seed", "equal weights: test Σ L_i/L_i(0)", "GradNorm α=0.12: test Σ L_i/L_i(0)"]
     header.append("Spearman(σ_i, w_i)")
     rows: list[list[str]] = []
     equal, gradnorm, rho = [], [], []
     for seed, pair in sorted(by_seed.items()):
-        equal.append(pair["gradnorm_toy_equal"].metrics["summary"]["test_loss_ratio_sum"])
-        gradnorm.append(pair["gradnorm_toy"].metrics["summary"]["test_loss_ratio_sum"])
+        equal.append(pair["gradnorm_toy_equal"].record.summary["test_loss_ratio_sum"])
+        gradnorm.append(pair["gradnorm_toy"].record.summary["test_loss_ratio_sum"])
         rho.append(spearman(SIGMAS, final_weights(pair["gradnorm_toy"])))
         rows.append([str(seed), f"{equal[-1]:.3f}", f"{gradnorm[-1]:.3f}", f"{rho[-1]:.3f}"])
     means = {"equal": statistics.mean(equal), "gradnorm": statistics.mean(gradnorm), "rho": statistics.mean(rho)}
@@ -82,7 +82,7 @@ def plot_weights(run: Run, path: Path) -> bool:
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("task weight w_i")
-    ax.set_title(f"GradNorm weights on the T=10 toy (α=0.12, seed {run.metrics['seed']})")
+    ax.set_title(f"GradNorm weights on the T=10 toy (α=0.12, seed {run.record.seed})")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -104,7 +104,7 @@ def main() -> None:
     text, means = table(runs)
     print(text)
     args.docs.mkdir(parents=True, exist_ok=True)
-    first = min((r for r in runs if r.overrides["experiment"] == "gradnorm_toy"), key=lambda r: r.metrics["seed"])
+    first = min((r for r in runs if r.overrides["experiment"] == "gradnorm_toy"), key=lambda r: r.record.seed)
     image = args.docs / "gradnorm_toy_weights.png"
     plotted = plot_weights(first, image)
     machine = machine_description()

@@ -20,7 +20,6 @@ front; and the part of the Pareto set x = s/sqrt(d) 1 the points cover (s of eac
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import tempfile
@@ -29,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mtl_bench.analysis.front_metrics import hypervolume, igd
 from mtl_bench.analysis.machine import machine_description
 from mtl_bench.api import run
-from mtl_bench.report.front_metrics import hypervolume, igd
 from mtl_bench.tasks.pareto_toy import ParetoToy
 
 REFERENCE = [1.0, 1.0]
@@ -84,8 +83,11 @@ def coverage(s: list[float]) -> str:
 
 
 def train(overrides: list[str], run_dir: Path) -> dict:
-    run(["tasks=pareto_toy", "model=decision", "logger=csv", "trainer.num_threads=1", *overrides], run_dir)
-    return json.loads((run_dir / "metrics.json").read_text())
+    record = run(
+        ["tasks=pareto_toy", "model=decision", "logger=csv", "trainer.num_threads=1", *overrides], run_dir
+    ).record
+    assert record is not None  # the run completed: its metrics.json
+    return record.to_dict()
 
 
 def losses(split: dict) -> list[float]:
@@ -148,7 +150,7 @@ def main() -> None:
             )
             print(rows[-1], flush=True)
     print(
-        "\n| learner | objective | ideal / bound | HV / bound | HV / true HV | IGD to true front | max distance to "
+        "\n| learner | objective | ideal / bound | HV / bound | HV / true HV | IGD to true front | max dist. to "
         "front | covered | seconds |\n|---|---|---|---|---|---|---|---|---|"
     )
     print("\n".join(rows))

@@ -32,7 +32,7 @@ LAYERS = (
             "devices",
         ),
     ),
-    ("rooms", ("tasks", "models", "gradient_engine", "balancers", "optim", "loggers", "analysis", "report")),
+    ("rooms", ("tasks", "models", "gradient_engine", "balancers", "optim", "loggers", "analysis", "figures", "report")),
     ("engine", ("engine",)),
     ("app", ("train", "cli", "__main__", "prepare", "study", "api")),
 )
@@ -48,10 +48,21 @@ def modules() -> dict[str, Path]:
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """The package's modules that `name` imports (a `from package import x` where x is a submodule counts as x)."""
+    """The package's modules that `name` imports when it runs (a `from package import x` where x is a submodule
+    counts as x; imports for annotations only, under `if TYPE_CHECKING:`, do not)."""
     found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {  # `if TYPE_CHECKING:` blocks: annotations' imports, never run
+        id(inner)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in block.body
+        for inner in ast.walk(statement)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -97,6 +108,18 @@ def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
         if dep != "mtl_bench" and layer_of(dep) > layer_of(name)
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_statistics_never_import_the_report():
+    """report/ renders: the engine and analysis/ (the statistics, the run record's readers) import nothing from it."""
+    found = [
+        f"{name} imports {dep}"
+        for name, deps in graph().items()
+        if name.startswith(("mtl_bench.engine", "mtl_bench.analysis"))
+        for dep in deps
+        if dep.startswith("mtl_bench.report")
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_the_import_graph_has_no_cycle():

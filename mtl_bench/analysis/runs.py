@@ -1,15 +1,14 @@
-"""Finished runs on disk: a run directory holds metrics.json, checkpoints/ and the TensorBoard event files."""
+"""Finished runs on disk: a run directory holds metrics.json (its RunRecord), checkpoints/ and the logged scalars."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from mtl_bench.config import PART_LABELS, keys_where, option_defaults
-from mtl_bench.records import METRICS_FILE
+from mtl_bench.records import METRICS_FILE, RunRecord, Status
 
 CONFIG_FILE = ".hydra/config.yaml"  # the composed config Hydra saved (interpolations such as ${seed} kept as text)
 
@@ -42,12 +41,12 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 @dataclass
 class Run:
     path: Path
-    metrics: dict[str, Any]
+    record: RunRecord
 
     @property
     def overrides(self) -> dict[str, str]:
         """The command-line overrides of the run as {key: value} (`seed=1` -> {"seed": "1"})."""
-        return dict(item.lstrip("+~").split("=", 1) for item in self.metrics.get("overrides", []) if "=" in item)
+        return dict(item.lstrip("+~").split("=", 1) for item in self.record.overrides if "=" in item)
 
     @cached_property
     def config(self) -> dict[str, Any] | None:
@@ -64,7 +63,7 @@ class Run:
     def choices(self) -> dict[str, str]:
         """The config-group options the run was composed from ({"balancer": "fixed", "optim/schedule": "none"}):
         from metrics.json, else from Hydra's own record of the run (a run that failed or was killed)."""
-        choices = self.metrics.get("choices")
+        choices: Any = self.record.choices
         if not isinstance(choices, dict):
             import yaml
 
@@ -78,12 +77,12 @@ class Run:
     @property
     def seed(self) -> Any:
         """The run's seed (metrics.json, else the config, else the overrides); None when none says."""
-        for source in (self.metrics, self.config or {}, self.overrides):
-            if source.get("seed") is not None:
+        for seed in (self.record.seed, (self.config or {}).get("seed"), self.overrides.get("seed")):
+            if seed is not None:
                 try:
-                    return int(source["seed"])
+                    return int(seed)
                 except (TypeError, ValueError):
-                    return source["seed"]
+                    return seed
         return None
 
     @property
@@ -94,7 +93,7 @@ class Run:
         session's last checkpoint and was redone is counted once), periodic evaluation, checkpoints and the final
         evaluation included; the evaluation before the first step is not. None when the run did not record both.
         """
-        wall, step = self.metrics.get("wall_time_s"), self.metrics.get("step")
+        wall, step = self.record.wall_time_s, self.record.step
         if (
             isinstance(wall, bool)
             or isinstance(step, bool)
@@ -115,47 +114,30 @@ class Run:
         return {key: value for key, value in config.items() if is_training_key(key)}
 
     def scalars(self, prefix: str) -> dict[str, list[tuple[int, float]]]:
-        """TensorBoard scalars whose tag starts with `prefix`, as {tag: [(step, value), ...]}."""
-        import logging
+        """Logged scalars whose tag starts with `prefix`, as {tag: [(step, value), ...]}, whichever shipped logger
+        wrote them (analysis/scalars.py)."""
+        from mtl_bench.analysis.scalars import read_scalars
 
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-        # noise here: "No path found after <file>", and "Detected out of order event.step" for a resumed run (whose
-        # later session rewrote the steps after its checkpoint: TensorBoard keeps the rewrite, as the report wants)
-        logging.getLogger("tensorboard").setLevel(logging.ERROR)
-        events = EventAccumulator(str(self.path), size_guidance={"scalars": 0})
-        events.Reload()
-        return {
-            tag: [(e.step, e.value) for e in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"]
-            if tag.startswith(prefix)
-        }
+        return read_scalars(self.path, prefix)
 
 
-def _read_metrics(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        return {"status": "failed", "error": f"unreadable {path.name}: {err}"}
-
-
-def run_status(run: Run) -> str:
-    """completed | failed | diverged | incomplete (no metrics.json yet: still running, or killed).
+def run_status(run: Run) -> Status:
+    """completed | failed | diverged | interrupted | incomplete (no metrics.json yet: still running, or killed).
 
     Only a completed run has final metrics to average; any other status is a run to list with its reason.
     """
-    return str(run.metrics.get("status", "incomplete"))
+    return run.record.status
 
 
 def run_reason(run: Run) -> str:
     """Why a run that did not complete stopped, in one line ("" for a completed run)."""
-    status = run_status(run)
-    if status == "completed":
+    record = run.record
+    if record.completed:
         return ""
-    if status == "incomplete" and "error" not in run.metrics:
+    if record.status is Status.INCOMPLETE and record.error is None:
         return "no metrics.json (killed, or still running)"
-    reason = run.metrics.get("error") or run.metrics.get("reason") or "no reason recorded"
-    step = run.metrics.get("step")
+    reason = record.error or record.reason or "no reason recorded"
+    step = record.step
     text = " ".join(str(reason).split())
     return f"{text} (at step {step})" if isinstance(step, int) and step > 0 and "step" not in text else text
 
@@ -168,19 +150,22 @@ def scan_runs(root: Path) -> list[Run]:
     """
     import yaml  # from omegaconf's dependencies; only the report needs it
 
-    runs = {path.parent: Run(path.parent, _read_metrics(path)) for path in root.rglob(METRICS_FILE)}
+    runs = {
+        path.parent: Run(path.parent, RunRecord.read(path.parent) or RunRecord(Status.INCOMPLETE))
+        for path in root.rglob(METRICS_FILE)
+    }
     for overrides in root.rglob(".hydra/overrides.yaml"):
         run_dir = overrides.parent.parent
         if run_dir not in runs:
             runs[run_dir] = Run(
-                run_dir, {"status": "incomplete", "overrides": yaml.safe_load(overrides.read_text()) or []}
+                run_dir, RunRecord(Status.INCOMPLETE, overrides=yaml.safe_load(overrides.read_text()) or [])
             )
     return [runs[path] for path in sorted(runs)]
 
 
 def find_runs(root: Path) -> list[Run]:
     """Every completed run under `root` (a run directory or a sweep directory), sorted by path."""
-    return [run for run in scan_runs(root) if run_status(run) == "completed"]
+    return [run for run in scan_runs(root) if run.record.completed]
 
 
 def spearman(x: list[float], y: list[float]) -> float:

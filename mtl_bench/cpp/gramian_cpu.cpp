@@ -115,4 +115,6 @@ torch::Tensor gramian(const torch::Tensor& m) {
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) { module.def("gramian", &gramian, "M Mᵀ for a (T, P) float32 CPU matrix"); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+    module.def("gramian", &gramian, "M Mᵀ for a (T, P) float32 CPU matrix");
+}

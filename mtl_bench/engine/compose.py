@@ -33,10 +33,17 @@ from mtl_bench.engine.builders import (
     parameters,
     target_of,
 )
+from mtl_bench.engine.callbacks import Callback, Callbacks, check_callbacks, user_callbacks
+from mtl_bench.engine.checkpoint import RUN_STATE_KEYS
 from mtl_bench.engine.compat import check_model_balancer
 from mtl_bench.engine.data import hold_out
-from mtl_bench.engine.front import build_front_model, check_front
+from mtl_bench.engine.diagnostics import Diagnostics
+from mtl_bench.engine.front_evaluation import build_front_model, check_front, front_run
+from mtl_bench.engine.metric_logging import MetricLogging
 from mtl_bench.engine.precision import Precision
+from mtl_bench.engine.preemption import Preemption
+from mtl_bench.engine.schedule_on_val import ScheduleOnVal
+from mtl_bench.engine.selection import ModelSelection, Selection, eval_steps
 from mtl_bench.engine.step import optimizer_steps_per_epoch, resolve_accumulation, samples_per_epoch
 from mtl_bench.engine.validation import ValidationStream
 from mtl_bench.errors import ConfigError
@@ -127,6 +134,7 @@ def finalise_config(cfg: DictConfig, overrides: list[str]) -> None:
                 log.debug("%s._target_ set: the option's keys %s do not apply to it and were dropped", key, dropped)
         check_part(key, node_dict(node), supplied, ENGINE_KEYS.get(key, ()))
     check_loggers(cfg)
+    check_callbacks(cfg)
     check_validation_keys(cfg, given)
 
 
@@ -355,3 +363,28 @@ def describe_parts(parts: Parts, extra: Optional[dict[str, Any]] = None) -> dict
         reason = getattr(parts.optimizer, "implementation_reason", "")
         found["optim"] = f"{path} ({reason})" if reason else str(path)
     return {**found, **{k: str(v) for k, v in (extra or {}).items() if v is not None}}
+
+
+def build_selection(cfg: DictConfig, parts: Parts, higher_is_better: dict[str, dict[str, bool]]) -> ModelSelection:
+    """The `select=<option>` rule, given what the engine knows: the metrics, the reference, the evaluation steps."""
+    steps = eval_steps(parts.total_steps, parts.every.eval)
+    reference = parts.taskset.reference
+    return build(
+        "select", cfg.select, ModelSelection, higher_is_better=higher_is_better, reference=reference, eval_steps=steps
+    )
+
+
+def build_callbacks(cfg: DictConfig, conf: TrainerConf, parts: Parts, selection: ModelSelection) -> Callbacks:
+    """The run's callbacks in the order the loop calls them: the selection (it sets the reported metrics before
+    the others see them at the end), the front's evaluation, the loggers, the gradient diagnostics, a bilevel
+    balancer's validation stream, the user's own (`callbacks:`), and the stop signals last (a stop ends the step's
+    hooks)."""
+    front = front_run(parts.model, parts.balancer, cfg, conf, parts.taskset.task_names)
+    found: list[Callback] = [Selection(selection), *([front] if front is not None else []), MetricLogging()]
+    if hasattr(parts.scheduler, "validation_step"):  # a schedule stepped by a val criterion (plateau)
+        found.append(ScheduleOnVal(parts.scheduler))
+    if conf.diagnostics:
+        found.append(Diagnostics(conf.diagnostics_every))
+    if parts.validation is not None:  # a bilevel balancer's stream: connected to the run at set-up
+        found.append(parts.validation)
+    return Callbacks([*found, *user_callbacks(cfg), Preemption()], taken=RUN_STATE_KEYS)

@@ -1,14 +1,22 @@
 """Gradient diagnostics any balancer can turn on (`trainer.diagnostics=true`) without changing its update:
 each task's gradient at the shared parameters, measured by its own extra backward at diagnostic steps only,
-gives `grad_norm/<task>`, `grad_cos/<a>/<b>` and a heatmap of the cosines."""
+gives `grad_norm/<task>`, `grad_cos/<a>/<b>` and a heatmap of the cosines. `Diagnostics` is the loop's callback:
+it hands the step its collector every `trainer.diagnostics_every` log steps and logs the heatmap."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from mtl_bench import tags
+from mtl_bench.engine.callbacks import Callback
+
+if TYPE_CHECKING:
+    from mtl_bench.engine.recipe import Recipe
+    from mtl_bench.engine.step import StepResult
 
 
 class GradientDiagnostics:
@@ -46,6 +54,26 @@ class GradientDiagnostics:
 
 
 GRAD_COS_MATRIX = "grad_cos/matrix"
+
+
+class Diagnostics(Callback):
+    """trainer.diagnostics=true: each task's gradient measured at log steps, every trainer.diagnostics_every."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+
+    def setup(self, run: Recipe) -> None:
+        self.diagnostics = GradientDiagnostics(list(run.model.shared_parameters()), run.taskset.task_names)
+
+    def on_step_start(self, run: Recipe, logging_now: bool) -> None:
+        run.diagnose = self.diagnostics if logging_now and (run.step + 1) % self.every == 0 else None
+
+    def on_step_end(self, run: Recipe, result: StepResult, logging_now: bool) -> None:
+        cos = result.measurements.pop(GRAD_COS_MATRIX, None) if logging_now else None
+        if cos is not None and run.logger is not None:  # one image per diagnostic step
+            run.logger.log_image(
+                "grad_cos/heatmap", heatmap(cos.float().cpu().numpy(), run.taskset.task_names), run.step
+            )
 
 
 def colour(c: np.ndarray) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping
 
 import torch
@@ -9,6 +10,23 @@ import torch
 from mtl_bench.engine.data import eval_batches, task_split
 from mtl_bench.models.base import MultiTaskModel
 from mtl_bench.tasks.base import Splits, Task
+
+log = logging.getLogger("mtl_bench")
+
+Metrics = dict[str, dict[str, float]]
+
+
+def log_metrics(step: int, label: str, metrics: Metrics) -> None:
+    """The evaluation's line in the run's log: `step 250 val | t0: loss 0.1 acc 0.9; t1: ...`."""
+    text = "; ".join(
+        f"{task}: " + " ".join(f"{k} {v:.4g}" for k, v in values.items()) for task, values in metrics.items()
+    )
+    log.info("step %d %s | %s", step, label, text)
+
+
+def loss_ratio_sum(test: Metrics, initial: Metrics) -> float:
+    """The GradNorm paper's summary: sum_i L_i / L_i(0), test losses against those of the untrained model."""
+    return sum(test[task]["loss"] / initial[task]["loss"] for task in test)
 
 
 @torch.no_grad()

@@ -12,13 +12,17 @@ A rule is a `ModelSelection` built from conf/select/<option>.yaml by `_target_`;
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
+from mtl_bench.analysis.criterion import score
 from mtl_bench.balancers.checks import number  # the options' range checks, one line naming the option
-from mtl_bench.errors import ConfigError
-from mtl_bench.report.delta_m import delta_m_flat, relative_drops
+from mtl_bench.engine.callbacks import Callback
+from mtl_bench.engine.evaluate import log_metrics
+
+if TYPE_CHECKING:
+    from mtl_bench.engine.recipe import Recipe, TrainResult
 
 Metrics = dict[str, dict[str, float]]
 HigherIsBetter = Mapping[str, Mapping[str, bool]]
@@ -29,27 +33,6 @@ def eval_steps(total: int, every: int) -> list[int]:
     """The steps the loop evaluates at: every `every` steps and the last."""
     steps = list(range(every, total, every))
     return steps + [total]
-
-
-def score(val: Metrics, criterion: str, higher_is_better: HigherIsBetter, reference: Reference, key: str) -> float:
-    """`criterion` on `val` as a cost (lower is better): delta_m (against `reference`), a metric (its mean over the
-    tasks that have it, signed so lower is better) or <task>/<metric>; `key` names the setting in errors."""
-    if criterion == "delta_m":
-        if not reference:
-            raise ConfigError(
-                f"{key}=delta_m needs tasks.reference (single-task numbers); choose a metric instead, e.g. {key}=loss"
-            )
-        return delta_m_flat(relative_drops(val, reference, higher_is_better))
-    task, _, metric = criterion.rpartition("/")
-    tasks = [task] if task else [t for t in higher_is_better if metric in higher_is_better[t]]
-    known = {m for names in higher_is_better.values() for m in names}
-    if not tasks or any(metric not in higher_is_better.get(t, {}) for t in tasks):
-        raise ConfigError(
-            f"{key}={criterion!r}: allowed: delta_m, a metric ({', '.join(sorted(known))})"
-            f" or <task>/<metric> with a task of {', '.join(higher_is_better)}"
-        )
-    values = [val[t][metric] * (-1.0 if higher_is_better[t][metric] else 1.0) for t in tasks]
-    return sum(values) / len(values)
 
 
 class ModelSelection:
@@ -203,3 +186,35 @@ class LastK(ModelSelection):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.sums, self.count = {t: dict(v) for t, v in state["sums"].items()}, int(state["count"])
+
+
+class Selection(Callback):
+    """The loop's side of a rule: test where it asks, each evaluation observed, the reported metrics at the end;
+    its state in the checkpoint under `selection`."""
+
+    state_key = "selection"
+
+    def __init__(self, rule: ModelSelection) -> None:
+        self.rule = rule
+
+    def wants_test(self, step: int) -> bool:
+        return self.rule.wants_test(step)
+
+    def on_eval_end(self, run: Recipe, val: Metrics, test: Optional[Metrics]) -> None:
+        self.rule.observe(run.step, val, test, run.model)
+
+    def on_fit_end(self, run: Recipe, result: TrainResult) -> None:
+        """The val and test metrics the run reports; the final model stays in the checkpoint."""
+
+        def evaluate_test(label: str) -> Metrics:
+            metrics = run.evaluate("test")
+            log_metrics(run.step, label, metrics)
+            return metrics
+
+        result.val, result.test = self.rule.selected(result.val, result.test, run.model, evaluate_test)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.rule.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.rule.load_state_dict(state)

@@ -17,12 +17,10 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from mtl_bench.balancers import BackwardContext, Balancer
-from mtl_bench.balancers.validation_source import needs_validation
 from mtl_bench.config import TrainerConf
 from mtl_bench.engine.data import BatchSource, StepSampler, task_split
 from mtl_bench.engine.diagnostics import GradientDiagnostics
 from mtl_bench.engine.precision import Precision
-from mtl_bench.engine.validation import ValidationStream
 from mtl_bench.tasks.base import TaskSet
 
 log = logging.getLogger("mtl_bench")
@@ -88,12 +86,13 @@ class StepRunner:
         device: torch.device,
         rank: int = 0,
         world_size: int = 1,
-        optimizer: Optional[torch.optim.Optimizer] = None,
-        validation: Optional[ValidationStream] = None,
     ) -> None:
-        """`optimizer`, `validation`: for a balancer that declares `validation` (a bilevel method), the optimizer
-        whose lr it reads and the stream it was built with, connected here to this run."""
+        """Each micro-batch's loader step and training batch stay readable (`loader_step`, `batch`) while its
+        backward runs: a bilevel balancer's validation stream (engine/validation.py) reads them there."""
         self.model, self.taskset, self.balancer = model, taskset, balancer
+        self.seed, self.device, self.rank, self.world_size = seed, device, rank, world_size
+        self.loader_step, self.micro_batches = 0, 0  # the micro-batch being trained on; how many have begun
+        self.batch: Optional[tuple[Any, dict[str, Tensor]]] = None
         self.precision, self.conf = precision, conf
         self.k = resolve_accumulation(conf, balancer)
         self.ctx = BackwardContext(precision.scaler, 1.0, self.k)
@@ -118,21 +117,11 @@ class StepRunner:
         ]
         self.steps_per_epoch = optimizer_steps_per_epoch(conf, samples_per_epoch(taskset), world_size)
         self.on_first_losses: Optional[Callable[[list[Tensor]], None]] = None  # detect_anomalous_params
-        self.validation = validation
-        if needs_validation(type(balancer)) and (validation is None or optimizer is None):
-            raise ValueError(
-                f"{type(balancer).__name__} needs the validation stream it was built with and the optimizer"
-            )
-        if validation is not None:
-            assert optimizer is not None
-            validation.connect(model, taskset.tasks, precision, optimizer, conf, seed, device, rank, world_size)
 
     def close(self) -> None:
         """Stop the training loaders' worker processes (a run that stops or ends)."""
         for source in self.sources:
             source.close()
-        if self.validation is not None:
-            self.validation.close()
 
     def _sync(self, last: bool) -> ContextManager[Any]:
         no_sync = getattr(self.model, "no_sync", None)  # DDP only
@@ -156,13 +145,10 @@ class StepRunner:
         self.ctx.epoch = step // self.steps_per_epoch
         self.ctx.measure = measure
         for j in range(self.k):
-            loader_step = step * self.k + j
-            if self.validation is not None:
-                self.validation.at_micro_batch(loader_step)
+            self.loader_step = loader_step = step * self.k + j
+            self.micro_batches += 1
             if self.conf.step_mode == "joint":
-                inputs, targets = self.sources[0].batch(loader_step)
-                if self.validation is not None:
-                    self.validation.set_training_batch((inputs, targets))
+                self.batch = inputs, targets = self.sources[0].batch(loader_step)
                 with self._sync(last=j == self.k - 1):
                     with self.precision.autocast():
                         out = self.model(inputs)
@@ -177,9 +163,7 @@ class StepRunner:
                 continue
             per_task = []
             for i, task in enumerate(tasks):
-                inputs, targets = self.sources[i].batch(loader_step)
-                if self.validation is not None:
-                    self.validation.set_training_batch((inputs, targets))
+                self.batch = inputs, targets = self.sources[i].batch(loader_step)
                 with self._sync(last=j == self.k - 1 and i == len(tasks) - 1):
                     with self.precision.autocast():
                         out = self.model(inputs, tasks=[task.name])

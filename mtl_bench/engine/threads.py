@@ -25,7 +25,7 @@ from mtl_bench.settings import Setting, check_setting
 # Below this many parameters a model's step gets one thread (scripts/bench_threads.py --sizes; docs/benchmarks.md,
 # "Threads"). On a quiet 2-core machine a second thread changed the step of the MLPs up to 156k parameters by
 # -13%..+11% (noise: median and best blocks disagree in sign) and sped up every larger one by 17-37%; on the
-# same machine busy (load 4-12), a second thread made every size up to 8.4M 3-20x slower. LeNet on digits (9k
+# same machine busy (load 4-6), a second thread made every size up to 8.4M 3-20x slower. LeNet on digits (9k
 # parameters, but convolutions: more arithmetic per parameter) gains 7-15% from a second thread when quiet.
 SMALL_MODEL_NUMEL = 200_000
 

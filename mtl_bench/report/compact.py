@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 from mtl_bench.report.numbers import significant
 from mtl_bench.report.published import Metrics, PublishedTable, joint_ranks, protocol_gaps
 from mtl_bench.report.summary import Group, by_task_set
+from mtl_bench.report.tables import markdown_table, rich_table
 
 WIDTH = 100
 NA = "n/a"
@@ -225,30 +226,9 @@ def table_text(
     if markdown:
         lines = [f"### {title}", ""] if title else []
         lines += [above, ""] if above else []
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body]) + "\n"
+        return "\n".join(lines + markdown_table(header, body)) + "\n"
     head = "".join(line + "\n" for line in (title, wrap(above or "")) if line)
-    import io
-
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table()
-    # only the group column wraps, and never a published row's label: the numbers stay on one line
-    unwrapped = max((len(row[0]) for row in body if row[0].endswith("[published]")), default=None)
-    for i, name in enumerate(header):
-        table.add_column(
-            name, overflow="fold", no_wrap=i > 0, ratio=1 if i == 0 else None, min_width=unwrapped if i == 0 else None
-        )
-    from rich.markup import escape
-
-    for row in body:
-        table.add_row(*(escape(cell) for cell in row))  # "[baseline]" is text, not rich markup
-    widths = [max(len(cell) for cell in column) for column in zip(header, *body)]
-    width = min(WIDTH, sum(w + 3 for w in widths) + 1)
-    console = Console(file=io.StringIO(), width=width, force_terminal=False)
-    console.print(table)
-    return head + console.file.getvalue()  # type: ignore[attr-defined]
+    return head + rich_table(header, body, max_width=WIDTH, fold_first=True)
 
 
 def wrap(line: str) -> str:

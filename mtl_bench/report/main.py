@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from mtl_bench.analysis.runs import Run, run_status, scan_runs
+from mtl_bench.analysis.runs import Run, scan_runs
 from mtl_bench.errors import ConfigError
 from mtl_bench.report.render import FORMATS, problem_line, render
 from mtl_bench.report.summary import add_delta_m, by_task_set, describe_problems, group_runs, set_delta_m
@@ -24,13 +24,13 @@ def collect(paths: list[Path]) -> list[Run]:
 
 
 def split_not_learned(runs: list[Run]) -> tuple[list[Run], list[dict[str, Any]]]:
-    """The runs to rank, and the completed runs that did not learn (report/learning.py) as problems."""
-    from mtl_bench.report.learning import not_learned
+    """The runs to rank, and the completed runs that did not learn (analysis/learning.py) as problems."""
+    from mtl_bench.analysis.learning import not_learned
     from mtl_bench.report.summary import varied_overrides
 
     kept, flagged = [], []
     for run in runs:
-        reason = not_learned(run) if run_status(run) == "completed" else None
+        reason = not_learned(run) if run.record.completed else None
         if reason is None:
             kept.append(run)
         else:
@@ -105,7 +105,7 @@ def trains_a_subset(run: Run) -> bool:
     config = run.config
     if config is not None:
         return bool((config.get("trainer") or {}).get("only_tasks"))
-    return any(item.lstrip("+").startswith("trainer.only_tasks=") for item in run.metrics.get("overrides", []))
+    return any(item.lstrip("+").startswith("trainer.only_tasks=") for item in run.record.overrides)
 
 
 def reference_section(references: list[Run], fmt: str) -> str:
@@ -125,12 +125,12 @@ def reference_section(references: list[Run], fmt: str) -> str:
 
 
 def front_section(runs: list[Run], fmt: str, plots: Optional[Path]) -> tuple[str, list[Path]]:
-    """The fronts' hypervolume table (report/front.py) after a table or markdown report, and their plots."""
-    if not any("front" in run.metrics for run in runs) and not any(
+    """The fronts' hypervolume table (report/fronts_table.py) after a table or markdown report, and their plots."""
+    if not any(run.record.front is not None for run in runs) and not any(
         k.startswith(("balancer.preference", "balancer.weights")) for run in runs for k in run.overrides
     ):
         return "", []
-    from mtl_bench.report.front import front_groups, front_table, write_front_plots
+    from mtl_bench.report.fronts_table import front_groups, front_table, write_front_plots
 
     groups = front_groups(runs)
     if not groups:

@@ -16,33 +16,12 @@ import math
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mtl_bench.errors import ConfigError
+from mtl_bench.figures import color, marker
+from mtl_bench.figures import pyplot as _pyplot
 from mtl_bench.report.summary import Group, Stat, by_task_set
 
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 LINESTYLES = ("-", "--", ":", "-.")
 SPAN = 10.0  # a positive axis whose values span this factor or more is drawn on a log scale
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError(
-            "--plots needs matplotlib, a dependency of mtl-bench missing here: pip install matplotlib"
-        ) from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def color(i: int) -> str:
-    return f"C{i % 10}"
-
-
-def marker(i: int) -> str:
-    return MARKERS[i % len(MARKERS)]
 
 
 def primary_metric(group: Group, task: str) -> str:
@@ -119,7 +98,7 @@ def _save(plt, fig, path: Path) -> Path:
 
 
 def _weights(plt, groups: list[Group], path: Path) -> Path:
-    """weight/<task> over steps, from the first seed of each group (TensorBoard event files).
+    """weight/<task> over steps, from the first seed of each group (its logged scalars, TensorBoard or CSV).
 
     Each task has its own colour, line style and marker, and lines drawn later are thinner, so tasks with equal
     weights show as overlapping but distinct lines; markers are staggered along the steps for the same reason.

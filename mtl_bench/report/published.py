@@ -94,7 +94,7 @@ class PublishedTable:
 def joint_ranks(table: PublishedTable, groups: Sequence[Metrics]) -> tuple[list[Optional[float]], list[float]]:
     """Mean ranks of the user's groups (their metric means) and of the table's rows, ranked together on the
     paper's metrics only (1 = best, ties share the mean rank; stats.mean_ranks)."""
-    from mtl_bench.report.stats import mean_ranks
+    from mtl_bench.analysis.stats import mean_ranks
 
     keep = table.higher_is_better
     mine = [{t: {m: v for m, v in ms.items() if m in keep.get(t, {})} for t, ms in g.items()} for g in groups]

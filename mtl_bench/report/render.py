@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from mtl_bench.report.numbers import selection_text, significant
 from mtl_bench.report.published import PublishedTable
 from mtl_bench.report.summary import Group, Stat, by_task_set
+from mtl_bench.report.tables import markdown_table, rich_table
 
 FORMATS = ("table", "markdown", "csv", "json")
 
@@ -211,7 +212,7 @@ def problem_line(p: dict[str, Any]) -> str:
 
 def model_selection(groups: list[Group]) -> str:
     """The runs' model selection, one phrase each (runs of one report normally share it)."""
-    found = sorted({selection_text(r.metrics.get("model_selection")) for g in groups for r in g.runs})
+    found = sorted({selection_text(r.record.model_selection) for g in groups for r in g.runs})
     return ", ".join(found) or "final step"
 
 
@@ -278,7 +279,7 @@ def _problem_lines(problems: list[dict[str, Any]]) -> list[str]:
 
 def _reference_row(part: list[Group], header: list[str]) -> list[str] | None:
     """The task set's reference values (tasks.reference) as a row of the wide table, marked."""
-    reference = part[0].runs[0].metrics.get("reference") or {}
+    reference = part[0].runs[0].record.reference or {}
     if not reference:
         return None
     row = ["reference (tasks.reference) [baseline]", ""]
@@ -372,10 +373,9 @@ def render(
         if fmt == "markdown":
             lines = [f"### {title}", ""] if title else []
             lines += [above, ""] if above else []
-            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            blocks.append("\n".join(lines + ["| " + " | ".join(row) + " |" for row in body]))
+            blocks.append("\n".join(lines + markdown_table(header, body)))
         else:
-            blocks.append(_rich_table(header, body, title, above))
+            blocks.append("".join(line + "\n" for line in (title, above or "") if line) + rich_table(header, body))
     if fmt == "markdown":
         return compact + "\n" + "\n\n".join(blocks) + "\n\n" + "\n".join(notes) + "\n"
     return "".join(blocks) + "\n".join(notes) + "\n"
@@ -401,18 +401,3 @@ def _joint_json(part: list[Group], table: Any) -> dict[str, Any] | None:
         "groups": {g.label: r for g, r in zip(part, joint[0])},
         "published": {row.method: r for row, r in zip(table.rows, joint[1])},
     }
-
-
-def _rich_table(header: list[str], body: list[list[str]], title: str, above: str | None = None) -> str:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    head = "".join(line + "\n" for line in (title, above or "") if line)
-    table = Table(*header)
-    for row in body:
-        table.add_row(*(escape(cell) for cell in row))  # "[published]" is text, not rich markup
-    widths = [max(len(cell) for cell in column) for column in zip(header, *body)]
-    console = Console(file=io.StringIO(), width=sum(w + 3 for w in widths) + 1, force_terminal=False)
-    console.print(table)
-    return head + console.file.getvalue()  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ keys that do not change what is trained (analysis.runs.NOT_TRAINING_KEYS: resume
 device, ...) are left out: the defaults, `optim=adam balancer=fixed` and a resumed run of the defaults are
 one group. A run without that file falls back to its command-line overrides (minus the same keys).
 Groups are labelled by the keys whose values differ between them. Failed, diverged and incomplete runs
-are never averaged: `describe_problems` lists them with their reason. Intervals and ranks: report/stats.py.
+are never averaged: `describe_problems` lists them with their reason. Intervals and ranks: analysis/stats.py.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mtl_bench.analysis.runs import Run, is_training_key, override_key, run_reason, run_status
+from mtl_bench.analysis.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
+from mtl_bench.analysis.runs import Run, is_training_key, override_key, run_reason
+from mtl_bench.analysis.stats import ci_half_width, mean_ranks, merge_directions
 from mtl_bench.errors import ConfigError
-from mtl_bench.report.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
-from mtl_bench.report.stats import ci_half_width, mean_ranks
 
 SEED_KEYS = ("seed",)
 LOSS = "loss"  # reported by every task; Δm and the table use the task metrics (mse, accuracy, ...)
@@ -28,12 +28,12 @@ _ABSENT = ("<absent>",)  # a key a group does not have (compares unequal to ever
 
 def varied_overrides(run: Run) -> list[str]:
     """The run's command-line overrides without the seed, as typed (how a failed or killed run is named)."""
-    return [item for item in run.metrics.get("overrides", []) if override_key(item) not in SEED_KEYS]
+    return [item for item in run.record.overrides if override_key(item) not in SEED_KEYS]
 
 
 def training_overrides(run: Run) -> list[str]:
     """The run's overrides that change what is trained (no seed, resume, logging interval, ...), sorted."""
-    return sorted(item for item in run.metrics.get("overrides", []) if is_training_key(override_key(item)))
+    return sorted(item for item in run.record.overrides if is_training_key(override_key(item)))
 
 
 def _freeze(value: Any) -> Any:
@@ -143,9 +143,7 @@ def run_tags(run: Run) -> str:
         if isinstance(value, dict):
             return " ".join(f"tag.{k}={format_value(v)}" for k, v in value.items())
         return f"tag={format_value(value)}"
-    return " ".join(
-        item.lstrip("+") for item in run.metrics.get("overrides", []) if override_key(item).split(".")[0] == "tag"
-    )
+    return " ".join(item.lstrip("+") for item in run.record.overrides if override_key(item).split(".")[0] == "tag")
 
 
 def _seed_of(run: Run) -> Any:
@@ -163,20 +161,21 @@ def _bucket(run: Run) -> tuple[Any, ...]:
 
 def summarise(runs: list[Run]) -> Group | None:
     """One group's statistics: each seed's runs averaged, then mean ± sample std over seeds."""
-    completed = [r for r in runs if run_status(r) == "completed"]
+    completed = [r for r in runs if r.record.completed]
     if not completed:
         return None
     first = completed[0]
     stats: dict[str, dict[str, Stat]] = {}
     per_seed: dict[Any, dict[str, dict[str, float]]] = {}
-    for task, metrics in first.metrics["test"].items():
+    for task, metrics in first.record.split("test").items():
         for name in metrics:
             if name == LOSS and len(metrics) > 1:
                 continue
             runs_of_seed: dict[Any, list[float]] = {}
             for run in completed:
-                if name in run.metrics["test"].get(task, {}):
-                    runs_of_seed.setdefault(_seed_of(run), []).append(run.metrics["test"][task][name])
+                test = run.record.split("test")
+                if name in test.get(task, {}):
+                    runs_of_seed.setdefault(_seed_of(run), []).append(test[task][name])
             for seed, values in runs_of_seed.items():
                 per_seed.setdefault(seed, {}).setdefault(task, {})[name] = statistics.fmean(values)
             stats.setdefault(task, {})[name] = Stat.of([statistics.fmean(v) for v in runs_of_seed.values()])
@@ -185,7 +184,7 @@ def summarise(runs: list[Run]) -> Group | None:
         if run.time_per_step_s is not None:
             times.setdefault(_seed_of(run), []).append(run.time_per_step_s)
     time_per_step = Stat.of([statistics.fmean(v) for v in times.values()]) if times else None
-    peaks = [r.metrics["peak_memory"] for r in completed if isinstance(r.metrics.get("peak_memory"), dict)]
+    peaks = [r.record.peak_memory for r in completed if isinstance(r.record.peak_memory, dict)]
     peak_memory = max(peaks, key=lambda p: p.get("bytes", 0)) if peaks else None
 
     overridden = {override_key(item) for run in completed for item in training_overrides(run)}
@@ -205,7 +204,7 @@ def summarise(runs: list[Run]) -> Group | None:
         identity,
         completed,
         stats,
-        first.metrics.get("higher_is_better", {}),
+        first.record.higher_is_better or {},
         time_per_step=time_per_step,
         peak_memory=peak_memory,
         per_seed=per_seed,
@@ -284,7 +283,7 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
     """
     buckets: dict[tuple[Any, ...], list[Run]] = {}
     for run in runs:
-        if run_status(run) == "completed":
+        if run.record.completed:
             buckets.setdefault(_bucket(run), []).append(run)
     groups = [g for g in (summarise(rs) for rs in buckets.values()) if g is not None]
     label_groups(groups)
@@ -299,11 +298,7 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
 def rank_groups(groups: list[Group]) -> None:
     """Each group's mean rank over its metrics among the groups of its task set (stats.mean_ranks)."""
     for part in by_task_set(groups).values():
-        directions: dict[str, dict[str, bool]] = {}
-        for group in part:
-            for task, metrics in group.higher_is_better.items():
-                for name, higher in metrics.items():
-                    directions.setdefault(task, {}).setdefault(name, higher)
+        directions = merge_directions(group.higher_is_better for group in part)
         for group, rank in zip(part, mean_ranks([g.means for g in part], directions)):
             group.mean_rank = rank
 
@@ -376,7 +371,7 @@ def add_delta_m(groups: list[Group], baseline: str) -> None:
     matched = False
     for group in groups:
         if not selector:  # single-task reference values from the task set's config
-            reference = group.runs[0].metrics.get("reference")
+            reference = group.runs[0].record.reference
             if not reference:
                 continue
             set_delta_m(group, reference, "reference")
@@ -411,10 +406,10 @@ def describe_problems(runs: list[Run]) -> list[dict[str, Any]]:
     return [
         {
             "path": str(r.path),
-            "status": run_status(r),
+            "status": r.record.status_name,
             "reason": run_reason(r),
             "overrides": " ".join(varied_overrides(r)),
         }
         for r in runs
-        if run_status(r) != "completed"
+        if not r.record.completed
     ]

@@ -9,65 +9,57 @@ import math
 import statistics
 from typing import Any, Mapping, Optional, Sequence
 
-from mtl_bench.report.delta_m import delta_m_flat, relative_drops
-from mtl_bench.report.stats import mean_ranks
-from mtl_bench.study.plan import FINAL, TUNE
-from mtl_bench.study.select import without_loss
-from mtl_bench.study.spec import SCALARIZATION, SINGLE_TASK
-from mtl_bench.study.stats import (
+from mtl_bench.analysis.delta_m import delta_m_flat, relative_drops
+from mtl_bench.analysis.stats import (
     ALPHA,
     POWER,
     detectable_difference,
     holm,
     mean_ci,
+    mean_ranks,
+    merge_directions,
     paired_difference,
     seeds_needed,
     separated,
 )
+from mtl_bench.records import RunRecord, Status
+from mtl_bench.study.plan import FINAL, TUNE
+from mtl_bench.study.spec import SCALARIZATION, SINGLE_TASK
+from mtl_bench.study.tuning import without_loss
 
-Record = Mapping[str, Any]
 Metrics = dict[str, dict[str, float]]
 
 
-def mean_metrics(records: Sequence[Record], split: str) -> Metrics:
+def mean_metrics(records: Sequence[RunRecord], split: str) -> Metrics:
     """The mean over runs of each task metric of `split` (without losses)."""
     values: dict[str, dict[str, list[float]]] = {}
     for record in records:
-        for task, metrics in without_loss(record.get(split) or {}).items():
+        for task, metrics in without_loss(record.split(split)).items():
             for name, value in metrics.items():
                 values.setdefault(task, {}).setdefault(name, []).append(float(value))
     return {task: {name: statistics.fmean(v) for name, v in ms.items()} for task, ms in values.items()}
 
 
-def delta_m(record: Record, reference: Metrics) -> float:
-    return delta_m_flat(relative_drops(without_loss(record.get("test") or {}), reference, record["higher_is_better"]))
+def delta_m(record: RunRecord, reference: Metrics) -> float:
+    return delta_m_flat(relative_drops(without_loss(record.split("test")), reference, record.higher_is_better or {}))
 
 
-def run_compute(record: Record) -> tuple[float, str]:
+def run_compute(record: RunRecord) -> tuple[float, str]:
     """(hours of the unit, unit): a CPU run's training wall time times its threads (core-hours); a GPU run's wall
     time (GPU-hours, one GPU per run)."""
-    wall = float(record.get("wall_time_s") or 0.0)
-    if record.get("device") == "cuda":
+    wall = float(record.wall_time_s or 0.0)
+    if record.device == "cuda":
         return wall / 3600, "GPU-hours"
-    return wall * int(record.get("threads") or 1) / 3600, "core-hours"
+    return wall * int(record.threads or 1) / 3600, "core-hours"
 
 
 def _finite(x: float) -> Optional[float]:
     return None if math.isnan(x) else x
 
 
-def metric_directions(records: Sequence[Record]) -> dict[str, dict[str, bool]]:
-    """Every task's metric directions, merged over the records (a single-task run knows its own task only)."""
-    directions: dict[str, dict[str, bool]] = {}
-    for record in records:
-        for task, metrics in (record.get("higher_is_better") or {}).items():
-            directions.setdefault(task, {}).update(metrics)
-    return directions
-
-
 def summarize(
     index: list[dict[str, Any]],
-    records: Mapping[str, Optional[Record]],
+    records: Mapping[str, Optional[RunRecord]],
     *,
     reference_kind: str,
     reference_test: Optional[Metrics],
@@ -79,8 +71,8 @@ def summarize(
     """`index`: every planned run (id, phase, row, seed); `records`: id -> metrics.json (None: not there);
     `not_learned`: id -> why, for the completed final runs that did not learn (they count, flagged)."""
     not_learned = not_learned or {}
-    completed = {i: r for i, r in records.items() if r and r.get("status") == "completed"}
-    by_row: dict[str, dict[int, Record]] = {}
+    completed = {i: r for i, r in records.items() if r and r.completed}
+    by_row: dict[str, dict[int, RunRecord]] = {}
     outcomes: dict[str, dict[str, str]] = {}
     compute: dict[str, dict[str, float]] = {}
     unit = "core-hours"
@@ -95,8 +87,8 @@ def summarize(
             continue
         if run["id"] in completed:
             by_row.setdefault(run["row"], {})[run["seed"]] = completed[run["id"]]
-        status = "did not learn" if run["id"] in not_learned else str((record or {}).get("status") or "not run")
-        if status != "completed":
+        status = "did not learn" if run["id"] in not_learned else record.status_name if record else "not run"
+        if status != Status.COMPLETED:
             outcomes.setdefault(run["row"], {})[str(run["seed"])] = status
     table: dict[str, dict[str, Any]] = {}
     if reference_test:
@@ -104,8 +96,8 @@ def summarize(
             done = by_row.get(row, {})
             per_seed = {s: delta_m(done[s], reference_test) for s in seeds if s in done}
             mean, ci = mean_ci(list(per_seed.values()))
-            times = [r["wall_time_s"] / r["step"] for r in done.values() if r.get("step")]
-            peaks = [r["peak_memory"] for r in done.values() if isinstance(r.get("peak_memory"), Mapping)]
+            times = [r.wall_time_s / r.step for r in done.values() if r.step and r.wall_time_s is not None]
+            peaks = [r.peak_memory for r in done.values() if isinstance(r.peak_memory, Mapping)]
             table[row] = {
                 "delta_m": {"mean": _finite(mean), "ci95": _finite(ci), "n": len(per_seed)},
                 "delta_m_per_seed": {str(s): v for s, v in per_seed.items()},
@@ -117,7 +109,7 @@ def summarize(
                 "peak_memory_kind": peaks[0]["label"] if peaks else None,
             }
         add_paired(table, rows, seeds)
-        hib = metric_directions(list(completed.values()))
+        hib = merge_directions(r.higher_is_better for r in completed.values())
         ranked = [row for row in rows if table[row]["test_mean"]]
         for row, rank in zip(ranked, mean_ranks([table[r]["test_mean"] for r in ranked], hib)):
             table[row]["mean_rank"] = rank

@@ -12,6 +12,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mtl_bench.analysis.criterion import parse_criterion
 from mtl_bench.catalog import conf_root
 from mtl_bench.errors import ConfigError
 
@@ -205,8 +206,7 @@ def check_study(cfg: DictConfig) -> None:
         raise ConfigError(f"min_effect={cfg.min_effect}: must be > 0 (percentage points of Δm)")
     if cfg.reference not in REFERENCES:
         raise ConfigError(f"reference={cfg.reference}: allowed: {', '.join(REFERENCES)}")
-    if cfg.select != "delta_m" and not re.fullmatch(r"[^/]+/[^/]+", cfg.select):
-        raise ConfigError(f"select={cfg.select}: allowed: delta_m or <task>/<metric>")
+    parse_criterion(cfg.select, "select", per_task_only=True)
     for name in cfg.methods:
         if name in (*BUILT_IN, SINGLE_TASK):
             raise ConfigError(f"methods.{name}: a built-in row of every study; name the method otherwise")

@@ -49,3 +49,15 @@ def test_runs_of_one_side_are_averaged_per_row_and_a_row_missing_from_a_run_is_l
     text = report(paths[:2], paths[2:])
     assert "| 10 | mgda | ours | 1.10, 1.30 | 1.21 | 1.008 |" in text and "upgrad" not in text
     assert text.splitlines()[-1].startswith("pooled over 2 rows: after / before ")
+
+
+def test_any_column_of_any_table_is_compared_by_its_rows_labels(tmp_path):
+    head = "| experiment | balancer | ms/step | x fixed |\n|---|---|---:|---:|\n"
+    before = head + "| toy | fixed | 4.00 | 1.00x |\n| toy | forum | 20.00 | 5.00x |\n"
+    after = head + "| toy | fixed | 5.00 | 1.00x |\n| toy | forum | 20.00 | 4.00x |\n"
+    (tmp_path / "b.md").write_text(before)
+    (tmp_path / "a.md").write_text(after)
+    text = report([tmp_path / "b.md"], [tmp_path / "a.md"], column="ms/step")
+    assert "| experiment | balancer | ms/step before | ms/step after | after / before |" in text
+    assert "| toy | fixed | 4.00 | 5.00 | 1.250 |" in text and "| toy | forum | 20.00 | 20.00 | 1.000 |" in text
+    assert text.splitlines()[-1].startswith(f"pooled over 2 rows: after / before {math.sqrt(1.25):.3f} ")

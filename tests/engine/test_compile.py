@@ -78,9 +78,9 @@ def train_steps(cfg, compile_setting) -> tuple[MultiTaskModel, Balancer, list[di
         conf,
         cfg.seed,
         torch.device("cpu"),
-        optimizer=optimizer,
-        validation=validation,
     )
+    if validation is not None:
+        validation.connect(runner, optimizer)  # as the loop does at set-up
     measured = []
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=True)

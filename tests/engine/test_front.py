@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from mtl_bench.catalog import conf_root
 from mtl_bench.engine.compose import build_parts, finalise_config
-from mtl_bench.engine.front import front_run, preference_balancers, simplex_rays
+from mtl_bench.engine.front_evaluation import front_run, preference_balancers, simplex_rays
 from mtl_bench.engine.recipe import train
 from mtl_bench.errors import ConfigError
 from mtl_bench.models.fronts import PreferenceModel

@@ -145,7 +145,7 @@ def test_the_loop_reads_the_device_once_per_log_point_and_at_evaluations_and_che
             recipe.train()
     finally:
         recipe.cleanup()
-    at_log = [s for s in found if "Recipe._log_train" in s.within]
+    at_log = [s for s in found if "read_log" in s.within]
     assert len(at_log) == steps // log_every  # one read of all the interval's values per log point
-    elsewhere = [str(s) for s in found if not {"Recipe._log_train", "Recipe.evaluate", "Recipe.save"} & set(s.within)]
+    elsewhere = [str(s) for s in found if not {"read_log", "Recipe.evaluate", "Recipe.save"} & set(s.within)]
     assert not elsewhere, f"host syncs in the loop outside log points, evaluations and checkpoints: {elsewhere}"

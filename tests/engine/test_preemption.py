@@ -245,7 +245,7 @@ def test_a_second_ctrl_c_aborts_the_checkpoint_write_and_keeps_the_last_good_one
     once: the temp file is removed and last.pt is still step 2's, byte for byte."""
     import io
 
-    from mtl_bench.engine import recipe as recipe_module
+    from mtl_bench.engine import checkpoint as checkpoint_module
     from mtl_bench.engine.recipe import Recipe
     from mtl_bench.errors import Interrupted
     from mtl_bench.files import atomic_write
@@ -260,7 +260,7 @@ def test_a_second_ctrl_c_aborts_the_checkpoint_write_and_keeps_the_last_good_one
         result = original_step(logging_now)
         if recipe.step == 2:  # the loop counts the step after this returns: the signal comes in step 3
             good.append(checkpoint.read_bytes())
-            monkeypatch.setattr(recipe_module, "save_checkpoint", save_with_a_second_ctrl_c)
+            monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_with_a_second_ctrl_c)
             os.kill(os.getpid(), signal.SIGINT)
         return result
 

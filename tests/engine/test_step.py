@@ -179,9 +179,8 @@ def bilevel_runner(conf, source: str = "holdout"):
         trainer,
         conf.seed,
         torch.device("cpu"),
-        optimizer=parts.optimizer,
-        validation=parts.validation,  # the val split itself with validation_source=val
     )
+    parts.validation.connect(runner, parts.optimizer)  # as the loop does at set-up (the stream is a callback)
     return parts, balancer, runner
 
 
@@ -253,13 +252,12 @@ def test_look_ahead_forwards_leave_batchnorm_statistics_alone(small_conf):
         trainer,
         conf.seed,
         torch.device("cpu"),
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        validation=parts.validation,
     )
+    parts.validation.connect(runner, torch.optim.SGD(model.parameters(), lr=0.1))
     runner.run(0)  # the balancer's look-ahead forward at θ + 0.5 runs inside the step
     inputs, targets = runner.sources[0].batch(1)
     before = {name: b.clone() for name, b in model.named_buffers()}
-    source = runner.validation  # connected to this runner's model
+    source = parts.validation  # connected to this runner's model
     source.task_losses(inputs, targets, {n: p + 0.1 for n, p in source.trainable_parameters().items()})
     for name, value in model.named_buffers():
         assert torch.equal(value, before[name]), name

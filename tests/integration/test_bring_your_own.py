@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers.cli import run_cli
@@ -84,3 +85,20 @@ def test_a_bad_value_of_a_users_class_is_one_line(tmp_path, monkeypatch):
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["mtl-bench: error: balancer.eps: must be > 0, got 0"]
+
+
+@pytest.mark.parametrize(
+    "given, task",
+    [
+        (["--config-dir", str(PROJECT / "my_conf"), "experiment=with_print"], "t1"),
+        (["+callbacks.val._target_=my_lab.callbacks.PrintVal", "+callbacks.val.task=t0"], "t0"),
+    ],
+    ids=["yaml", "command_line"],
+)
+def test_own_callback_from_own_config_dir_or_the_command_line(tmp_path, monkeypatch, given, task):
+    """docs/library.md's callback (my_lab/callbacks.py), named by an experiment YAML of the user's config dir or on
+    the command line: its hook runs at each val evaluation of a real run, with the argument given."""
+    result = train_here(*given, f"hydra.run.dir={tmp_path / 'run'}", *SHORT, cwd=tmp_path, monkeypatch=monkeypatch)
+    assert result.returncode == 0, result.stderr
+    printed = [line.split(":")[0] for line in result.stdout.splitlines() if f"val loss of {task}" in line]
+    assert printed == ["step 3", "step 6"]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from mtl_bench.analysis.learning import MARGIN
 from mtl_bench.cli import app
 from mtl_bench.report.compact import WIDTH
-from mtl_bench.report.learning import MARGIN
 from mtl_bench.report.main import make_report
 
 HIB = {"a": {"loss": False, "acc": True}, "b": {"loss": False, "mse": False}}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtl_bench.report.front_metrics import front_summary, hypervolume, igd, non_dominated, spacing
+from mtl_bench.analysis.front_metrics import front_summary, hypervolume, igd, non_dominated, spacing
 from mtl_bench.report.main import make_report
 from tests.helpers.run_dirs import saved_run
 

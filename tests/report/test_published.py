@@ -214,7 +214,7 @@ def test_every_table_with_a_single_task_row_has_its_per_metric_values_except_cel
 
 @pytest.mark.parametrize("name, tasks, table", tables_with_metrics())
 def test_each_printed_delta_m_follows_from_the_printed_metrics_or_is_listed_as_inconsistent(name, tasks, table):
-    from mtl_bench.report.delta_m import delta_m_flat, relative_drops
+    from mtl_bench.analysis.delta_m import delta_m_flat, relative_drops
 
     half = 0.5 * printed_ulp([r.delta_m for r in table.rows])
     off = {}
@@ -237,7 +237,7 @@ def test_each_printed_delta_m_follows_from_the_printed_metrics_or_is_listed_as_i
 def test_each_printed_mr_follows_from_the_printed_metrics_or_is_listed_as_inconsistent(name, tasks, table):
     """Mean rank over the columns among the paper's methods. A tie between printed values may be none between the
     paper's unrounded ones: each tie of t rows moves a row's rank by up to (t - 1)/2 on that metric."""
-    from mtl_bench.report.stats import mean_ranks
+    from mtl_bench.analysis.stats import mean_ranks
 
     values = [table.metrics(r) for r in table.rows]
     ranks = mean_ranks(values, table.higher_is_better)

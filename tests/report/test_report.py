@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from mtl_bench.analysis.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
 from mtl_bench.cli import app
-from mtl_bench.report.delta_m import delta_m_flat, delta_m_task_averaged, relative_drops
 from mtl_bench.report.main import make_report
-from mtl_bench.report.stats import ci_half_width, mean_ranks, t_quantile, tied_ranks
 
 HIB = {"a": {"loss": False, "acc": True, "err": False}, "b": {"loss": False, "mse": False}}
 
@@ -186,37 +185,6 @@ def test_json_carries_intervals_mean_rank_and_time_per_step(sweep):
         "n": 2,
     }
     assert gradnorm["time_per_step_ms"]["mean"] == pytest.approx(5.2)
-
-
-def test_t_quantile_and_interval_formula():
-    assert t_quantile(1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-12)  # Cauchy
-    assert t_quantile(2) == pytest.approx(0.95 * math.sqrt(2 / (4 * 0.975 * 0.025)), rel=1e-12)  # closed form, df 2
-    assert t_quantile(10) == pytest.approx(2.228138852, rel=1e-9) and t_quantile(1000) == pytest.approx(1.962339081)
-    assert ci_half_width([1.0, 2.0, 3.0]) == pytest.approx(t_quantile(2) * 1.0 / math.sqrt(3))
-    assert math.isnan(ci_half_width([4.0]))  # one seed: no interval
-    scipy_stats = pytest.importorskip("scipy.stats")
-    for df in (1, 2, 3, 4, 5, 7, 30, 31, 120):
-        assert t_quantile(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), rel=1e-10)
-
-
-def test_mean_rank_on_a_hand_made_case():
-    assert tied_ranks([0.3, 0.1, 0.3, 0.2], higher_is_better=False) == [3.5, 1.0, 3.5, 2.0]
-    assert tied_ranks([0.3, 0.1, 0.3, 0.2], higher_is_better=True) == [1.5, 4.0, 1.5, 3.0]
-    hib = {"a": {"acc": True, "err": False}, "b": {"mse": False, "odd": None}}
-    del hib["b"]["odd"]  # a metric without a direction is not ranked
-    means = [
-        {"a": {"acc": 0.9, "err": 0.2}, "b": {"mse": 5.0, "odd": 1.0}},
-        {"a": {"acc": 0.8, "err": 0.2}, "b": {"mse": 1.0, "odd": 2.0}},
-        {"a": {"acc": 0.9, "err": 0.1}},  # has no b/mse: ranked on what it has
-        {"a": {"acc": math.nan}},
-    ]  # nothing rankable
-    # acc: 0.9, 0.8, 0.9 -> 1.5, 3, 1.5; err: 0.2, 0.2, 0.1 -> 2.5, 2.5, 1; mse: 5, 1 -> 2, 1
-    assert mean_ranks(means, hib) == [
-        pytest.approx((1.5 + 2.5 + 2) / 3),
-        pytest.approx((3 + 2.5 + 1) / 3),
-        pytest.approx((1.5 + 1) / 2),
-        None,
-    ]
 
 
 def test_every_group_is_ranked_within_its_task_set(tmp_path):

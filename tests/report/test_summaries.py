@@ -8,16 +8,19 @@ from pathlib import Path
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from mtl_bench.records import RunRecord
 from mtl_bench.report.run_summary import format_run_summary
 from mtl_bench.report.sweep_callback import SweepSummary
 
-RECORD = {
-    "status": "completed",
-    "step": 400,
-    "wall_time_s": 2.0,
-    "test": {"depth": {"loss": 0.5, "abs_err": 0.61234}, "segmentation": {"loss": 1.2, "miou": 0.25}},
-    "model_selection": "final step",
-}
+RECORD = RunRecord.from_dict(
+    {
+        "status": "completed",
+        "step": 400,
+        "wall_time_s": 2.0,
+        "test": {"depth": {"loss": 0.5, "abs_err": 0.61234}, "segmentation": {"loss": 1.2, "miou": 0.25}},
+        "model_selection": "final step",
+    }
+)
 
 
 def test_run_summary_names_metrics_weights_time_and_where_to_look(tmp_path):
@@ -38,7 +41,9 @@ def test_run_summary_names_metrics_weights_time_and_where_to_look(tmp_path):
 
 def test_run_summary_without_weights_says_so(tmp_path):
     assert "final loss weights: none logged" in format_run_summary(RECORD, tmp_path)
-    assert "final loss weights: depth 2" in format_run_summary({**RECORD, "weights": {"depth": 2.0}}, tmp_path)
+    assert "final loss weights: depth 2" in format_run_summary(
+        RunRecord.from_dict({**RECORD.to_dict(), "weights": {"depth": 2.0}}), tmp_path
+    )
 
 
 def write_run(root: Path, name: str, balancer: str, seed: int, mse: float) -> None:

@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from mtl_bench.report.stats import mean_ranks
+from mtl_bench.analysis.stats import mean_ranks
+from mtl_bench.records import RunRecord
 from mtl_bench.study.results import summarize
 
 SEEDS = [1, 2, 3]
@@ -33,12 +34,12 @@ def study(finals: dict[str, list[dict | None]], min_effect: float = 2.0, not_lea
     index, records = [], {}
     for task, value in (("a", 0.9), ("b", 1.0)):  # the single-task runs come first, as in a study's index
         index.append({"id": f"tune/single_task-{task}/t00", "phase": "tune", "row": f"single_task-{task}", "seed": 0})
-        records[f"tune/single_task-{task}/t00"] = single(task, value)
+        records[f"tune/single_task-{task}/t00"] = RunRecord.from_dict(single(task, value))
     for row, runs in finals.items():
         for seed, rec in zip(SEEDS, runs):
             run_id = f"final/{row}/s{seed}"
             index.append({"id": run_id, "phase": "final", "row": row, "seed": seed})
-            records[run_id] = rec
+            records[run_id] = None if rec is None else RunRecord.from_dict(rec)
     return summarize(
         index,
         records,
@@ -88,7 +89,7 @@ def test_power_and_the_verdicts():
         for s in ("1", "2", "3")
     ]
     assert vs["sd"] == pytest.approx(statistics.stdev(diffs))
-    from mtl_bench.study.stats import detectable_difference
+    from mtl_bench.analysis.stats import detectable_difference
 
     assert vs["detectable"] == pytest.approx(detectable_difference(vs["sd"], 3, 0.05))
     assert result["verdict"].startswith("verdict: no method beat tuned scalarization by more than")

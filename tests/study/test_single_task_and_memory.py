@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from mtl_bench.engine.compose import build_model, build_tasks
 from mtl_bench.engine.memory import peak_memory
 from mtl_bench.errors import ConfigError
+from mtl_bench.records import RunRecord
 from mtl_bench.report.run_summary import format_run_summary, memory_text
 
 
@@ -35,5 +36,5 @@ def test_peak_memory_on_cpu_is_the_process_peak_rss_labelled_so():
         hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
     assert peak["bytes"] == pytest.approx(hwm * 1024, rel=0.05)
     assert memory_text(peak).endswith("MiB (CPU process peak RSS)")
-    text = format_run_summary({"test": {}, "peak_memory": peak, "weights": {"a": 1.0}}, Path("."))
+    text = format_run_summary(RunRecord.from_dict({"test": {}, "peak_memory": peak, "weights": {"a": 1.0}}), Path("."))
     assert "peak memory: " in text

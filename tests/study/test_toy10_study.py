@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from mtl_bench.analysis.delta_m import delta_m_flat, relative_drops
 from mtl_bench.errors import ConfigError, Interrupted
-from mtl_bench.report.delta_m import delta_m_flat, relative_drops
+from mtl_bench.records import RunRecord
 from mtl_bench.study import launch
-from mtl_bench.study.run import Study, read_record, run_study
+from mtl_bench.study.driver import Study, run_study
 from mtl_bench.study.spec import load_study
 from tests.helpers.cli import cli, run_cli
 
@@ -33,6 +34,12 @@ def copy_of(study_dir: Path, tmp_path: Path) -> Path:
     target = tmp_path / "study"
     shutil.copytree(study_dir, target)
     return target
+
+
+def read_record(run_dir: Path) -> dict | None:
+    """A run's metrics.json as the study reads it (RunRecord), as the file's keys."""
+    record = RunRecord.read(run_dir)
+    return None if record is None else record.to_dict()
 
 
 def records(study_dir: Path) -> dict[str, dict]:

@@ -17,7 +17,7 @@ from mtl_bench.tasks import ParetoToy
 from mtl_bench.tasks.pareto_toy import front_point
 
 pytest.importorskip("pymoo")
-from mtl_bench.report.front_metrics import hypervolume, igd  # noqa: E402
+from mtl_bench.analysis.front_metrics import hypervolume, igd  # noqa: E402
 
 ONE = torch.ones(1, 1)
 

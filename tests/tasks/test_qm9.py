@@ -226,8 +226,8 @@ def test_mae_and_delta_m_as_nash_mtl_computes_them(cache_dir):
     # MAE of de-standardised outputs, x1000 at their indices [2, 3, 5, 6, 7, 8, 9], Δm against their BASE.
     from omegaconf import OmegaConf
 
+    from mtl_bench.analysis.delta_m import delta_m_flat, relative_drops
     from mtl_bench.catalog import conf_root
-    from mtl_bench.report.delta_m import delta_m_flat, relative_drops
 
     shipped = OmegaConf.to_container(OmegaConf.load(conf_root() / "tasks" / "qm9.yaml").reference)
     ts = QM9(n_test=50, n_val=50, limit=LIMIT, cache_dir=cache_dir, reference=shipped)

@@ -2,7 +2,7 @@
 every trade-off between the tasks (docs/pareto_front.md)."""
 
 from mtl_bench.models.fronts.base import PreferenceModel
-from mtl_bench.models.fronts.cosmos import COSMOS
+from mtl_bench.models.fronts.cosmos_net import COSMOS
 from mtl_bench.models.fronts.pamal import PaMaL
 from mtl_bench.models.fronts.phn import PHN
 

@@ -146,7 +146,9 @@ PAMAL_LENET = {"a": [3.6966710090637207, 2.3317933082580566, 11.148273468017578,
         (partial(LeNet, channels=[2], hidden=3), (1, 4, 4), PAMAL_LENET),
     ],
 )
-def test_pamal_mixes_the_members_as_the_reference_subspace_layers_do(factory, shape, expected) -> None:  # type: ignore[no-untyped-def]
+def test_pamal_mixes_the_members_as_the_reference_subspace_layers_do(  # type: ignore[no-untyped-def]
+    factory, shape, expected
+) -> None:
     front = PaMaL(factory, shape, HEADS)
     assert len(front.members) == 2  # one per task
     for k, member in enumerate(front.members):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mtl_bench.config import keys_where
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_committed_page_equals_what_the_script_writes():

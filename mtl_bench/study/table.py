@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mtl_bench.errors import ConfigError
+from mtl_bench.report.tables import aligned_table, markdown_table
 from mtl_bench.study.spec import SCALARIZATION, SINGLE_TASK
 
 WIDTH = 100
@@ -186,16 +187,9 @@ def render_study(results: dict[str, Any], fmt: str) -> str:
         csv.writer(out).writerows([[h.format(unit=results["compute_unit"]) for h in CSV_HEADER], *csv_rows(results)])
         return out.getvalue()
     if fmt == "markdown":
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(row) + " |" for row in body]
+        lines = markdown_table(header, body)
         return "\n".join(lines) + "\n\n" + "\n".join(f"- {line}" for line in footer(results)) + "\n"
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
-        for r in [header, *body]
-    ]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines) + "\n" + "\n".join(wrap(line) for line in footer(results)) + "\n"
+    return "\n".join(aligned_table(header, body)) + "\n" + "\n".join(wrap(line) for line in footer(results)) + "\n"
 
 
 def write_study_plot(results: dict[str, Any], folder: Path) -> Path:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
+from mtl_bench.analysis.criterion import criterion_cost, parse_criterion
+from mtl_bench.analysis.stats import mean_ranks
 from mtl_bench.errors import ConfigError
-from mtl_bench.report.delta_m import delta_m_flat, relative_drops
-from mtl_bench.report.stats import mean_ranks
+from mtl_bench.records import RunRecord, Status
 
 Metrics = dict[str, dict[str, float]]
 LOSS = "loss"
@@ -25,15 +26,16 @@ LOSS = "loss"
 class ValView:
     """What selection may read of a run: its status, validation metrics and metric directions."""
 
-    status: str
+    status: Status
     val: Metrics
     higher_is_better: dict[str, dict[str, bool]]
 
     @classmethod
-    def of(cls, record: Optional[Mapping[str, Any]]) -> "ValView":
-        if not record:
-            return cls("incomplete", {}, {})
-        return cls(str(record.get("status")), dict(record.get("val") or {}), dict(record.get("higher_is_better") or {}))
+    def of(cls, record: Optional[RunRecord]) -> "ValView":
+        """The view of a run's record: everything but its validation metrics, directions and status is left out."""
+        if record is None:
+            return cls(Status.INCOMPLETE, {}, {})
+        return cls(record.status, dict(record.split("val")), dict(record.higher_is_better or {}))
 
 
 def without_loss(metrics: Mapping[str, Mapping[str, float]]) -> Metrics:
@@ -42,19 +44,17 @@ def without_loss(metrics: Mapping[str, Mapping[str, float]]) -> Metrics:
 
 def cost(view: ValView, select: str, reference_val: Optional[Metrics]) -> float:
     """The selection criterion as a cost (lower is better); inf for a run that did not complete."""
-    if view.status != "completed":
+    if view.status is not Status.COMPLETED:
         return math.inf
     if select == "delta_m":
         assert reference_val is not None
-        value = delta_m_flat(relative_drops(without_loss(view.val), reference_val, view.higher_is_better))
+        value = criterion_cost(without_loss(view.val), parse_criterion(select), view.higher_is_better, reference_val)
         return math.inf if math.isnan(value) else value
-    task, metric = select.split("/", 1)
-    if metric not in view.val.get(task, {}):
+    criterion = parse_criterion(select, "select", per_task_only=True)
+    if criterion.metric not in view.val.get(criterion.task or "", {}):
         raise ConfigError(f"select={select}: the runs have no validation metric {select}; e.g. {first_metric(view)}")
-    value = view.val[task][metric]
-    if math.isnan(value):
-        return math.inf
-    return -value if view.higher_is_better[task][metric] else value
+    value = criterion_cost(view.val, criterion, view.higher_is_better, None)
+    return math.inf if math.isnan(value) else value
 
 
 def first_metric(view: ValView) -> str:
@@ -73,7 +73,7 @@ def choose(views: list[ValView], select: str, reference_val: Optional[Metrics]) 
 
 def choose_single_task(views: list[ValView], task: str) -> Optional[int]:
     """The trial with the best mean rank on its task's validation metrics (ties: the lower validation loss)."""
-    done = [i for i, v in enumerate(views) if v.status == "completed" and task in v.val]
+    done = [i for i, v in enumerate(views) if v.status is Status.COMPLETED and task in v.val]
     if not done:
         return None
     means = [{task: without_loss(views[i].val)[task]} for i in done]

@@ -9,7 +9,8 @@ The best task decides, not the mean: a run whose weights favour one task (equal 
 one loss is 10⁴ times the other) learns that task while the other gets worse; it learned, and Δm judges the
 balance. A run that learned nothing (a learning rate too small to move anything, frozen parameters) moves no task.
 
-with L_t the `loss/<task>` scalars of its TensorBoard events (what the loop logged every `log_every` steps).
+with L_t the `loss/<task>` scalars the loop logged every `log_every` steps, read from whichever shipped logger
+wrote them (TensorBoard's events or the CSV logger's file: analysis/scalars.py).
 A run with fewer than MIN_POINTS logged values per task is too short to judge and is kept. A run without
 training-loss events is judged on metrics.json instead: the test loss of the untrained model (`initial_test`)
 against the final one. A run with neither is kept. 5% is far below what any run that trains moves in its first
@@ -19,9 +20,10 @@ hundreds of steps and far above the drift of a run whose parameters do not move.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 from mtl_bench.analysis.runs import Run
+from mtl_bench.records import RunRecord
 
 MARGIN = 0.05
 MIN_POINTS = 3
@@ -31,7 +33,7 @@ SHORT = "too short to judge"
 
 
 def _first_last_from_events(run: Run, tasks: list[str]) -> Optional[dict[str, tuple[float, float]] | str]:
-    """{task: (first, last)} logged training loss; SHORT with too few points; None without loss events."""
+    """{task: (first, last)} logged training loss; SHORT with too few points; None without logged losses."""
     try:
         series = run.scalars("loss/")
     except Exception:  # no events, or unreadable ones: judged from metrics.json
@@ -47,8 +49,8 @@ def _first_last_from_events(run: Run, tasks: list[str]) -> Optional[dict[str, tu
     return out
 
 
-def _first_last_from_record(record: dict[str, Any], tasks: list[str]) -> Optional[dict[str, tuple[float, float]]]:
-    initial, final = record.get("initial_test") or {}, record.get("test") or {}
+def _first_last_from_record(record: RunRecord, tasks: list[str]) -> Optional[dict[str, tuple[float, float]]]:
+    initial, final = record.split("initial_test"), record.split("test")
     out: dict[str, tuple[float, float]] = {}
     for task in tasks:
         first, last = initial.get(task, {}).get("loss"), final.get(task, {}).get("loss")
@@ -60,14 +62,14 @@ def _first_last_from_record(record: dict[str, Any], tasks: list[str]) -> Optiona
 
 def not_learned(run: Run) -> Optional[str]:
     """Why a completed run did not learn, in one line; None when it learned or cannot be judged."""
-    tasks = list(run.metrics.get("test") or {})
+    tasks = list(run.record.split("test"))
     if not tasks:
         return None
     where, losses = "training loss", _first_last_from_events(run, tasks)
     if losses == SHORT:
         return None
     if losses is None:
-        where, losses = "test loss (untrained -> final)", _first_last_from_record(run.metrics, tasks)
+        where, losses = "test loss (untrained -> final)", _first_last_from_record(run.record, tasks)
     if not isinstance(losses, dict):
         return None
     drops = [(first - last) / abs(first) for first, last in losses.values() if first != 0]

@@ -23,21 +23,13 @@ from omegaconf import DictConfig
 
 from mtl_bench.errors import RESUME_HINT_ENV, ConfigError, Interrupted
 from mtl_bench.files import write_json, write_text
-from mtl_bench.records import METRICS_FILE
+from mtl_bench.records import RunRecord, Status
 from mtl_bench.study.plan import FINAL, TUNE, PlannedRun, final_runs, single_task_row, tuning_runs
-from mtl_bench.study.select import ValView, choose, choose_single_task, without_loss
 from mtl_bench.study.spec import EQUAL, SCALARIZATION, load_study, plan_view
+from mtl_bench.study.tuning import ValView, choose, choose_single_task, without_loss
 
 PLAN_FILE, INDEX_FILE, RESULTS_FILE, RUNS_DIR = "study.yaml", "index.json", "study.json", "runs"
-FINISHED = ("completed", "diverged")  # outcomes a rerun keeps; any other state is trained (again)
-
-
-def read_record(run_dir: Path) -> Optional[dict[str, Any]]:
-    try:
-        record = json.loads((run_dir / METRICS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+FINISHED = (Status.COMPLETED, Status.DIVERGED)  # outcomes a rerun keeps; any other state is trained (again)
 
 
 def recorded_machine(study_dir: Path) -> Optional[str]:
@@ -91,6 +83,7 @@ class Study:
         # rerun that trains nothing never describes another machine than the one the runs ran on.
         self.machine: Optional[str] = recorded_machine(self.dir)
         self.machine_read_here = False
+        self.records: dict[str, Optional[RunRecord]] = {}  # each run's metrics.json, read once (until it trains)
 
     def plan(self) -> dict[str, Any]:
         return {
@@ -100,14 +93,17 @@ class Study:
             "tuning_runs": [{"id": r.id, "overrides": r.overrides} for r in self.tuning],
         }
 
-    def record(self, run: PlannedRun) -> Optional[dict[str, Any]]:
-        return read_record(self.runs_dir / run.id)
+    def record(self, run: PlannedRun) -> Optional[RunRecord]:
+        """The run's metrics.json (None: not there), read once: a phase that trains runs forgets what it read."""
+        if run.id not in self.records:
+            self.records[run.id] = RunRecord.read(self.runs_dir / run.id)
+        return self.records[run.id]
 
     def status(self, run: PlannedRun) -> str:
         record = self.record(run)
         if record is None:
-            return "not started" if not (self.runs_dir / run.id).exists() else "incomplete"
-        return str(record.get("status"))
+            return "not started" if not (self.runs_dir / run.id).exists() else Status.INCOMPLETE.value
+        return record.status_name
 
     def write_index(self) -> None:
         entries = [
@@ -131,7 +127,11 @@ class Study:
         self.write_index()
         from mtl_bench.study.launch import launch
 
-        launch(todo, self.runs_dir, self.launcher, resume)
+        try:
+            launch(todo, self.runs_dir, self.launcher, resume)
+        finally:  # what they wrote is read again (also when the launch was interrupted: the index says it)
+            for run in todo:
+                self.records.pop(run.id, None)
         self.write_index()
 
     # ------------------------------------------------------------------ selection
@@ -155,16 +155,16 @@ class Study:
     def published_reference(self) -> dict[str, dict[str, float]]:
         for run in self.tuning:
             record = self.record(run)
-            if record and record.get("reference"):
-                return {t: {m: float(v) for m, v in ms.items() if m != "loss"} for t, ms in record["reference"].items()}
+            if record and record.reference:
+                return {t: {m: float(v) for m, v in ms.items() if m != "loss"} for t, ms in record.reference.items()}
         raise ConfigError("reference=published: the task set has no tasks.reference; use reference=single_task")
 
     def check_tasks(self) -> None:
         """The study's `tasks` must be the task set's: Δm would otherwise leave tasks out."""
         for run in self.tuning:
             record = self.record(run)
-            if record and record.get("status") == "completed" and run.row in self.rows:
-                trained = list(record.get("higher_is_better") or {})
+            if record and record.completed and run.row in self.rows:
+                trained = list(record.higher_is_better or {})
                 if sorted(trained) != sorted(self.tasks):
                     raise ConfigError(
                         f"tasks=[{','.join(self.tasks)}]: the experiment's task set has the tasks "
@@ -201,10 +201,7 @@ class Study:
     def check_final(self) -> None:
         for run in self.final:
             record = self.record(run)
-            if (
-                record
-                and [o for o in record.get("overrides", []) if not o.startswith("trainer.resume")] != run.overrides
-            ):
+            if record and [o for o in record.overrides if not o.startswith("trainer.resume")] != run.overrides:
                 raise ConfigError(
                     f"{self.runs_dir / run.id} was trained with other settings than the trial now chosen for "
                     f"{run.row}; remove that directory to train it again"
@@ -220,21 +217,21 @@ class Study:
         reference: dict[str, dict[str, float]] = {}
         for task in self.tasks:
             records = [r for r in (self.record(run) for run in self.final if run.row == single_task_row(task)) if r]
-            records = [r for r in records if r.get("status") == "completed"]
+            records = [r for r in records if r.completed]
             if not records:
                 return None
             reference[task] = mean_metrics(records, "test")[task]
         return reference
 
     def not_learned(self) -> dict[str, str]:
-        """The completed final runs that did not learn, with why (the plain report's check, report/learning.py)."""
+        """The completed final runs that did not learn, with why (the plain report's check, analysis/learning.py)."""
+        from mtl_bench.analysis.learning import not_learned
         from mtl_bench.analysis.runs import Run
-        from mtl_bench.report.learning import not_learned
 
         found = {}
         for run in self.final:
             record = self.record(run)
-            if record and record.get("status") == "completed":
+            if record and record.completed:
                 reason = not_learned(Run(self.runs_dir / run.id, record))
                 if reason is not None:
                     found[run.id] = reason
@@ -247,8 +244,8 @@ class Study:
             record = self.record(run)
             if record is None:
                 found[run.id] = "no metrics.json (not run, or killed)"
-            elif record.get("status") != "completed":
-                found[run.id] = f"{record.get('status')}: {record.get('reason', '')}"
+            elif not record.completed:
+                found[run.id] = f"{record.status_name}: {record.reason or ''}"
         return found
 
     def results(self, chosen: Mapping[str, PlannedRun], started: float) -> dict[str, Any]:
@@ -285,7 +282,7 @@ class Study:
 
 def run_study(name_or_path: str, overrides: list[str]) -> Path:
     """Plan, run and summarise a study; returns its directory."""
-    from mtl_bench.study.stats import require_libraries
+    from mtl_bench.analysis.stats import require_libraries
 
     require_libraries()
     hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]

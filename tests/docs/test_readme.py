@@ -22,7 +22,7 @@ from tests.helpers.celeba_tree import write_celeba
 from tests.helpers.dense_tree import write_cityscapes, write_nyuv2
 from tests.helpers.office_tree import write_office31, write_office_home
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 # Lengths a README command may type: replaced by trainer=smoke (typing both max_steps and epochs is an error).
 LENGTH_KEYS = ("trainer.max_steps=", "trainer.epochs=")

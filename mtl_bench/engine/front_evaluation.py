@@ -1,11 +1,12 @@
 """A preference-conditioned model's run (`model/front=<option>`): its build, its check against the balancer, the
-preference it sees each step, and its evaluation at rays spread on the simplex (`trainer.front`)."""
+preference it sees each step, and its evaluation at rays spread on the simplex (`trainer.front`): the loop's
+`FrontEvaluation` callback."""
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -13,17 +14,22 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from mtl_bench import tags
+from mtl_bench.analysis.front_metrics import front_summary, hypervolume, require_pymoo
 from mtl_bench.balancers import Balancer
 from mtl_bench.balancers.preference import PreferenceScalarization
 from mtl_bench.catalog import conf_root
 from mtl_bench.config import ENGINE_KEYS, TrainerConf
 from mtl_bench.engine.builders import build, node_dict
+from mtl_bench.engine.callbacks import Callback
+from mtl_bench.engine.evaluate import evaluate
 from mtl_bench.errors import ConfigError
+from mtl_bench.figures import figure_pixels, front_figure
 from mtl_bench.models import MultiTaskModel
 from mtl_bench.models.fronts import PreferenceModel
-from mtl_bench.report.front_metrics import front_summary, hypervolume, require_pymoo
-from mtl_bench.report.front_plots import figure_pixels, front_figure
 from mtl_bench.tasks import TaskSet
+
+if TYPE_CHECKING:
+    from mtl_bench.engine.recipe import Recipe, TrainResult
 
 log = logging.getLogger("mtl_bench")
 
@@ -126,9 +132,10 @@ def parse_preferences(values: Sequence[Any], tasks: Sequence[str]) -> list[list[
     return rays
 
 
-class FrontRun:
-    """What the recipe does for a front model: set the step's preference before its forwards, the simplex's
-    centre for the ordinary evaluations, and each ray for the front's."""
+class FrontEvaluation(Callback):
+    """What the loop does for a front model: set the step's preference before its forwards, the simplex's
+    centre for the ordinary evaluations, and each ray for the front's (logged at each val evaluation; on val
+    and test for metrics.json's `front` at the end)."""
 
     def __init__(
         self,
@@ -144,6 +151,23 @@ class FrontRun:
         )
         self.reference = check_reference(reference, self.tasks)
         self.warned = False
+
+    def on_step_start(self, run: Recipe, logging_now: bool) -> None:
+        self.before_step()
+
+    def on_eval_start(self, run: Recipe, split: str) -> None:
+        self.centre()  # a front model's ordinary metrics are at the simplex's centre
+
+    def on_eval(self, run: Recipe, split: str, metrics: Metrics) -> None:
+        if split == "val" and self.rays and run.step < run.total_steps:
+            self.log(self.evaluate(lambda: at_ray(run, "val")), run.logger, run.step)
+
+    def on_fit_end(self, run: Recipe, result: TrainResult) -> None:
+        """The final model's front, on val and test."""
+        if self.rays:
+            fronts = {split: self.evaluate(lambda: at_ray(run, split)) for split in ("val", "test")}
+            self.log(fronts["val"], run.logger, run.step)
+            run.front_record = self.record(fronts)
 
     def before_step(self) -> None:
         """The balancer's preference of this step (its `pref` buffer until it commits the next one)."""
@@ -194,6 +218,12 @@ class FrontRun:
         return None if self.reference is None else [self.reference[t] for t in self.tasks]
 
 
+def at_ray(run: Recipe, split: str) -> Metrics:
+    """`split`'s metrics at the preference the model holds (set by FrontEvaluation.evaluate)."""
+    tasks, data = run.taskset.tasks, getattr(run.taskset, split)
+    return evaluate(run.model, tasks, data, run.device, run.conf.eval_batch_size, run.conf.num_workers)
+
+
 def losses(per_ray: Sequence[Metrics], tasks: Sequence[str]) -> list[list[float]]:
     """The front's points: each ray's loss per task (the objectives every front learner minimises)."""
     return [[m[t]["loss"] for t in tasks] for m in per_ray]
@@ -213,13 +243,13 @@ def check_reference(reference: Optional[Mapping[str, float]], tasks: Sequence[st
 
 def front_run(
     model: MultiTaskModel, balancer: Balancer, cfg: DictConfig, conf: TrainerConf, tasks: Sequence[str]
-) -> Optional[FrontRun]:
-    """The recipe's helper for a front model (None without one); build_parts checked the combination."""
+) -> Optional[FrontEvaluation]:
+    """The loop's callback for a front model (None without one); build_parts checked the combination."""
     if not isinstance(model, PreferenceModel):
         return None
     assert isinstance(balancer, PreferenceScalarization)
     reference = node_dict(cfg.tasks).get("front_reference")
-    return FrontRun(model, balancer, conf, tasks, reference)
+    return FrontEvaluation(model, balancer, conf, tasks, reference)
 
 
 def true_front_record(taskset: TaskSet, cfg: DictConfig) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from mtl_bench.engine.recipe import train
 from tests.helpers.tag_docs import logged_tags, tag_patterns, undefined
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHORT = [
     "tasks=toy10",
     "tasks.n_train=256",

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from mtl_bench.analysis.runs import Run, run_status
-from mtl_bench.report.front_metrics import hypervolume, igd, non_dominated, spacing
-from mtl_bench.report.stats import ci_half_width
+from mtl_bench.analysis.front_metrics import hypervolume, igd, non_dominated, spacing
+from mtl_bench.analysis.runs import Run
+from mtl_bench.analysis.stats import ci_half_width
 
 PREFERENCE_KEYS = ("balancer.preference", "balancer.weights")  # what a fixed-preference sweep varies
 
@@ -69,7 +69,7 @@ def _reference(run: Run, tasks: list[str]) -> Optional[list[float]]:
 
 
 def _true_front(run: Run, tasks: list[str]) -> Optional[dict[str, Any]]:
-    truth = run.metrics.get("true_front")
+    truth = run.record.true_front
     if not isinstance(truth, dict) or truth.get("tasks") != tasks or not truth.get("points"):
         return None
     return truth
@@ -83,12 +83,13 @@ def front_groups(runs: list[Run]) -> list[FrontGroup]:
     seed (equal compute), never against fixed-preference runs trained otherwise (a study's scalarization trials)."""
     groups: dict[tuple[Any, ...], FrontGroup] = {}
     for run in runs:
-        if run_status(run) != "completed" or "test" not in run.metrics:
+        record = run.record
+        if not record.completed or record.test is None:
             continue
-        tasks = list(run.metrics.get("higher_is_better") or run.metrics["test"])
+        tasks = list(record.higher_is_better or record.test)
         overrides = {k: v for k, v in run.overrides.items() if k != "seed"}
         task_set = run.choices.get("tasks", "?")
-        front = run.metrics.get("front")
+        front = record.front
         preference = [k for k in PREFERENCE_KEYS if k in overrides]
         if front is not None:
             key: tuple[Any, ...] = ("front", task_set, tuple(sorted(overrides.items())))
@@ -109,9 +110,9 @@ def front_groups(runs: list[Run]) -> list[FrontGroup]:
         if front is not None:
             group.points[seed] = [_losses(m, tasks) for m in front["test"]]
         else:
-            group.points.setdefault(seed, []).append(_losses(run.metrics["test"], tasks))
-        group.steps[seed] = group.steps.get(seed, 0) + int(run.metrics.get("step", 0))
-        group.seconds[seed] = group.seconds.get(seed, 0.0) + float(run.metrics.get("wall_time_s", 0.0))
+            group.points.setdefault(seed, []).append(_losses(record.test, tasks))
+        group.steps[seed] = group.steps.get(seed, 0) + int(record.step or 0)
+        group.seconds[seed] = group.seconds.get(seed, 0.0) + float(record.wall_time_s or 0.0)
     found = [g for g in groups.values() if not g.separate or all(len(p) >= 2 for p in g.points.values())]
     _name_apart(found)
     for group in found:  # IGD against the separate-model front of the same task set, model, steps and seed
@@ -178,7 +179,7 @@ def front_table(groups: list[FrontGroup]) -> str:
 
 def write_front_plots(groups: list[FrontGroup], out_dir: Path) -> list[Path]:
     """fronts_<task set>.png: each group's front of its first seed (pairwise panels), the separate models' beside."""
-    from mtl_bench.report.front_plots import front_figure
+    from mtl_bench.figures import front_figure
 
     written = []
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """Every `mtl-bench train` command in README.md and docs/*.md composes and passes the checks a run starts with
-(every key against its class), with the base install; docs/pareto_front.md's commands run as written, shortened,
+(every key against its class), with the base install; every `mtl-bench study` command's study keys load and pass the
+study's checks; every `mtl-bench report` flag exists; docs/pareto_front.md's commands run as written, shortened,
 in order, its report reading the runs its train commands made (slow)."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.test_readme import README, REPO, bash_commands
 from tests.helpers.cli import run_cli
-from tests.test_readme import README, REPO, bash_commands
 
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 # Hydra's flags that take a value, and flags that print instead of training.
@@ -66,6 +67,39 @@ def test_every_train_command_of_the_docs_composes_and_passes_the_checks(page, ov
     typed = first_values([o for o in overrides if not o.startswith("hydra")])
     cfg = compose_config(typed)
     finalise_config(cfg, typed)
+
+
+def commands_of(command: str) -> list[tuple[str, list[str]]]:
+    """(page, arguments after `mtl-bench <command>`) of each such command in the README and docs."""
+    return [
+        (page.name, words[2:])
+        for page in PAGES
+        for words in bash_commands(page.read_text())
+        if words[:2] == ["mtl-bench", command]
+    ]
+
+
+STUDIES = [(page, args) for page, args in commands_of("study") if not args[0].endswith(".yaml")]  # a user's file
+REPORTS = commands_of("report")
+
+
+def test_the_docs_have_study_and_report_commands():
+    assert len(STUDIES) >= 5 and len(REPORTS) >= 8
+
+
+@pytest.mark.parametrize(("page", "args"), STUDIES, ids=[f"{p}:{' '.join(a)[:60]}" for p, a in STUDIES])
+def test_every_study_command_of_the_docs_loads_and_passes_the_study_checks(page, args):
+    from mtl_bench.study.spec import load_study
+
+    load_study(args[0], [a for a in args[1:] if not a.lstrip("+~").startswith("hydra")])
+
+
+@pytest.mark.parametrize(("page", "args"), REPORTS, ids=[f"{p}:{' '.join(a)[:60]}" for p, a in REPORTS])
+def test_every_report_flag_of_the_docs_exists(page, args):
+    result = run_cli("report", "--help")
+    options = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", result.stdout))
+    assert result.returncode == 0 and "--plots" in options
+    assert [a for a in args if a.startswith("-") and a.split("=", 1)[0] not in options] == []
 
 
 SHORT = {"trainer.max_steps": "4", "trainer.front.rays": "3"}  # digits: 3 tasks, the lattice of 3 rays

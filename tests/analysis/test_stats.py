@@ -1,4 +1,4 @@
-"""The study's statistics against scipy and statsmodels on fixed numbers, and against the formulas by hand."""
+"""analysis/stats.py against scipy and statsmodels on fixed numbers, and against the formulas by hand."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from mtl_bench.study.stats import (
+from mtl_bench.analysis.stats import (
+    ci_half_width,
     detectable_difference,
     holm,
     mean_ci,
+    mean_ranks,
+    merge_directions,
     paired_difference,
     paired_power,
     seeds_needed,
     separated,
+    t_quantile,
+    tied_ranks,
 )
 
 A = [1.20, 0.85, 1.43, 0.97, 1.10]
@@ -85,3 +90,41 @@ def test_detectable_difference_and_seeds_needed_match_statsmodels():
     two = detectable_difference(5.0, 2, 0.05 / 2)
     assert paired_power(two / 5.0, 2, 0.05 / 2) == pytest.approx(0.8, abs=1e-9)
     assert math.isnan(detectable_difference(5.0, 1, 0.05)) and math.isnan(detectable_difference(0.0, 5, 0.05))
+
+
+def test_t_quantile_and_interval_formula():
+    assert t_quantile(1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-12)  # Cauchy
+    assert t_quantile(2) == pytest.approx(0.95 * math.sqrt(2 / (4 * 0.975 * 0.025)), rel=1e-12)  # closed form, df 2
+    assert t_quantile(10) == pytest.approx(2.228138852, rel=1e-9) and t_quantile(1000) == pytest.approx(1.962339081)
+    assert ci_half_width([1.0, 2.0, 3.0]) == pytest.approx(t_quantile(2) * 1.0 / math.sqrt(3))
+    assert math.isnan(ci_half_width([4.0]))  # one seed: no interval
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 4, 5, 7, 30, 31, 120):
+        assert t_quantile(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), rel=1e-10)
+
+
+def test_mean_rank_on_a_hand_made_case():
+    assert tied_ranks([0.3, 0.1, 0.3, 0.2], higher_is_better=False) == [3.5, 1.0, 3.5, 2.0]
+    assert tied_ranks([0.3, 0.1, 0.3, 0.2], higher_is_better=True) == [1.5, 4.0, 1.5, 3.0]
+    hib = {"a": {"acc": True, "err": False}, "b": {"mse": False, "odd": None}}
+    del hib["b"]["odd"]  # a metric without a direction is not ranked
+    means = [
+        {"a": {"acc": 0.9, "err": 0.2}, "b": {"mse": 5.0, "odd": 1.0}},
+        {"a": {"acc": 0.8, "err": 0.2}, "b": {"mse": 1.0, "odd": 2.0}},
+        {"a": {"acc": 0.9, "err": 0.1}},  # has no b/mse: ranked on what it has
+        {"a": {"acc": math.nan}},
+    ]  # nothing rankable
+    # acc: 0.9, 0.8, 0.9 -> 1.5, 3, 1.5; err: 0.2, 0.2, 0.1 -> 2.5, 2.5, 1; mse: 5, 1 -> 2, 1
+    assert mean_ranks(means, hib) == [
+        pytest.approx((1.5 + 2.5 + 2) / 3),
+        pytest.approx((3 + 2.5 + 1) / 3),
+        pytest.approx((1.5 + 1) / 2),
+        None,
+    ]
+
+
+def test_one_t_interval_and_one_merge_of_directions():
+    values = [1.0, 2.5, 4.0, 3.0]
+    assert mean_ci(values) == (2.625, ci_half_width(values))  # the study's interval is the report's
+    merged = merge_directions([{"a": {"acc": True}}, None, {"b": {"mse": False}, "a": {"acc": False, "loss": False}}])
+    assert merged == {"a": {"acc": True, "loss": False}, "b": {"mse": False}}  # a single-task run adds its task

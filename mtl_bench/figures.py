@@ -1,4 +1,6 @@
-"""Fronts of per-task losses drawn pairwise: one panel for 2 tasks (the plane), one per pair for more; each front's
+"""Matplotlib figures that both the training loop (logged as images) and the report (saved as PNG) draw.
+
+Fronts of per-task losses drawn pairwise: one panel for 2 tasks (the plane), one per pair for more; each front's
 points and its non-dominated ones joined, a separate-model front (fixed-preference runs) beside them."""
 
 from __future__ import annotations
@@ -8,8 +10,31 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from mtl_bench.report.front_metrics import Points, non_dominated
-from mtl_bench.report.plots import _pyplot, color, marker
+from mtl_bench.analysis.front_metrics import Points, non_dominated
+from mtl_bench.errors import ConfigError
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+
+
+def pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(
+            "--plots needs matplotlib, a dependency of mtl-bench missing here: pip install matplotlib"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def color(i: int) -> str:
+    return f"C{i % 10}"
+
+
+def marker(i: int) -> str:
+    return MARKERS[i % len(MARKERS)]
 
 
 def front_figure(
@@ -19,7 +44,7 @@ def front_figure(
     title: str = "",
 ):
     """A matplotlib Figure: `fronts` {label: points (one loss per task)}, `separate` the separate-model front."""
-    plt = _pyplot()
+    plt = pyplot()
     pairs = list(itertools.combinations(range(len(tasks)), 2))
     fig, axes = plt.subplots(1, len(pairs), figsize=(4.2 * len(pairs), 3.8), squeeze=False)
     drawn = dict(fronts)
@@ -49,7 +74,7 @@ def front_figure(
 
 def figure_pixels(fig) -> np.ndarray:
     """The figure as an (H, W, 3) uint8 array (TensorBoard's image), the figure closed."""
-    plt = _pyplot()
+    plt = pyplot()
     fig.canvas.draw()
     pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
     plt.close(fig)
