@@ -54,9 +54,8 @@ class ValidationStream(Callback):
         """Serve the run `runner` steps: the model it forwards (compiled, DDP), each rank its slice of a global
         validation batch of batch_size × world_size, as of a training batch; `optimizer`'s lr."""
         self.close()
-        conf = runner.conf
-        global_batch = conf.batch_size * runner.world_size
-        sampler = StepSampler(len(self.data), global_batch, runner.seed, stream=HOLDOUT_STREAM)  # type: ignore[arg-type]
+        conf, rows = runner.conf, len(self.data)  # type: ignore[arg-type]
+        sampler = StepSampler(rows, conf.batch_size * runner.world_size, runner.seed, stream=HOLDOUT_STREAM)
         batches = BatchSource(self.data, sampler, runner.rank, conf.batch_size, runner.device, conf.num_workers)
         params: dict[str, Tensor] = {n: p for n, p in runner.model.named_parameters() if p.requires_grad}
         self._run = _Run(runner, optimizer, batches, params)
