@@ -103,6 +103,22 @@ def test_a_damaged_checkpoint_is_one_line_and_changes_nothing(compose_cfg, tmp_p
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+def test_a_checkpoint_of_the_earlier_balancer_layout_is_refused_in_one_line(compose_cfg, tmp_path):
+    train(compose_cfg(*SMALL, "balancer=gradvac", "trainer.max_steps=10"), tmp_path)
+    checkpoint = tmp_path / "checkpoints" / "last.pt"
+    state = torch.load(checkpoint, weights_only=False)
+    assert any(key.startswith("weighting.") for key in state["balancer"])
+    # Before the method contracts a Gramian method kept its weighting's state (and its generator's) at the top.
+    state["balancer"] = {k.removeprefix("weighting.").removeprefix("rng."): v for k, v in state["balancer"].items()}
+    torch.save(state, checkpoint)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError) as info:
+        train(compose_cfg(*SMALL, "balancer=gradvac", "trainer.max_steps=20", "trainer.resume=auto"), tmp_path)
+    message = str(info.value)
+    assert "\n" not in message and f"checkpoint {checkpoint} does not fit this config" in message
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_a_typo_leaves_no_run_directory_and_a_build_failure_leaves_a_record(tmp_path):
     typo = cli(*SMALL, f"hydra.run.dir={tmp_path / 'typo'}", "+balancer.nonsense=1", cwd=tmp_path)
     assert typo.returncode == 2 and not (tmp_path / "typo").exists()
