@@ -67,9 +67,12 @@ def report(before_paths: Sequence[Path], after_paths: Sequence[Path], column: st
         before = [floor_ratios(Path(p).read_text()) for p in before_paths]
         after = [floor_ratios(Path(p).read_text()) for p in after_paths]
     else:
-        labels, name = column_values(Path(before_paths[0]).read_text(), column)[0], column
-        before = [column_values(Path(p).read_text(), column)[1] for p in before_paths]
-        after = [column_values(Path(p).read_text(), column)[1] for p in after_paths]
+        read = [column_values(Path(p).read_text(), column) for p in [*before_paths, *after_paths]]
+        labels, name = read[0][0], column
+        before, after = (
+            [values for _, values in read[: len(before_paths)]],
+            [values for _, values in read[len(before_paths) :]],
+        )
     rows, summary = pooled(before, after)
     lines = [
         f"| {' | '.join(labels)} | {name} before | {name} after | after / before |",
