@@ -85,9 +85,6 @@ class AutoLambda(StagedBalancer):
     def per_task_problem(self) -> str:
         return no_per_task_mode(self, self.ONE_BATCH_WORK, self.VALIDATION_WORK)
 
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        raise NotImplementedError(self.per_task_problem())
-
     def accumulation_problem(self, steps: int) -> Optional[str]:
         return one_micro_batch(self, steps, self.STEP_WORK)
 

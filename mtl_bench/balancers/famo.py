@@ -140,6 +140,3 @@ class FAMO(StagedBalancer):
             "FAMO has no per-task mode: each task's weight z_i/(c·D_i) and the logits' update need every "
             "task's loss of the same step; use trainer.step_mode=joint"
         )
-
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        raise NotImplementedError(self.per_task_problem())

@@ -104,9 +104,6 @@ class PreferenceScalarization(StagedBalancer):
     def per_task_problem(self) -> str:
         return no_per_task_mode(self)
 
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        raise NotImplementedError(self.per_task_problem())
-
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         ordered = {name: losses[name] for name in self.task_names}

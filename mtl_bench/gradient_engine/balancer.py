@@ -143,8 +143,9 @@ class Balancer(nn.Module):
         raise NotImplementedError
 
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        """Per-task mode: the backward of one task's loss on its own batch (see the class docstring)."""
-        raise NotImplementedError(f"{type(self).__name__} has no per-task mode")
+        """Per-task mode: the backward of one task's loss on its own batch (see the class docstring). A balancer
+        without one raises with its per_task_problem's reason."""
+        raise NotImplementedError(self.per_task_problem() or f"{type(self).__name__} has no per-task mode")
 
     def step(self, skipped: bool | Tensor | None = None) -> dict[str, Tensor]:
         """Commit the state update of this step unless the step was skipped; stateless balancers: no-op."""
