@@ -1,8 +1,8 @@
 """The contract of a loss-level method: a loss weighting, the tasks' weights from their losses (and its own state).
 
 The engine (`gradient_engine.loss_weighting_balancer.LossWeightingBalancer`) averages the losses over the DDP ranks,
-asks the weighting for w and runs one backward of Σ_i w_i L_i through the loss scale; a weighting only turns L into
-w. A complete one:
+asks the weighting for w, runs one backward of Σ_i w_i L_i through the loss scale, and once per optimizer step asks it
+for its state's next values; a weighting only turns L into w (and into its next state). A complete one:
 
     class GeometricMeanWeighting(LossWeighting):
         def forward(self, losses):
@@ -19,15 +19,26 @@ from mtl_bench.balancers.weighting import Solution
 
 
 class LossWeighting(nn.Module):
-    """A loss-level method: `forward(losses)` returns the weights w of the tasks' losses (a (T,) tensor or a
-    `Solution` with measurements and new buffer values, committed at the balancer's `step()` unless it is skipped).
+    """A loss-level method: `forward(losses)` returns the weights w of the tasks' losses for this backward (a (T,)
+    tensor, or a `Solution` with measurements); `update(losses, items)` returns the next values of its buffers.
 
-    `losses`: (T,) float32, detached, the step's losses averaged over the DDP ranks; rows follow `task_names` sorted.
+    `losses`: (T,) float32, detached, averaged over the DDP ranks; rows follow `task_names` sorted. A weighting with an
+    `update` gets, under gradient accumulation, the mean of the step's micro-batches so far (the last micro-batch's is
+    the whole step's); one without gets each micro-batch's own losses.
+
+    `update(losses, items)`: called once per optimizer step, after the step's last backward (in per-task mode at the
+    balancer's `step()`), with the whole step's losses (weighted by `items`, (T,) the examples each loss averaged over:
+    the batch size, averaged over micro-batches and ranks). What it returns (buffer name -> new value) is committed at
+    the balancer's `step()` unless the step is skipped or a loss is not finite. The default: no state.
+
     `per_task`: w_i depends on L_i alone, so the method also runs per-task steps (each task on its own batch): then
-    `forward` gets the task's loss in every row and its row is read.
+    `forward` gets the task's loss in every row and its row (and its measurements ending in `/<task>`) is read.
     """
 
     per_task: bool = False
 
     def forward(self, losses: Tensor) -> Union[Tensor, Solution]:
         raise NotImplementedError
+
+    def update(self, losses: Tensor, items: Tensor) -> dict[str, Tensor]:
+        return {}

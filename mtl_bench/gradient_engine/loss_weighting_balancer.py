@@ -12,7 +12,7 @@ from mtl_bench.balancers.loss_weighting import LossWeighting
 from mtl_bench.balancers.weighting import as_solution
 from mtl_bench.gradient_engine.balancer import Balancer, Context, refuse_flat_state
 from mtl_bench.gradient_engine.rank_average import average_by_name
-from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
+from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer
 
 
 def objective_weights(objective: Callable[[Tensor], Tensor], losses: Tensor) -> Tensor:
@@ -45,15 +45,22 @@ def no_per_task_mode(balancer: Balancer) -> str:
     )
 
 
+def batch_items(shared: Tensor) -> Tensor:
+    """The examples in a batch, from the first dimension of its shared representation (1 when it is 0-d), as a 0-d
+    float32 on its device (a fill there, not a host-to-device copy, which would wait for the stream)."""
+    return shared.new_full((), float(shared.shape[0]) if shared.dim() > 0 else 1.0, dtype=torch.float32)
+
+
 class LossWeightingBalancer(StagedBalancer):
     """Trains on Σ_i w_i L_i with w = weighting(L) (the contract: mtl_bench/balancers/loss_weighting.py).
 
     The weights are computed on the detached losses (float32) and one backward runs through the loss scale, so AMP
     changes nothing. Under DDP the losses are averaged across ranks (by name) first, so every rank uses the weights
-    of the global batch. Under gradient accumulation each micro-batch's weights come from its own losses. A
-    weighting whose w_i depends on L_i alone (`per_task`) also runs per-task steps. A method of mtl-bench is a
-    subclass whose constructor, written in the method's file, builds its weighting; its state is saved under
-    `weighting.`.
+    of the global batch and holds the same state. Under gradient accumulation a stateless weighting weights each
+    micro-batch by its own losses; one with state (an `update`) by the mean of the step's losses so far, and its
+    update sees the whole step's. A weighting whose w_i depends on L_i alone (`per_task`) also runs per-task steps;
+    its update then runs at `step()`, from every task's losses. A method of mtl-bench is a subclass whose
+    constructor, written in the method's file, builds its weighting; its state is saved under `weighting.`.
 
     Metrics: `weight/<task>`, and the weighting's.
     """
@@ -63,19 +70,39 @@ class LossWeightingBalancer(StagedBalancer):
     def __init__(self, task_names: Sequence[str], weighting: LossWeighting) -> None:
         super().__init__(task_names)
         self.weighting = weighting
+        self.stateful = type(weighting).update is not LossWeighting.update
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object) -> None:
         refuse_flat_state(self, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args)
 
+    def _rank_mean(self, weighted: Tensor, items: Tensor) -> tuple[Tensor, Tensor]:
+        """Σ items·L and items averaged over the ranks by name (one collective), in task order."""
+        names = self.task_names
+        local = {f"weighted/{n}": weighted[i] for i, n in enumerate(names)}
+        mean = average_by_name(local | {f"items/{n}": items[i] for i, n in enumerate(names)})
+        return torch.stack([mean[f"weighted/{n}"] for n in names]), torch.stack([mean[f"items/{n}"] for n in names])
+
+    def _stage_update(self, losses: Tensor, items: Tensor) -> None:
+        """Stage the weighting's next state from the step's losses (kept only if they are finite)."""
+        self._require_finite(losses)
+        self._stage(**{f"weighting.{name}": value for name, value in self.weighting.update(losses, items).items()})
+
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         ordered = {name: losses[name] for name in self.task_names}
-        solution = as_solution(self.weighting(rank_mean_losses(ordered)))
-        if not solution.state:
+        if not self.stateful:
+            solution = as_solution(self.weighting(rank_mean_losses(ordered)))
             return weighted_backward(self, ordered, solution.weights, ctx) | solution.metrics
         self._begin(JOINT, ctx, shared)
-        self._stage(**{f"weighting.{name}": value for name, value in solution.state.items()})
+        items = batch_items(shared).expand(len(self.task_names))
+        local = torch.stack([loss.detach().float() for loss in ordered.values()])
+        weighted, items = self._rank_mean(local * items, items)
+        weighted, items = self._mean("weighted", weighted), self._mean("items", items)
+        step_losses = weighted / items  # the step's so far: the micro-batches' item-weighted mean
+        solution = as_solution(self.weighting(step_losses))
+        if self._sums["items"][1] == (self._ctx.accumulation_steps if self._ctx is not None else 1):
+            self._stage_update(step_losses, items)
         metrics = weighted_backward(self, ordered, solution.weights, ctx) | solution.metrics
         self._end_joint()
         return metrics
@@ -89,7 +116,20 @@ class LossWeightingBalancer(StagedBalancer):
             raise NotImplementedError(problem)
         if task not in self._index:
             raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
+        if self.stateful:  # the update waits for every task's losses, at step()
+            self._begin(PER_TASK, ctx, shared)
+            items = batch_items(shared)
+            self._collect(task, weighted=loss.detach().float() * items, items=items)
         own = rank_mean_losses({task: loss})[0]
-        weight = as_solution(self.weighting(own.expand(len(self.task_names)))).weights[self._index[task]]
+        solution = as_solution(self.weighting(own.expand(len(self.task_names))))
+        weight = solution.weights[self._index[task]]
         self.run_backward(weight * loss.float(), ctx)
-        return {tags.weight(task): weight}
+        return {tags.weight(task): weight} | {k: v for k, v in solution.metrics.items() if k.endswith(f"/{task}")}
+
+    def _finish(self) -> dict[str, Tensor]:
+        stats = [self._collected[name] for name in self.task_names]
+        weighted, items = self._rank_mean(
+            torch.stack([s["weighted"] for s in stats]), torch.stack([s["items"] for s in stats])
+        )
+        self._stage_update(weighted / items, items)
+        return {}

@@ -21,7 +21,10 @@ class InverseLoss(LossWeighting):
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
 
     def forward(self, losses):
-        return Solution(1 / losses, metrics={"inverse/mean": (1 / losses).mean()}, state={"steps": self.steps + 1})
+        return Solution(1 / losses, metrics={"inverse/mean": (1 / losses).mean()})
+
+    def update(self, losses, items):
+        return {"steps": self.steps + 1}
 
 
 def test_the_gradient_is_the_weighted_sums_and_the_state_waits_for_the_step():
@@ -56,3 +59,47 @@ def test_a_per_task_weighting_runs_per_task_steps_and_the_others_refuse():
     assert "has no per-task mode" in plain.per_task_problem()
     with pytest.raises(NotImplementedError, match="trainer.step_mode=joint"):
         plain.backward_task("a", losses["a"], out.shared)
+
+
+class LastLosses(LossWeighting):
+    """w = 1; its state is the losses its update saw, and how many updates it had."""
+
+    per_task = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(3))
+        self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, losses):
+        return torch.ones_like(losses)
+
+    def update(self, losses, items):
+        return {"seen": losses, "updates": self.updates + 1}
+
+
+def constant(values, items):
+    shared = torch.zeros(items, requires_grad=True)
+    return {t: v + shared.sum() for t, v in zip(TASKS3, values)}, shared
+
+
+def test_the_update_runs_once_a_step_on_the_item_weighted_mean_of_its_micro_batches():
+    bal = LossWeightingBalancer(TASKS3, LastLosses())
+    ctx = BackwardContext(factor=0.5, accumulation_steps=2)
+    for values, items in (((1.0, 2.0, 3.0), 3), ((5.0, 6.0, 7.0), 1)):
+        bal.backward(*constant(values, items), ctx)
+    bal.step(False)
+    torch.testing.assert_close(bal.weighting.seen, torch.tensor([2.0, 3.0, 4.0]))  # (3·1 + 1·5) / 4, ...
+    assert bal.weighting.updates.item() == 1
+
+
+def test_per_task_steps_update_at_the_step_from_every_task_and_a_skipped_step_keeps_the_state():
+    bal = LossWeightingBalancer(TASKS3, LastLosses())
+    for skipped in (False, True):
+        for task, value in zip(TASKS3, (1.0, 2.0, 3.0) if not skipped else (7.0, 8.0, 9.0)):
+            losses, shared = constant((value,) * 3, 2)
+            assert bal.backward_task(task, losses[task], shared, BackwardContext()) == {f"weight/{task}": 1.0}
+        assert bal.weighting.updates.item() == 0 if not skipped else 1
+        bal.step(skipped)
+    torch.testing.assert_close(bal.weighting.seen, torch.tensor([1.0, 2.0, 3.0]))
+    assert bal.weighting.updates.item() == 1

@@ -371,7 +371,8 @@ def child_pids(pid: int) -> set[int]:
 def test_ctrl_c_on_segnet_with_loader_workers_leaves_no_process_and_resumes(tmp_path):
     """Ctrl-C as a terminal sends it (to the whole process group) to SegNet-MTAN on the NYUv2 test tree with two
     loader workers, an evaluation and a checkpoint due after every step, just after step 1's checkpoint: it stops
-    after the step it came in, evaluates nothing more, the workers are gone when it exits, and the run resumes from step 2."""
+    after the step it came in, evaluates nothing more, the workers are gone when it exits, and the run resumes from
+    that step."""
     from tests.helpers.dense_tree import write_nyuv2
 
     root = write_nyuv2(tmp_path / "data", n_train=8, n_val=2)
