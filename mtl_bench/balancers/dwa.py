@@ -7,14 +7,13 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.checks import number
-from mtl_bench.gradient_engine.balancer import Context
-from mtl_bench.gradient_engine.rank_average import average_by_name
-from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer
+from mtl_bench.balancers.loss_weighting import LossWeighting
+from mtl_bench.balancers.weighting import Solution
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 
 
-class DynamicWeightAverage(StagedBalancer):
+class DynamicWeightAverageWeighting(LossWeighting):
     """w_i = T·softmax(r / temperature)_i with r_i = L̄_i(p−1) / L̄_i(p−2), the rate at which each task's
     average training loss fell over the last two complete periods; w_i = 1 until two periods are complete.
 
@@ -40,6 +39,51 @@ class DynamicWeightAverage(StagedBalancer):
     periods: Tensor
     last: Tensor
     before_last: Tensor
+    per_task = True  # w_i comes from the committed averages
+
+    def __init__(self, task_names: Sequence[str], temperature: float, period: int) -> None:
+        """
+        task_names: the tasks, in the balancer's (sorted) order.
+        temperature: the softmax temperature (> 0).
+        period: optimizer steps per averaging period (>= 1).
+        """
+        super().__init__()
+        self.task_names, self.temperature, self.period = list(task_names), temperature, period
+        tasks = len(self.task_names)
+        self.register_buffer("period_sum", torch.zeros(tasks))  # Σ items·loss in the current period
+        self.register_buffer("period_items", torch.zeros(tasks))  # Σ items
+        self.register_buffer("period_steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("periods", torch.zeros((), dtype=torch.long))  # complete periods so far
+        self.register_buffer("last", torch.ones(tasks))  # L̄(p−1)
+        self.register_buffer("before_last", torch.ones(tasks))  # L̄(p−2)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, period={self.period}"
+
+    def forward(self, losses: Tensor) -> Solution:
+        """The weights from the committed averages (the step's losses enter them at its update)."""
+        rates = self.last / self.before_last  # r_i = L̄_i(p−1) / L̄_i(p−2): 1 before two periods are complete
+        soft = len(rates) * torch.softmax(rates / self.temperature, dim=-1)
+        weights = torch.where(self.periods >= 2, soft, torch.ones_like(soft))
+        return Solution(weights, metrics={f"dwa/rate/{name}": rates[i] for i, name in enumerate(self.task_names)})
+
+    def update(self, losses: Tensor, items: Tensor) -> dict[str, Tensor]:
+        """The period sums (and the roll-over at a period's end) from the step's items·loss and items."""
+        total, count = self.period_sum + losses * items, self.period_items + items
+        steps = self.period_steps + 1
+        full = steps >= self.period
+        return {
+            "period_sum": torch.where(full, torch.zeros_like(total), total),
+            "period_items": torch.where(full, torch.zeros_like(count), count),
+            "period_steps": torch.where(full, torch.zeros_like(steps), steps),
+            "periods": self.periods + full.long(),
+            "last": torch.where(full, total / count, self.last),
+            "before_last": torch.where(full, self.last, self.before_last),
+        }
+
+
+class DynamicWeightAverage(LossWeightingBalancer):
+    """DWA (`DynamicWeightAverageWeighting`) as a balancer: `balancer=dwa`."""
 
     def __init__(self, task_names: Sequence[str], temperature: float = 2.0, period: int = 100) -> None:
         """
@@ -47,93 +91,6 @@ class DynamicWeightAverage(StagedBalancer):
         temperature: the softmax temperature T of the paper (> 0; LibMTL: 2.0).
         period: optimizer steps per averaging period (>= 1); the optimizer steps of one epoch reproduce LibMTL.
         """
-        super().__init__(task_names)
-        self.temperature = number("temperature", temperature, 0, above=True)
-        self.period = number("period", period, 1, integer=True)
-        n = len(self.task_names)
-        self.register_buffer("period_sum", torch.zeros(n))  # Σ items·loss in the current period
-        self.register_buffer("period_items", torch.zeros(n))  # Σ items
-        self.register_buffer("period_steps", torch.zeros((), dtype=torch.long))
-        self.register_buffer("periods", torch.zeros((), dtype=torch.long))  # complete periods so far
-        self.register_buffer("last", torch.ones(n))  # L̄(p−1)
-        self.register_buffer("before_last", torch.ones(n))  # L̄(p−2)
-
-    def extra_repr(self) -> str:
-        return f"tasks={self.task_names}, temperature={self.temperature}, period={self.period}"
-
-    @property
-    def rates(self) -> Tensor:
-        """r_i = L̄_i(p−1) / L̄_i(p−2) from the committed averages (1 before two periods are complete)."""
-        return self.last / self.before_last
-
-    @property
-    def weights(self) -> Tensor:
-        """The weights of the next step, from the committed averages."""
-        soft = len(self.task_names) * torch.softmax(self.rates / self.temperature, dim=-1)
-        return torch.where(self.periods >= 2, soft, torch.ones_like(soft))
-
-    @staticmethod
-    def _items(shared: Tensor) -> Tensor:
-        # A fill on the device, not a host-to-device copy (which would wait for the stream).
-        return shared.new_full((), float(shared.shape[0]) if shared.dim() > 0 else 1.0, dtype=torch.float32)
-
-    def _update(self, weighted: Tensor, items: Tensor) -> None:
-        """Stage the period sums (and the roll-over at a period's end) from the step's items·loss and items."""
-        self._require_finite(weighted)
-        total, count = self.period_sum + weighted, self.period_items + items
-        steps = self.period_steps + 1
-        full = steps >= self.period
-        self._stage(
-            period_sum=torch.where(full, torch.zeros_like(total), total),
-            period_items=torch.where(full, torch.zeros_like(count), count),
-            period_steps=torch.where(full, torch.zeros_like(steps), steps),
-            periods=self.periods + full.long(),
-            last=torch.where(full, total / count, self.last),
-            before_last=torch.where(full, self.last, self.before_last),
-        )
-
-    def _reduce(self, weighted: Tensor, items: Tensor) -> tuple[Tensor, Tensor]:
-        names = self.task_names
-        local = {
-            **{f"weighted/{n}": weighted[i] for i, n in enumerate(names)},
-            **{f"items/{n}": items[i] for i, n in enumerate(names)},
-        }
-        mean = average_by_name(local)
-        return (torch.stack([mean[f"weighted/{n}"] for n in names]), torch.stack([mean[f"items/{n}"] for n in names]))
-
-    def _metrics(self, weights: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
-        rates = self.rates
-        metrics: dict[str, Tensor] = {}
-        for name in names:
-            metrics[tags.weight(name)] = weights[self._index[name]]
-            metrics[f"dwa/rate/{name}"] = rates[self._index[name]]
-        return metrics
-
-    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        self.check_losses(losses)
-        self._begin(JOINT, ctx, shared)
-        ordered = torch.stack([losses[name] for name in self.task_names])
-        items = self._items(shared).expand(len(self.task_names))
-        weighted, items = self._reduce(ordered.detach().float() * items, items)
-        self._update(self._mean("weighted", weighted), self._mean("items", items))
-        weights = self.weights
-        metrics = self._metrics(weights, self.task_names)  # this step's, before a commit without a context
-        self.run_backward((weights * ordered).sum(), ctx)
-        self._end_joint()
-        return metrics
-
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        """Per-task mode: w_task·L_task on the task's own batch; the sums are updated in `step()`."""
-        self._begin(PER_TASK, ctx, shared)
-        items = self._items(shared)
-        self._collect(task, weighted=loss.detach().float() * items, items=items)
-        weights = self.weights
-        self.run_backward(weights[self._index[task]] * loss, ctx)
-        return self._metrics(weights, [task])
-
-    def _finish(self) -> dict[str, Tensor]:
-        stats = [self._collected[name] for name in self.task_names]
-        self._update(
-            *self._reduce(torch.stack([s["weighted"] for s in stats]), torch.stack([s["items"] for s in stats]))
-        )
-        return {}
+        temperature = number("temperature", temperature, 0, above=True)
+        period = number("period", period, 1, integer=True)
+        super().__init__(task_names, DynamicWeightAverageWeighting(sorted(task_names), temperature, period))

@@ -36,7 +36,11 @@ def test_weights_by_hand():
         losses, shared = constant_losses(a, b)
         metrics = bal.backward(losses, shared)
         assert [metrics[f"weight/{t}"].item() for t in TASKS] == [1.0, 1.0]  # fewer than two complete periods
-    assert bal.periods.item() == 2 and bal.last.tolist() == [1.5, 1.0] and bal.before_last.tolist() == [3.0, 1.0]
+    assert (
+        bal.weighting.periods.item() == 2
+        and bal.weighting.last.tolist() == [1.5, 1.0]
+        and bal.weighting.before_last.tolist() == [3.0, 1.0]
+    )
     losses, shared = constant_losses(1.0, 1.0)
     metrics = bal.backward(losses, shared)
     r = [0.5, 1.0]  # rates L̄(1)/L̄(0)
@@ -52,7 +56,7 @@ def test_period_averages_weight_steps_by_batch_size():
     for a, items in ((1.0, 3), (5.0, 1)):
         losses, shared = constant_losses(a, 1.0, items)
         bal.backward(losses, shared)
-    assert bal.last.tolist() == [pytest.approx((3 * 1.0 + 1 * 5.0) / 4), 1.0]
+    assert bal.weighting.last.tolist() == [pytest.approx((3 * 1.0 + 1 * 5.0) / 4), 1.0]
 
 
 # ---------------------------------------------------------------------------------------------- the reference
@@ -111,7 +115,9 @@ def test_state_dict_round_trip_continues_identically():
     saved, straight = assert_resume_continues(
         lambda model: DynamicWeightAverage(list(TASKS), period=2), range(5), range(5, 10)
     )
-    assert {"period_sum", "period_items", "period_steps", "periods", "last", "before_last"} <= set(saved)
+    assert {
+        f"weighting.{k}" for k in ("period_sum", "period_items", "period_steps", "periods", "last", "before_last")
+    } <= set(saved)
     assert straight[-1]["weight/a"].item() != 1.0
 
 
@@ -136,7 +142,7 @@ def test_per_task_mode_and_accumulation_give_the_joint_update():
         for key in expected:
             torch.testing.assert_close(metrics[key], expected[key])
     for name in ("last", "before_last", "periods"):
-        assert torch.equal(getattr(bal, name), getattr(joint, name)), name
+        assert torch.equal(getattr(bal.weighting, name), getattr(joint.weighting, name)), name
     for g, ref in zip((p.grad for p in per_task_model.parameters()), (p.grad for p in model.parameters())):
         torch.testing.assert_close(g, ref)
 
@@ -151,8 +157,8 @@ def test_per_task_mode_and_accumulation_give_the_joint_update():
         mean = [sum(v) / 2 for v in zip(*step_losses)]
         losses, shared = constant_losses(*mean)
         one.backward(losses, shared)
-    torch.testing.assert_close(bal.last, one.last)
-    torch.testing.assert_close(bal.before_last, one.before_last)
+    torch.testing.assert_close(bal.weighting.last, one.weighting.last)
+    torch.testing.assert_close(bal.weighting.before_last, one.weighting.before_last)
 
 
 def test_metrics_and_no_host_sync(monkeypatch: pytest.MonkeyPatch):
