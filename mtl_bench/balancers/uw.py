@@ -8,17 +8,16 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import at_least, number, one_of, pair
-from mtl_bench.gradient_engine.balancer import Context
-from mtl_bench.gradient_engine.rank_average import average_by_name
-from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer
+from mtl_bench.balancers.loss_weighting import LossWeighting
+from mtl_bench.balancers.weighting import Solution
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 
 OPTIMIZERS = ("adam", "sgd")
 
 
-class UncertaintyWeighting(StagedBalancer):
+class UncertaintyLossWeighting(LossWeighting):
     """Learnable log-variances s_i = log σ_i²: the network trains on Σ_i L_i / (2 e^{s_i}).
 
     The objective is LibMTL's, Σ_i L_i / (2 e^{s_i}) + s_i / 2: the paper's regression form
@@ -44,6 +43,56 @@ class UncertaintyWeighting(StagedBalancer):
     exp_avg: Tensor
     exp_avg_sq: Tensor
     opt_step: Tensor
+    per_task = True  # w_i comes from the committed s_i
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        init_log_var: float,
+        lr: float,
+        optimizer: str,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+    ) -> None:
+        """Options as `UncertaintyWeighting`'s, checked there; `task_names` in the balancer's (sorted) order."""
+        super().__init__()
+        self.task_names, self.init_log_var, self.lr, self.optimizer = list(task_names), init_log_var, lr, optimizer
+        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        n = len(self.task_names)
+        self.register_buffer("log_vars", torch.full((n,), init_log_var))
+        self.register_buffer("exp_avg", torch.zeros(n))
+        self.register_buffer("exp_avg_sq", torch.zeros(n))
+        self.register_buffer("opt_step", torch.zeros(()))
+
+    def extra_repr(self) -> str:
+        return f"lr={self.lr}, optimizer={self.optimizer}"
+
+    @property
+    def weights(self) -> Tensor:
+        """w_i = 1 / (2 e^{s_i}) from the committed log-variances."""
+        return 0.5 * torch.exp(-self.log_vars)
+
+    def forward(self, losses: Tensor) -> Solution:
+        log_vars = self.log_vars.clone()  # this step's (the buffer takes the update at the commit)
+        return Solution(self.weights, metrics={f"uw/log_var/{n}": log_vars[i] for i, n in enumerate(self.task_names)})
+
+    def update(self, losses: Tensor, items: Tensor) -> dict[str, Tensor]:
+        """One optimizer step of s on the step's (rank-averaged, micro-batch-averaged) losses."""
+        s = self.log_vars
+        grad = 0.5 - 0.5 * losses * torch.exp(-s)
+        if self.weight_decay:
+            grad = grad + self.weight_decay * s
+        if self.optimizer == "sgd":
+            return {"log_vars": s - self.lr * grad}
+        new, exp_avg, exp_avg_sq, step = adam_update(
+            s, grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.lr, self.betas, self.eps
+        )
+        return {"log_vars": new, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "opt_step": step}
+
+
+class UncertaintyWeighting(LossWeightingBalancer):
+    """UW (`UncertaintyLossWeighting`) as a balancer: `balancer=uw`."""
 
     def __init__(
         self,
@@ -64,71 +113,13 @@ class UncertaintyWeighting(StagedBalancer):
         eps: Adam's eps for the log-variances (> 0).
         weight_decay: L2 penalty on the log-variances, added to their gradient as torch's optimizers do (>= 0).
         """
-        super().__init__(task_names)
-        self.optimizer, self.lr = one_of("optimizer", optimizer, OPTIMIZERS), number("lr", lr, 0, above=True)
-        self.eps, self.weight_decay = number("eps", eps, 0, above=True), at_least("weight_decay", weight_decay, 0)
-        self.betas = pair("betas", betas, 0, 1, below=True)
-        n = len(self.task_names)
-        self.register_buffer("log_vars", torch.full((n,), number("init_log_var", init_log_var, finite=True)))
-        self.register_buffer("exp_avg", torch.zeros(n))
-        self.register_buffer("exp_avg_sq", torch.zeros(n))
-        self.register_buffer("opt_step", torch.zeros(()))
-
-    def extra_repr(self) -> str:
-        return f"tasks={self.task_names}, lr={self.lr}, optimizer={self.optimizer}"
-
-    @property
-    def weights(self) -> Tensor:
-        """w_i = 1 / (2 e^{s_i}) from the committed log-variances."""
-        return 0.5 * torch.exp(-self.log_vars)
-
-    def _update(self, losses: Tensor) -> None:
-        """Stage one optimizer step of s on the step's (rank-averaged, micro-batch-averaged) losses."""
-        self._require_finite(losses)
-        s = self.log_vars
-        grad = 0.5 - 0.5 * losses * torch.exp(-s)
-        if self.weight_decay:
-            grad = grad + self.weight_decay * s
-        if self.optimizer == "adam":
-            new, exp_avg, exp_avg_sq, step = adam_update(
-                s, grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.lr, self.betas, self.eps
-            )
-            self._stage(exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
-        else:
-            new = s - self.lr * grad
-        self._stage(log_vars=new)
-
-    def _reduce(self, losses: Tensor) -> Tensor:
-        mean = average_by_name({f"loss/{name}": losses[i] for i, name in enumerate(self.task_names)})
-        return torch.stack([mean[f"loss/{name}"] for name in self.task_names])
-
-    def _metrics(self, weights: Tensor, log_vars: Tensor, names: Sequence[str]) -> dict[str, Tensor]:
-        metrics: dict[str, Tensor] = {}
-        for name in names:
-            i = self._index[name]
-            metrics[tags.weight(name)] = weights[i]
-            metrics[f"uw/log_var/{name}"] = log_vars[i]
-        return metrics
-
-    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        self.check_losses(losses)
-        self._begin(JOINT, ctx, shared)
-        ordered = torch.stack([losses[name] for name in self.task_names])
-        self._update(self._mean("losses", self._reduce(ordered.detach().float())))
-        weights, log_vars = self.weights, self.log_vars.clone()  # this step's (the update is only staged)
-        self.run_backward((weights * ordered).sum(), ctx)
-        self._end_joint()
-        return self._metrics(weights, log_vars, self.task_names)
-
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        """Per-task mode: w_task·L_task on its own batch; s is updated in `step()` from every task's loss."""
-        self._begin(PER_TASK, ctx, shared)
-        self._collect(task, loss=loss.detach().float())
-        i = self._index[task]
-        weights, log_vars = self.weights, self.log_vars.clone()
-        self.run_backward(weights[i] * loss, ctx)
-        return self._metrics(weights, log_vars, [task])
-
-    def _finish(self) -> dict[str, Tensor]:
-        self._update(self._reduce(torch.stack([self._collected[name]["loss"] for name in self.task_names])))
-        return {}
+        weighting = UncertaintyLossWeighting(
+            sorted(task_names),
+            number("init_log_var", init_log_var, finite=True),
+            number("lr", lr, 0, above=True),
+            one_of("optimizer", optimizer, OPTIMIZERS),
+            pair("betas", betas, 0, 1, below=True),
+            number("eps", eps, 0, above=True),
+            at_least("weight_decay", weight_decay, 0),
+        )
+        super().__init__(task_names, weighting)

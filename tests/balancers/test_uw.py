@@ -33,8 +33,8 @@ def test_one_update_by_hand():
     assert shared.grad.item() == pytest.approx(2.0)
     assert [metrics[f"weight/{t}"].item() for t in TASKS] == [0.5, 0.5]
     assert [metrics[f"uw/log_var/{t}"].item() for t in TASKS] == [0.0, 0.0]
-    assert bal.log_vars.tolist() == pytest.approx([0.05, -0.025])
-    assert bal.weights.tolist() == pytest.approx([0.5 * math.exp(-0.05), 0.5 * math.exp(0.025)])
+    assert bal.weighting.log_vars.tolist() == pytest.approx([0.05, -0.025])
+    assert bal.weighting.weights.tolist() == pytest.approx([0.5 * math.exp(-0.05), 0.5 * math.exp(0.025)])
 
 
 def test_update_equals_autograd_of_the_objective():
@@ -42,7 +42,7 @@ def test_update_equals_autograd_of_the_objective():
     s = torch.tensor([-0.5, 0.3], requires_grad=True)
     opt = torch.optim.Adam([s], lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
     bal = UncertaintyWeighting(list(TASKS), lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
-    bal.log_vars.copy_(s.detach())
+    bal.weighting.log_vars.copy_(s.detach())
     for values in ((2.0, 0.5), (1.5, 0.7), (1.0, 0.2)):
         L = torch.tensor(values)
         opt.zero_grad()
@@ -50,7 +50,7 @@ def test_update_equals_autograd_of_the_objective():
         opt.step()
         shared = torch.zeros(1, requires_grad=True)
         bal.backward({t: (v + shared).sum() for t, v in zip(TASKS, values)}, shared)
-        torch.testing.assert_close(bal.log_vars, s.detach(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(bal.weighting.log_vars, s.detach(), rtol=1e-6, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------------------------- the reference
@@ -79,8 +79,8 @@ def test_matches_libmtl_uw(optimizer: str):
         bal.backward(losses, out.shared, BackwardContext())
         opt.step()
         bal.step()
-    torch.testing.assert_close(bal.log_vars, ref.loss_scale.detach(), rtol=1e-5, atol=1e-6)
-    assert not torch.allclose(bal.log_vars, torch.full((2,), -0.5), atol=1e-2)  # the state matters
+    torch.testing.assert_close(bal.weighting.log_vars, ref.loss_scale.detach(), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(bal.weighting.log_vars, torch.full((2,), -0.5), atol=1e-2)  # the state matters
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -90,7 +90,7 @@ def test_matches_libmtl_uw(optimizer: str):
 
 def test_state_dict_round_trip_continues_identically():
     saved, _ = assert_resume_continues(lambda model: UncertaintyWeighting(list(TASKS), lr=0.05), range(3), range(3, 6))
-    assert {"log_vars", "exp_avg", "exp_avg_sq", "opt_step"} <= set(saved)
+    assert {f"weighting.{k}" for k in ("log_vars", "exp_avg", "exp_avg_sq", "opt_step")} <= set(saved)
 
 
 def test_grad_scaler_gives_the_fp32_update_and_a_skipped_step_changes_nothing():
@@ -108,12 +108,12 @@ def test_per_task_mode_and_accumulation_give_the_joint_update():
     for task in ("b", "a"):
         out, losses = pair_losses(model, 0)
         metrics |= bal.backward_task(task, losses[task], out.shared, BackwardContext())
-    assert torch.equal(bal.log_vars, torch.full((2,), -0.5))  # staged until step()
+    assert torch.equal(bal.weighting.log_vars, torch.full((2,), -0.5))  # staged until step()
     metrics |= bal.step()
     assert metrics.keys() == expected.keys()
     for key in expected:
         torch.testing.assert_close(metrics[key], expected[key])
-    torch.testing.assert_close(bal.log_vars, joint.log_vars)
+    torch.testing.assert_close(bal.weighting.log_vars, joint.weighting.log_vars)
     for g, ref in zip((p.grad for p in model.parameters()), expected_grads):
         torch.testing.assert_close(g, ref)
 
@@ -128,7 +128,7 @@ def test_per_task_mode_and_accumulation_give_the_joint_update():
     one = UncertaintyWeighting(list(TASKS), lr=0.05)
     shared = torch.zeros(1, requires_grad=True)
     one.backward({"a": torch.tensor(1.5) + shared.sum(), "b": torch.tensor(0.5) + shared.sum()}, shared)
-    torch.testing.assert_close(bal.log_vars, one.log_vars)
+    torch.testing.assert_close(bal.weighting.log_vars, one.weighting.log_vars)
 
 
 def test_metrics_and_no_host_sync(monkeypatch: pytest.MonkeyPatch):
