@@ -7,15 +7,14 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import at_least, number, pair
-from mtl_bench.gradient_engine.balancer import Context
-from mtl_bench.gradient_engine.rank_average import average_by_name
-from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
+from mtl_bench.balancers.loss_weighting import LossWeighting
+from mtl_bench.balancers.weighting import Solution
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 
 
-class FAMO(StagedBalancer):
+class FAMOWeighting(LossWeighting):
     """Task logits ξ (start at 0), z = softmax(ξ); the network descends Σ_i z_i log D_i / c with
     D_i = L_i − min_i + loss_eps and c = Σ_i z_i / D_i held constant: one backward of Σ_i w_i L_i with
     w_i = z_i / (c·D_i). ξ learns from how much each log-loss fell over a step:
@@ -55,6 +54,68 @@ class FAMO(StagedBalancer):
     def __init__(
         self,
         task_names: Sequence[str],
+        lr: float,
+        gamma: float,
+        betas: tuple[float, float],
+        eps: float,
+        min_losses: list[float],
+        loss_eps: float,
+    ) -> None:
+        """Options as `FAMO`'s, checked there; `task_names` and `min_losses` in the balancer's (sorted) order."""
+        super().__init__()
+        self.task_names, self.lr, self.gamma, self.betas = list(task_names), lr, gamma, betas
+        self.eps, self.loss_eps = eps, loss_eps
+        n = len(self.task_names)
+        self.register_buffer("logits", torch.zeros(n))
+        self.register_buffer("exp_avg", torch.zeros(n))
+        self.register_buffer("exp_avg_sq", torch.zeros(n))
+        self.register_buffer("opt_step", torch.zeros(()))
+        self.register_buffer("prev_losses", torch.zeros(n))
+        self.register_buffer("has_prev", torch.tensor(False))
+        self.register_buffer("min_losses", torch.tensor(min_losses))
+
+    def extra_repr(self) -> str:
+        return f"lr={self.lr}, gamma={self.gamma}"
+
+    def _log_gap(self, losses: Tensor) -> Tensor:
+        return torch.log(losses - self.min_losses + self.loss_eps)
+
+    def update(self, losses: Tensor, items: Tensor) -> dict[str, Tensor]:
+        """ξ_{t+1} (and its Adam moments) from the committed ξ_t, the previous step's losses and these."""
+        return self._next(losses)
+
+    def _next(self, losses: Tensor) -> dict[str, Tensor]:
+        xi = self.logits
+        delta = self._log_gap(self.prev_losses) - self._log_gap(losses)
+        z = torch.softmax(xi, dim=-1)
+        grad = z * (delta - (z * delta).sum()) + self.gamma * xi  # J_softmax(ξ)ᵀ δ, plus Adam's L2 term
+        new, exp_avg, exp_avg_sq, step = adam_update(
+            xi, grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.lr, self.betas, self.eps
+        )
+        first = ~self.has_prev  # no "before" losses yet: no update
+        return {
+            "logits": torch.where(first, xi, new),
+            "exp_avg": torch.where(first, self.exp_avg, exp_avg),
+            "exp_avg_sq": torch.where(first, self.exp_avg_sq, exp_avg_sq),
+            "opt_step": torch.where(first, self.opt_step, step),
+            "prev_losses": losses,
+            "has_prev": torch.ones_like(self.has_prev),
+        }
+
+    def forward(self, losses: Tensor) -> Solution:
+        """w_i = z_i / (c·D_i) with z = softmax(ξ_{t+1}): the step's update comes first (as theirs)."""
+        z = torch.softmax(self._next(losses)["logits"], dim=-1)
+        gap = losses - self.min_losses + self.loss_eps
+        weights = z / ((z / gap).sum() * gap)
+        return Solution(weights, metrics={f"famo/z/{name}": z[i] for i, name in enumerate(self.task_names)})
+
+
+class FAMO(LossWeightingBalancer):
+    """FAMO (`FAMOWeighting`) as a balancer: `balancer=famo`."""
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
         lr: float = 0.025,
         gamma: float = 0.001,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -72,71 +133,19 @@ class FAMO(StagedBalancer):
         min_losses: each task's lowest attainable loss min_i (FAMO's set_min_losses); None gives 0 for every task.
         loss_eps: added to L_i − min_i before the log (> 0; FAMO: 1e-8).
         """
-        super().__init__(task_names)
-        self.lr, self.gamma = number("lr", lr, 0, above=True), at_least("gamma", gamma, 0)
-        self.eps, self.loss_eps = number("eps", eps, 0, above=True), number("loss_eps", loss_eps, 0, above=True)
-        self.betas = pair("betas", betas, 0, 1, below=True)
-        minima = [0.0] * len(self.task_names)
+        names = sorted(task_names)
+        minima = [0.0] * len(names)
         if min_losses is not None:
-            if set(min_losses) != set(self.task_names):
-                raise ValueError(f"min_losses: tasks {sorted(min_losses)} do not match the tasks {self.task_names}")
-            minima = [float(min_losses[name]) for name in self.task_names]
-        n = len(self.task_names)
-        self.register_buffer("logits", torch.zeros(n))
-        self.register_buffer("exp_avg", torch.zeros(n))
-        self.register_buffer("exp_avg_sq", torch.zeros(n))
-        self.register_buffer("opt_step", torch.zeros(()))
-        self.register_buffer("prev_losses", torch.zeros(n))
-        self.register_buffer("has_prev", torch.tensor(False))
-        self.register_buffer("min_losses", torch.tensor(minima))
-
-    def extra_repr(self) -> str:
-        return f"tasks={self.task_names}, lr={self.lr}, gamma={self.gamma}"
-
-    def _log_gap(self, losses: Tensor) -> Tensor:
-        return torch.log(losses - self.min_losses + self.loss_eps)
-
-    def _update(self, losses: Tensor) -> Tensor:
-        """Stage ξ_{t+1} from the committed ξ_t, the previous step's losses and these; return ξ_{t+1}."""
-        self._require_finite(losses)
-        xi = self.logits
-        delta = self._log_gap(self.prev_losses) - self._log_gap(losses)
-        z = torch.softmax(xi, dim=-1)
-        grad = z * (delta - (z * delta).sum()) + self.gamma * xi  # J_softmax(ξ)ᵀ δ, plus Adam's L2 term
-        new, exp_avg, exp_avg_sq, step = adam_update(
-            xi, grad, self.exp_avg, self.exp_avg_sq, self.opt_step, self.lr, self.betas, self.eps
+            if set(min_losses) != set(names):
+                raise ValueError(f"min_losses: tasks {sorted(min_losses)} do not match the tasks {names}")
+            minima = [float(min_losses[name]) for name in names]
+        weighting = FAMOWeighting(
+            names,
+            number("lr", lr, 0, above=True),
+            at_least("gamma", gamma, 0),
+            pair("betas", betas, 0, 1, below=True),
+            number("eps", eps, 0, above=True),
+            minima,
+            number("loss_eps", loss_eps, 0, above=True),
         )
-        first = ~self.has_prev  # no "before" losses yet: no update
-        new = torch.where(first, xi, new)
-        self._stage(
-            logits=new,
-            exp_avg=torch.where(first, self.exp_avg, exp_avg),
-            exp_avg_sq=torch.where(first, self.exp_avg_sq, exp_avg_sq),
-            opt_step=torch.where(first, self.opt_step, step),
-            prev_losses=losses,
-            has_prev=torch.ones_like(self.has_prev),
-        )
-        return new
-
-    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        self.check_losses(losses)
-        self._begin(JOINT, ctx, shared)
-        ordered = torch.stack([losses[name] for name in self.task_names])
-        local = ordered.detach().float()
-        mean = average_by_name({f"loss/{name}": local[i] for i, name in enumerate(self.task_names)})
-        current = self._mean("losses", torch.stack([mean[f"loss/{name}"] for name in self.task_names]))
-        z = torch.softmax(self._update(current), dim=-1)
-        gap = current - self.min_losses + self.loss_eps
-        c = (z / gap).sum()
-        weights = z / (c * gap)
-        self.run_backward((weights * ordered).sum(), ctx)
-        self._end_joint()
-        metrics = {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
-        metrics.update({f"famo/z/{name}": z[i] for i, name in enumerate(self.task_names)})
-        return metrics
-
-    def per_task_problem(self) -> str:
-        return (
-            "FAMO has no per-task mode: each task's weight z_i/(c·D_i) and the logits' update need every "
-            "task's loss of the same step; use trainer.step_mode=joint"
-        )
+        super().__init__(task_names, weighting)

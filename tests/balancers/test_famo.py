@@ -35,12 +35,12 @@ def test_two_steps_by_hand():
     assert [metrics[f"weight/{t}"].item() for t in TASKS] == pytest.approx([0.2, 0.8])
     assert [metrics[f"famo/z/{t}"].item() for t in TASKS] == [0.5, 0.5]
     assert shared.grad.item() == pytest.approx(1.0)
-    assert bal.logits.tolist() == [0.0, 0.0] and bal.prev_losses.tolist() == [2.0, 0.5]
+    assert bal.weighting.logits.tolist() == [0.0, 0.0] and bal.weighting.prev_losses.tolist() == [2.0, 0.5]
     # Step 2: δ = log D(before) − log D(now) = (log 2, 0); Jᵀδ = z∘(δ − z·δ) = (log 2 / 4, −log 2 / 4);
     # Adam's first step moves each logit by lr against its gradient's sign: ξ = (−0.025, 0.025).
     losses, shared = constant_losses(1.0, 0.5)
     metrics = bal.backward(losses, shared)
-    assert bal.logits.tolist() == pytest.approx([-0.025, 0.025], abs=1e-6)
+    assert bal.weighting.logits.tolist() == pytest.approx([-0.025, 0.025], abs=1e-6)
     z = [1 / (1 + math.exp(0.05)), 1 / (1 + math.exp(-0.05))]
     c = z[0] / 1.0 + z[1] / 0.5
     assert [metrics[f"weight/{t}"].item() for t in TASKS] == pytest.approx([z[0] / c, z[1] / (c * 0.5)])
@@ -95,7 +95,7 @@ def test_matches_famo_reference_numbers():
         bal.backward({t: F.mse_loss(out.preds[t], Y[t]) for t in TASKS}, out.shared, BackwardContext())
         opt.step()
         bal.step()
-    torch.testing.assert_close(bal.logits, torch.tensor(FAMO_LOGITS_AFTER_5_UPDATES), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bal.weighting.logits, torch.tensor(FAMO_LOGITS_AFTER_5_UPDATES), rtol=1e-5, atol=1e-6)
     for name, p in model.named_parameters():
         torch.testing.assert_close(
             p.detach().flatten(), torch.tensor(FAMO_PARAMS_AFTER_6[name]), rtol=1e-5, atol=1e-6, msg=name
@@ -117,7 +117,7 @@ def test_update_equals_autograd_through_the_softmax_and_torch_adam():
     for values in history:
         losses, shared = constant_losses(*values)
         bal.backward(losses, shared)
-    torch.testing.assert_close(bal.logits, xi.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bal.weighting.logits, xi.detach(), rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------- the contract
@@ -125,7 +125,10 @@ def test_update_equals_autograd_through_the_softmax_and_torch_adam():
 
 def test_state_dict_round_trip_continues_identically():
     saved, _ = assert_resume_continues(lambda model: FAMO(list(TASKS), lr=0.1), range(3), range(3, 6))
-    assert {"logits", "exp_avg", "exp_avg_sq", "opt_step", "prev_losses", "has_prev", "min_losses"} <= set(saved)
+    assert {
+        f"weighting.{k}"
+        for k in ("logits", "exp_avg", "exp_avg_sq", "opt_step", "prev_losses", "has_prev", "min_losses")
+    } <= set(saved)
 
 
 def test_grad_scaler_gives_the_fp32_update_and_a_skipped_step_changes_nothing():
