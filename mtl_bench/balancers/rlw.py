@@ -7,16 +7,15 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.checks import number, one_of
+from mtl_bench.balancers.loss_weighting import LossWeighting
 from mtl_bench.balancers.seeded import SeededGenerator
-from mtl_bench.gradient_engine.balancer import Context
-from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 
 DISTRIBUTIONS = ("normal", "uniform", "dirichlet", "bernoulli")
 
 
-class RandomLossWeighting(StagedBalancer):
+class RandomWeighting(LossWeighting):
     """Each optimizer step trains on Σ_i w_i L_i with fresh random weights: w = softmax(λ), λ_i ~ N(0, 1).
 
     `distribution` picks λ as LibMTL 1.1.5's `dist` does: normal (the paper's default, LibMTL main's only
@@ -24,7 +23,7 @@ class RandomLossWeighting(StagedBalancer):
     redrawn while all are 0) is used as drawn, without the softmax.
 
     The draws come from a CPU `torch.Generator` seeded with `seed`, kept in `state_dict` (its state is
-    the module's extra state), so a resumed run draws what the uninterrupted one would, every DDP rank
+    the extra state of its `rng` module), so a resumed run draws what the uninterrupted one would, every DDP rank
     draws the same weights without communicating, and CPU and GPU runs agree. The generator is torch's
     CPU generator, so with `seed` s the weights equal LibMTL's after `torch.manual_seed(s)` when nothing
     else draws from the global generator in between.
@@ -39,24 +38,21 @@ class RandomLossWeighting(StagedBalancer):
     """
 
     weights: Tensor
+    per_task = True  # one draw for every task of the step
 
-    def __init__(self, task_names: Sequence[str], seed: int = 0, distribution: str = "normal") -> None:
-        """
-        task_names: the tasks (given by the engine).
-        seed: the seed of the balancer's own random generator (the run's seed by default in the config).
-        distribution: what λ is drawn from: normal, uniform, dirichlet (then w = softmax(λ)) or bernoulli (w = λ).
-        """
-        super().__init__(task_names)
-        self.distribution = one_of("distribution", distribution, DISTRIBUTIONS)
-        self.rng = SeededGenerator(number("seed", seed, integer=True))
+    def __init__(self, tasks: int, seed: int, distribution: str) -> None:
+        """Options as `RandomLossWeighting`'s, checked there; `tasks`: their number."""
+        super().__init__()
+        self.tasks, self.distribution = tasks, distribution
+        self.rng = SeededGenerator(seed)
         self.register_buffer("weights", self._draw())
 
     def extra_repr(self) -> str:
-        return f"tasks={self.task_names}, seed={self.rng.seed}, distribution={self.distribution}"
+        return f"seed={self.rng.seed}, distribution={self.distribution}"
 
     def _draw(self) -> Tensor:
         """The next weights, drawn on the CPU (as LibMTL draws them), float32."""
-        n, g = len(self.task_names), self.rng.generator
+        n, g = self.tasks, self.rng.generator
         if self.distribution == "bernoulli":
             while True:  # LibMTL redraws an all-zero sample; a CPU tensor, so no device sync
                 sample = torch.bernoulli(torch.full((n,), 0.5), generator=g)
@@ -70,30 +66,26 @@ class RandomLossWeighting(StagedBalancer):
             sample = torch._sample_dirichlet(torch.ones(n), generator=g)
         return torch.softmax(sample, dim=-1)
 
-    def _next(self) -> None:
-        """Stage the next step's weights, once per optimizer step."""
-        if "weights" in self._pending:
-            return
+    def forward(self, losses: Tensor) -> Tensor:
+        return self.weights.clone()  # this step's draw (the buffer takes the next one at the commit)
+
+    def update(self, losses: Tensor, items: Tensor) -> dict[str, Tensor]:
+        """The next step's weights: one draw per optimizer step."""
         draw = self._draw()
-        device = self.weights.device
-        if device.type == "cuda":  # pinned, so the copy does not wait for the device
+        if self.weights.device.type == "cuda":  # pinned, so the copy does not wait for the device
             draw = draw.pin_memory()
-        self._stage(weights=draw.to(device, non_blocking=True))
+        return {"weights": draw.to(self.weights.device, non_blocking=True)}
 
-    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        self.check_losses(losses)
-        self._begin(JOINT, ctx, shared)
-        weights = self.weights.clone()
-        self._next()
-        self.run_backward((weights * torch.stack([losses[name] for name in self.task_names])).sum(), ctx)
-        self._end_joint()
-        return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
 
-    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        """Per-task mode: w_task·L_task on the task's own batch, with the step's one draw."""
-        self._begin(PER_TASK, ctx, shared)
-        self._collect(task)
-        weight = self.weights[self._index[task]].clone()
-        self._next()
-        self.run_backward(weight * loss, ctx)
-        return {tags.weight(task): weight}
+class RandomLossWeighting(LossWeightingBalancer):
+    """RLW (`RandomWeighting`) as a balancer: `balancer=rlw`."""
+
+    def __init__(self, task_names: Sequence[str], seed: int = 0, distribution: str = "normal") -> None:
+        """
+        task_names: the tasks (given by the engine).
+        seed: the seed of the balancer's own random generator (the run's seed by default in the config).
+        distribution: what λ is drawn from: normal, uniform, dirichlet (then w = softmax(λ)) or bernoulli (w = λ).
+        """
+        distribution = one_of("distribution", distribution, DISTRIBUTIONS)
+        weighting = RandomWeighting(len(task_names), number("seed", seed, integer=True), distribution)
+        super().__init__(task_names, weighting)

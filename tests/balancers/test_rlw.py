@@ -76,21 +76,21 @@ def test_state_dict_round_trip_continues_identically():
         range(3, 6),
         remake=lambda model: RandomLossWeighting(list(TASKS), seed=99),
     )  # the seed comes from the state
-    assert {"weights", "rng._extra_state"} <= set(saved)
+    assert {"weighting.weights", "weighting.rng._extra_state"} <= set(saved)
 
 
 def test_a_skipped_step_keeps_the_weights_for_its_retry():
     model, bal = pair_model(), RandomLossWeighting(list(TASKS), seed=2)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    before = bal.weights.clone()
+    before = bal.weighting.weights.clone()
     out, losses = pair_losses(model, 0)
     first = bal.backward(losses, out.shared, scaler)
     model.heads["a"].bias.grad.fill_(float("inf"))  # the scaler skips this step
     scaler.step(opt)
     scaler.update()
     bal.step()
-    assert torch.equal(bal.weights, before)
+    assert torch.equal(bal.weighting.weights, before)
     opt.zero_grad()
     out, losses = pair_losses(model, 0)
     retry = bal.backward(losses, out.shared, scaler)
@@ -98,7 +98,7 @@ def test_a_skipped_step_keeps_the_weights_for_its_retry():
     scaler.update()
     bal.step()
     assert all(torch.equal(first[k], retry[k]) for k in first)
-    assert not torch.equal(bal.weights, before)
+    assert not torch.equal(bal.weighting.weights, before)
 
 
 def test_per_task_mode_and_accumulation_use_one_draw_per_step():
@@ -152,9 +152,13 @@ def test_bad_options_name_their_argument(options, message):
     assert str(info.value).startswith(message)
 
 
-def test_a_checkpoint_with_the_generator_as_the_balancers_own_state_is_refused_in_one_line():
+@pytest.mark.parametrize("generator", ["_extra_state", "rng._extra_state"])
+def test_a_checkpoint_of_an_older_layout_is_refused_in_one_line(generator):
+    """The state at the balancer's root: the weights and the generator as its own state, or in its own module."""
     state = RandomLossWeighting(list(TASKS), seed=5).state_dict()
-    state["_extra_state"] = state.pop("rng._extra_state")  # the layout before the generator was a module of its own
-    with pytest.raises(ContractError, match=r"generator's state as '_extra_state'.*start a new run") as err:
-        RandomLossWeighting(list(TASKS), seed=5).load_state_dict(state)
+    older = {"weights": state["weighting.weights"], generator: state["weighting.rng._extra_state"]}
+    with pytest.raises(
+        ContractError, match=r"the checkpoint keeps .* layout this version does not read.*new run"
+    ) as err:
+        RandomLossWeighting(list(TASKS), seed=5).load_state_dict(older)
     assert "\n" not in str(err.value)
