@@ -4,18 +4,34 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence, Union
 
-import torch
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.checks import stack_weights, task_weights
-from mtl_bench.gradient_engine.balancer import Balancer, Context, weights_first
+from mtl_bench.balancers.loss_weighting import LossWeighting
+from mtl_bench.gradient_engine.balancer import weights_first
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 
 
-class FixedWeights(Balancer):
-    """`FixedWeights(["a", "b"], weights={"a": 1.0, "b": 4.0})`: one backward of `1.0 * L_a + 4.0 * L_b`."""
+class ConstantWeighting(LossWeighting):
+    """w, the same every step (a buffer, so a checkpoint keeps it). Per-task steps add up to the joint sum."""
 
+    per_task = True
+    reads_losses = False
     weights: Tensor
+
+    def __init__(self, weights: Tensor) -> None:
+        """
+        weights: one weight >= 0 per task, in the balancer's (sorted) task order.
+        """
+        super().__init__()
+        self.register_buffer("weights", weights)
+
+    def forward(self, losses: Tensor) -> Tensor:
+        return self.weights
+
+
+class FixedWeights(LossWeightingBalancer):
+    """`FixedWeights(["a", "b"], weights={"a": 1.0, "b": 4.0})`: one backward of `1.0 * L_a + 4.0 * L_b`."""
 
     def __init__(
         self,
@@ -27,32 +43,5 @@ class FixedWeights(Balancer):
             mapping's keys are the tasks and its values the weights.
         weights: one weight >= 0 per task; None gives every task 1.0.
         """
-        task_names, weights = weights_first(type(self), task_names, weights)
-        super().__init__(task_names)
-        self.register_buffer("weights", stack_weights(task_weights(weights, self.task_names), self.task_names))
-
-    def backward(
-        self,
-        losses: dict[str, Tensor],
-        shared: Tensor,
-        ctx: Context = None,
-    ) -> dict[str, Tensor]:
-        self.check_losses(losses)
-        stacked = torch.stack([losses[name] for name in self.task_names])
-        total = (self.weights.to(stacked.dtype) * stacked).sum()
-        self.run_backward(total, ctx)
-        return {tags.weight(name): self.weights[i] for i, name in enumerate(self.task_names)}
-
-    def backward_task(
-        self,
-        task: str,
-        loss: Tensor,
-        shared: Tensor,
-        ctx: Context = None,
-    ) -> dict[str, Tensor]:
-        """Per-task mode: w_task * L_task on its own batch; the accumulated gradients equal the joint sum."""
-        if task not in self.task_names:
-            raise KeyError(f"task {task!r} is not one of the balancer's tasks {self.task_names}")
-        weight = self.weights[self.task_names.index(task)]
-        self.run_backward(weight.to(loss.dtype) * loss, ctx)
-        return {tags.weight(task): weight}
+        names, weights = weights_first(type(self), task_names, weights)
+        super().__init__(names, ConstantWeighting(stack_weights(task_weights(weights, names), sorted(names))))

@@ -33,9 +33,12 @@ class LossWeighting(nn.Module):
 
     `per_task`: w_i depends on L_i alone, so the method also runs per-task steps (each task on its own batch): then
     `forward` gets the task's loss in every row and its row (and its measurements ending in `/<task>`) is read.
+    `reads_losses = False`: neither `forward` nor `update` reads the losses (the weights come from the state alone),
+    so the engine gives each rank's own and spends no collective on them.
     """
 
     per_task: bool = False
+    reads_losses: bool = True
 
     def forward(self, losses: Tensor) -> Union[Tensor, Solution]:
         raise NotImplementedError

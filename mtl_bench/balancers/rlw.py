@@ -39,6 +39,7 @@ class RandomWeighting(LossWeighting):
 
     weights: Tensor
     per_task = True  # one draw for every task of the step
+    reads_losses = False
 
     def __init__(self, tasks: int, seed: int, distribution: str) -> None:
         """Options as `RandomLossWeighting`'s, checked there; `tasks`: their number."""

@@ -77,11 +77,21 @@ class LossWeightingBalancer(StagedBalancer):
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def _rank_mean(self, weighted: Tensor, items: Tensor) -> tuple[Tensor, Tensor]:
-        """Σ items·L and items averaged over the ranks by name (one collective), in task order."""
+        """Σ items·L and items averaged over the ranks by name (one collective), in task order; each rank's own where
+        the weighting does not read its losses."""
+        if not self.weighting.reads_losses:
+            return weighted, items
         names = self.task_names
         local = {f"weighted/{n}": weighted[i] for i, n in enumerate(names)}
         mean = average_by_name(local | {f"items/{n}": items[i] for i, n in enumerate(names)})
         return torch.stack([mean[f"weighted/{n}"] for n in names]), torch.stack([mean[f"items/{n}"] for n in names])
+
+    def _losses_for_weights(self, losses: dict[str, Tensor]) -> Tensor:
+        """What a stateless forward gets: the losses averaged over the ranks, or each rank's own (detached) where
+        the weighting does not read them."""
+        if self.weighting.reads_losses:
+            return rank_mean_losses(losses)
+        return torch.stack([loss.detach().float() for loss in losses.values()])
 
     def _stage_update(self, losses: Tensor, items: Tensor) -> None:
         """Stage the weighting's next state from the step's losses (kept only if they are finite)."""
@@ -92,7 +102,7 @@ class LossWeightingBalancer(StagedBalancer):
         self.check_losses(losses)
         ordered = {name: losses[name] for name in self.task_names}
         if not self.stateful:
-            solution = as_solution(self.weighting(rank_mean_losses(ordered)))
+            solution = as_solution(self.weighting(self._losses_for_weights(ordered)))
             return weighted_backward(self, ordered, solution.weights, ctx) | solution.metrics
         self._begin(JOINT, ctx, shared)
         items = batch_items(shared).expand(len(self.task_names))
@@ -120,7 +130,7 @@ class LossWeightingBalancer(StagedBalancer):
             self._begin(PER_TASK, ctx, shared)
             items = batch_items(shared)
             self._collect(task, weighted=loss.detach().float() * items, items=items)
-        own = rank_mean_losses({task: loss})[0]
+        own = self._losses_for_weights({task: loss})[0]
         solution = as_solution(self.weighting(own.expand(len(self.task_names))))
         weight = solution.weights[self._index[task]]
         self.run_backward(weight * loss.float(), ctx)

@@ -36,7 +36,7 @@ def test_weights_survive_state_dict_round_trip():
     sd = fixed({"a": 2.0, "b": 0.5}).state_dict()
     other = fixed({"a": 1.0, "b": 1.0})
     other.load_state_dict(sd)
-    assert other.weights.tolist() == [2.0, 0.5]
+    assert other.weighting.weights.tolist() == [2.0, 0.5]
 
 
 def test_null_weights_mean_one_each():
