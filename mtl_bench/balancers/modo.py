@@ -9,10 +9,11 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import number
+from mtl_bench.balancers.weighting import Solution, Weighting
 from mtl_bench.gradient_engine.multi_batch import MultiBatchBalancer, project_to_simplex
 
 
-class MoDo(MultiBatchBalancer):
+class MoDoWeighting(Weighting):
     """Multi-objective gradient with double sampling: the weights λ take one projected step on the min-norm
     objective, with the Gramian estimated without bias from two independent batches,
     λ ← Π_simplex(λ − γ (J₁ J₂ᵀ λ + ρ λ)), and the update is d = J₃ᵀλ on a third batch (3 micro-batches, as
@@ -26,9 +27,26 @@ class MoDo(MultiBatchBalancer):
     Metrics: `weight/<task>` (λ), `grad_norm/<task>`, `grad_cos/<a>/<b>` (of the second micro-batch's gradients).
     """
 
-    BATCHES = (2, 3)
-
     lambdas: Tensor
+
+    def __init__(self, tasks: int, gamma: float, rho: float) -> None:
+        """Options as `MoDo`'s, checked there; `tasks`: their number."""
+        super().__init__()
+        self.gamma, self.rho = gamma, rho
+        self.register_buffer("lambdas", torch.full((tasks,), 1.0 / tasks))
+
+    def extra_repr(self) -> str:
+        return f"gamma={self.gamma}, rho={self.rho}"
+
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
+        """`gram`: A = J₁J₂ᵀ of the step's first two draws."""
+        lam = self.lambdas
+        lam = project_to_simplex(lam - self.gamma * (gram @ lam + self.rho * lam))
+        return Solution(lam, state={"lambdas": lam})
+
+
+class MoDo(MultiBatchBalancer):
+    """MoDo (`MoDoWeighting`) on the micro-batches as its draws: `balancer=modo`."""
 
     def __init__(
         self,
@@ -43,17 +61,5 @@ class MoDo(MultiBatchBalancer):
         gamma: the step γ of λ (> 0).
         rho: the L2 term ρ of λ's step (>= 0).
         """
-        super().__init__(task_names, shared_params)
-        number("gamma", gamma, 0, above=True)
-        number("rho", rho, 0)
-        self.gamma, self.rho = float(gamma), float(rho)
-        self.register_buffer("lambdas", torch.full((len(self.task_names),), 1.0 / len(self.task_names)))
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, gamma={self.gamma}, rho={self.rho}"
-
-    def _weights(self, cross: Tensor) -> Tensor:
-        lam = self.lambdas
-        lam = project_to_simplex(lam - self.gamma * (cross @ lam + self.rho * lam))
-        self._stage(lambdas=lam)
-        return lam
+        gamma, rho = float(number("gamma", gamma, 0, above=True)), float(number("rho", rho, 0))
+        super().__init__(task_names, shared_params, MoDoWeighting(len(task_names), gamma, rho), batches=(2, 3))

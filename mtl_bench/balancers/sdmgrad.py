@@ -9,10 +9,11 @@ import torch
 from torch import Tensor
 
 from mtl_bench.balancers.checks import number
+from mtl_bench.balancers.weighting import Solution, Weighting
 from mtl_bench.gradient_engine.multi_batch import MultiBatchBalancer, project_to_simplex
 
 
-class SDMGrad(MultiBatchBalancer):
+class SDMGradWeighting(Weighting):
     """Stochastic direction-oriented MGDA: the weights w solve, by `n_iter` steps of projected SGD with momentum
     (learning rate `lr`, momentum 0.5, restarted every step from the last w), min_w ½ wᵀAw + λ wᵀA w̃ on the
     simplex, A = J_ξ J_ξ'ᵀ from two independent batches normalised by the squared mean of √diag(A), w̃ = 1/T; the
@@ -29,9 +30,32 @@ class SDMGrad(MultiBatchBalancer):
     Metrics: `weight/<task>` ((w + λ w̃)/(1 + λ)), `grad_norm/<task>`, `grad_cos/<a>/<b>` (of ξ''s gradients).
     """
 
-    BATCHES = (3,)
-
     w: Tensor
+
+    def __init__(self, tasks: int, lambda_: float, n_iter: int, lr: float, momentum: float) -> None:
+        """Options as `SDMGrad`'s, checked there; `tasks`: their number."""
+        super().__init__()
+        self.lambda_, self.n_iter, self.lr, self.momentum = lambda_, n_iter, lr, momentum
+        self.register_buffer("w", torch.full((tasks,), 1.0 / tasks))
+
+    def extra_repr(self) -> str:
+        return f"lambda_={self.lambda_}, n_iter={self.n_iter}, lr={self.lr}"
+
+    def forward(self, gram: Tensor, losses: Tensor) -> Solution:
+        """`gram`: A = J_ξ J_ξ'ᵀ of the step's first two draws."""
+        scale = gram.diagonal().clamp(min=0).sqrt().mean()
+        a = gram / (scale**2 + 1e-8)
+        pull = self.lambda_ * a.mean(dim=1)  # λ A w̃ with w̃ = 1/T
+        w, velocity = self.w, None
+        for _ in range(self.n_iter):
+            grad = a @ w + pull
+            velocity = grad if velocity is None else self.momentum * velocity + grad
+            w = project_to_simplex(w - self.lr * velocity)
+        return Solution((w + self.lambda_ / len(w)) / (1 + self.lambda_), state={"w": w})
+
+
+class SDMGrad(MultiBatchBalancer):
+    """SDMGrad (`SDMGradWeighting`) on the micro-batches as its draws: `balancer=sdmgrad`."""
 
     def __init__(
         self,
@@ -50,25 +74,11 @@ class SDMGrad(MultiBatchBalancer):
         lr: the inner solve's learning rate (> 0; LibMTL 5, torchjd 10).
         momentum: the inner solve's momentum in [0, 1).
         """
-        super().__init__(task_names, shared_params)
-        number("lambda_", lambda_, 0)
-        number("n_iter", n_iter, 1, integer=True)
-        number("lr", lr, 0, above=True)
-        number("momentum", momentum, 0, 1, below=True)
-        self.lambda_, self.n_iter, self.lr, self.momentum = float(lambda_), n_iter, float(lr), float(momentum)
-        self.register_buffer("w", torch.full((len(self.task_names),), 1.0 / len(self.task_names)))
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, lambda_={self.lambda_}, n_iter={self.n_iter}, lr={self.lr}"
-
-    def _weights(self, cross: Tensor) -> Tensor:
-        scale = cross.diagonal().clamp(min=0).sqrt().mean()  # cross: A = J_ξ J_ξ'ᵀ
-        a = cross / (scale**2 + 1e-8)
-        pull = self.lambda_ * a.mean(dim=1)  # λ A w̃ with w̃ = 1/T
-        w, velocity = self.w, None
-        for _ in range(self.n_iter):
-            grad = a @ w + pull
-            velocity = grad if velocity is None else self.momentum * velocity + grad
-            w = project_to_simplex(w - self.lr * velocity)
-        self._stage(w=w)
-        return (w + self.lambda_ / len(self.task_names)) / (1 + self.lambda_)
+        weighting = SDMGradWeighting(
+            len(task_names),
+            float(number("lambda_", lambda_, 0)),
+            number("n_iter", n_iter, 1, integer=True),
+            float(number("lr", lr, 0, above=True)),
+            float(number("momentum", momentum, 0, 1, below=True)),
+        )
+        super().__init__(task_names, shared_params, weighting, batches=(3,))

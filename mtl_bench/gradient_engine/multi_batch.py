@@ -3,13 +3,14 @@ micro-batches of gradient accumulation serve as the independent draws."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.gradient_engine.balancer import Context
+from mtl_bench.balancers.weighting import Weighting, as_solution, check_solution
+from mtl_bench.gradient_engine.balancer import Context, refuse_flat_state
 from mtl_bench.gradient_engine.blocks import flat_rows
 from mtl_bench.gradient_engine.gradient_balancer import GradientBalancer
 from mtl_bench.gradient_engine.gramian import gram_metrics, gramian
@@ -45,8 +46,8 @@ def cross_gramian(left: list[Tensor], right: list[Tensor]) -> Tensor:
 
 class MultiBatchBalancer(GradientBalancer):
     """Takes the k micro-batches of a step with gradient accumulation (`trainer.grad_accumulation_steps` = k, one of
-    `BATCHES`) as the method's independent draws. The weights come from the first two draws' Jacobians: a method
-    implements `_weights(cross)` on A = J₁J₂ᵀ (unscaled, rank-averaged). The update
+    `batches`) as the method's independent draws. The weights come from the first two draws' Jacobians: a method
+    is a `Weighting` whose `forward` gets A = J₁J₂ᵀ (unscaled, rank-averaged) in place of the Gramian. The update
     is d = Jᵀw on the third draw (k = 3), or on the mean of the two (k = 2); the heads get the mean of the
     micro-batches' head gradients (what accumulation gives). Joint steps only. The Jacobians are those of the
     shared parameters (no grad_source option: the methods' references have no shared_rep mode).
@@ -61,22 +62,40 @@ class MultiBatchBalancer(GradientBalancer):
     through DDP's all-reduce like any gradient, which makes it w·mean(J₃).
     """
 
-    BATCHES: tuple[int, ...] = (3,)
+    weighting: Weighting
 
-    def __init__(self, task_names: Sequence[str], shared_params: Optional[Iterable[Tensor]]) -> None:
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        shared_params: Optional[Iterable[Tensor]],
+        weighting: Weighting,
+        batches: tuple[int, ...],
+    ) -> None:
+        """
+        task_names: the tasks.
+        shared_params: the model's shared parameters.
+        weighting: the method: weights (and its state's next values) from A = J₁J₂ᵀ in place of the Gramian.
+        batches: the numbers of micro-batches the method can take as its draws (3: d from a third draw; 2: from the
+            mean of the two).
+        """
         super().__init__(task_names, shared_params, "shared_params")
+        self.weighting, self.batches = weighting, batches
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        refuse_flat_state(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def _clear_step(self) -> None:
         super()._clear_step()
         self._draws: list[list[Tensor]] = []  # the kept draws' Jacobians, of the scaled losses
 
     def needed_accumulation_steps(self) -> int:
-        return max(self.BATCHES)  # every draw the method can take (MoDo's third is the paper's update batch)
+        return max(self.batches)  # every draw the method can take (MoDo's third is the paper's update batch)
 
     def accumulation_problem(self, steps: int) -> Optional[str]:
-        if steps in self.BATCHES:
+        if steps in self.batches:
             return None
-        needed = " or ".join(str(k) for k in self.BATCHES)
+        needed = " or ".join(str(k) for k in self.batches)
         return f"{type(self).__name__} needs {needed} micro-batches per step (its independent draws)"
 
     def per_task_problem(self) -> Optional[str]:
@@ -85,17 +104,12 @@ class MultiBatchBalancer(GradientBalancer):
             "joint step; use trainer.step_mode=joint"
         )
 
-    def _weights(self, cross: Tensor) -> Tensor:
-        """The combination's weights (T,) from A = J₁J₂ᵀ of the first two draws (unscaled); stages the method's
-        state."""
-        raise NotImplementedError
-
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         scale = self._begin(JOINT, ctx, shared)
         k = self._steps()
-        if k not in self.BATCHES:
-            needed = " or ".join(str(n) for n in self.BATCHES)
+        if k not in self.batches:
+            needed = " or ".join(str(n) for n in self.batches)
             raise RuntimeError(
                 f"{type(self).__name__} needs trainer.grad_accumulation_steps={needed} (its independent batches "
                 f"per step), got {k}"
@@ -126,9 +140,13 @@ class MultiBatchBalancer(GradientBalancer):
         assert self._losses_sum is not None  # set by every backward of the step
         cross = cross_gramian(first, second)
         cross = cross / (scale * scale) if scale is not None else cross
-        self._require_finite(cross, rank_mean(self._losses_sum))
-        weights = self._weights(cross)
-        metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())}
+        losses = rank_mean(self._losses_sum) / self._seen["joint"]
+        self._require_finite(cross, losses)
+        solution = as_solution(self.weighting(cross, losses))
+        check_solution(solution, len(self.task_names), None, cross, self.part_name)
+        self._stage(**{f"weighting.{name}": value for name, value in solution.state.items()})
+        weights = solution.weights
+        metrics = {tags.weight(n): v for n, v in zip(self.task_names, weights.unbind())} | solution.metrics
         if self.measuring:
             gram = gramian(second)
             metrics.update(gram_metrics(gram / (scale * scale) if scale is not None else gram, self.task_names))

@@ -51,9 +51,9 @@ def test_lambda_step_matches_torchjd():
     )
     for _ in range(3):
         expected = reference(j1 @ j2.T)
-        lam = ours._weights(j1 @ j2.T)
-        ours.lambdas.copy_(ours._pending["lambdas"])
-        ours._reset()
+        solution = ours.weighting(j1 @ j2.T, torch.zeros(3))
+        ours.weighting.lambdas.copy_(solution.state["lambdas"])
+        lam = solution.weights
         torch.testing.assert_close(lam, expected)
 
 

@@ -40,9 +40,9 @@ def test_weights_match_torchjd():
     ours = SDMGrad(["a", "b", "c"], [torch.zeros(7, requires_grad=True)])
     for _ in range(3):
         expected = reference(j2 @ j3.T)
-        weights = ours._weights(j2 @ j3.T)
-        ours.w.copy_(ours._pending["w"])
-        ours._reset()
+        solution = ours.weighting(j2 @ j3.T, torch.zeros(3))
+        ours.weighting.w.copy_(solution.state["w"])
+        weights = solution.weights
         torch.testing.assert_close(weights, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -159,7 +159,7 @@ def test_ddp_ranks_hold_the_same_state_with_three_micro_batches(tmp_path):
     """Two ranks, three accumulated micro-batches a step (the first two under `no_sync`): the third draw's backward
     through the trunk carries DDP's all-reduce, and both ranks end with the same w and parameters."""
     r0, _ = run_ddp(tmp_path, make_for_ranks, steps=2, micro=3)
-    w = r0["state"]["w"]
+    w = r0["state"]["weighting.w"]
     assert not torch.allclose(w, torch.full_like(w, 1 / len(w)))  # w moved
 
 
@@ -169,8 +169,8 @@ def test_resume_continues_with_the_same_w():
     train_three_micro_batches(model, bal, 2)
     again = SDMGrad(list(TASKS3), list(model.trunk.parameters()))
     again.load_state_dict(bal.state_dict())
-    assert set(bal.state_dict()) == {"w"} and torch.equal(again.w, bal.w)
-    assert not torch.equal(bal.w, torch.full((3,), 1 / 3))  # w moved
+    assert set(bal.state_dict()) == {"weighting.w"} and torch.equal(again.weighting.w, bal.weighting.w)
+    assert not torch.equal(bal.weighting.w, torch.full((3,), 1 / 3))  # w moved
 
 
 def test_bad_options_fail_clearly():
