@@ -81,7 +81,7 @@ def test_task_names_as_a_list_still_build_copy_and_pickle() -> None:
     assert bal.task_names == ["a", "b"]
     for clone in (copy.deepcopy(bal), pickle.loads(pickle.dumps(bal))):
         assert clone.task_names == ["a", "b"]
-        assert clone.weights.tolist() == [1.0, 2.0]
+        assert clone.weighting.weights.tolist() == [1.0, 2.0]
 
 
 def test_every_balancer_keeps_its_constructors_signature():
