@@ -75,7 +75,7 @@ def test_resume_continues_the_uninterrupted_stream(name):
         range(3, 6),
         remake=lambda model: CLASSES[name](list(TASKS), preference="dirichlet", seed=99),
     )  # the stream comes from the state, not the new seed
-    assert {"pref", "rng._extra_state"} <= set(saved)
+    assert {"weighting.preference.pref", "weighting.preference.rng._extra_state"} <= set(saved)
     assert {f"preference/{t}" for t in TASKS} <= set(straight[0])
 
 
@@ -118,7 +118,7 @@ def test_a_fixed_preference_draws_nothing_and_logs_no_preference():
     shared = torch.zeros(1, requires_grad=True)
     metrics = bal.backward({t: (1.0 + shared).sum() for t in TASKS3}, shared)
     assert set(metrics) == {f"weight/{t}" for t in TASKS3}
-    assert bal.pref.tolist() == pytest.approx([0.2, 0.3, 0.5])
+    assert bal.weighting.preference.pref.tolist() == pytest.approx([0.2, 0.3, 0.5])
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
