@@ -88,7 +88,7 @@ class Preference(nn.Module):
     def extra_repr(self) -> str:
         if not self.draws:
             return f"preference={self.pref.tolist()}"
-        return f"preference={DIRICHLET}, alpha={self.alpha}, seed={self.rng.seed}"
+        return f"preference={DIRICHLET}, alpha={self.alpha}"  # the seed: its generator's repr
 
     def _draw(self) -> Tensor:
         return torch._sample_dirichlet(self._alpha, generator=self.rng.generator)

@@ -113,6 +113,22 @@ def test_accumulated_micro_batches_share_one_draw_per_step():
         bal.step()
 
 
+def test_accumulated_micro_batches_are_weighted_by_their_own_losses():
+    """The draw is no statistic of the losses: each micro-batch gets COSMOS's weights of its own losses at the step's r
+    (as with a fixed r), not those of the step's mean so far."""
+    bal = COSMOS(list(TASKS), lambda_=2.0, preference="dirichlet", seed=6)
+    assert bal.stateful and not COSMOS(list(TASKS)).stateful  # a fixed r has no update
+    ctx = BackwardContext(factor=0.5, accumulation_steps=2)
+    for values in ((1.0, 2.0), (5.0, 3.0)):
+        shared = torch.zeros(1, requires_grad=True)
+        metrics = bal.backward({t: (v + shared).sum() for t, v in zip(TASKS, values)}, shared, ctx)
+        r, losses = torch.stack([metrics[f"preference/{t}"] for t in TASKS]), torch.tensor(values)
+        cos = (r @ losses) / (r.norm() * losses.norm())
+        expected = r - 2.0 * (r / (r.norm() * losses.norm()) - cos * losses / losses.norm() ** 2)
+        torch.testing.assert_close(torch.stack([metrics[f"weight/{t}"] for t in TASKS]), expected)
+    bal.step()
+
+
 def test_a_fixed_preference_draws_nothing_and_logs_no_preference():
     bal = COSMOS(list(TASKS3), preference={"a": 0.2, "b": 0.3, "c": 0.5})
     shared = torch.zeros(1, requires_grad=True)

@@ -131,6 +131,24 @@ def test_warm_up_state_resumes_and_a_skipped_step_keeps_it():
     assert saved["weighting.steps"].item() == 2 and saved["weighting.nadir_sum"].abs().sum() > 0
 
 
+def test_under_accumulation_the_warm_up_uses_the_steps_mean_losses():
+    """The weights of each micro-batch are those of the step's mean so far, and the nadir point sums the whole step's
+    losses (its micro-batches' mean weighted by their examples)."""
+    from mtl_bench.balancers import BackwardContext
+
+    bal = SmoothTchebycheff(["a", "b"], mu=0.5, warmup_steps=1)
+    ctx = BackwardContext(factor=0.5, accumulation_steps=2)
+    weights = []
+    for values, items in (((1.0, 2.0), 3), ((5.0, 6.0), 1)):
+        shared = torch.zeros(items, requires_grad=True)
+        metrics = bal.backward({t: v + shared.mean() for t, v in zip("ab", values)}, shared, ctx)
+        weights.append([metrics["weight/a"].item(), metrics["weight/b"].item()])
+    bal.step(False)
+    assert weights == [pytest.approx([1.0, 0.5]), pytest.approx([1 / 2.0, 1 / 3.0])]  # 1/L of the mean so far
+    torch.testing.assert_close(bal.weighting.nadir_sum, torch.tensor([2.0, 3.0]))  # (3·1 + 5) / 4, (3·2 + 6) / 4
+    assert bal.weighting.steps.item() == 1
+
+
 def test_bad_warm_up_options():
     with pytest.raises(ValueError, match="^nadir_steps: only with warmup_steps > 0"):
         SmoothTchebycheff(list(TASKS3), nadir_steps=2)
