@@ -23,7 +23,6 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from mtl_bench.balancers.preference import PreferenceScalarization
 from mtl_bench.balancers.validation_source import METHODS, needs_validation
 from mtl_bench.catalog import conf_root
 from mtl_bench.gradient_engine.balancer import Balancer
@@ -38,7 +37,6 @@ TASKS = ["a", "b", "c"]
 FAMILY_TESTS = {
     GradientBalancer: "test_jacobian.py",
     LossWeightingBalancer: "test_scalarization.py",
-    PreferenceScalarization: "test_scalarization.py",
 }
 WIDTH = 120
 

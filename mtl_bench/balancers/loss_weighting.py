@@ -24,7 +24,8 @@ class LossWeighting(nn.Module):
 
     `losses`: (T,) float32, detached, averaged over the DDP ranks; rows follow `task_names` sorted. A weighting with an
     `update` gets, under gradient accumulation, the mean of the step's micro-batches so far (the last micro-batch's is
-    the whole step's); one without gets each micro-batch's own losses.
+    the whole step's); one without gets each micro-batch's own losses, and so does one with `step_mean = False` (its
+    state is no statistic of the losses: a preference drawn once per step).
 
     `update(losses, items)`: called once per optimizer step, after the step's last backward (in per-task mode at the
     balancer's `step()`), with the whole step's losses (weighted by `items`, (T,) the examples each loss averaged over:
@@ -35,10 +36,18 @@ class LossWeighting(nn.Module):
     `forward` gets the task's loss in every row and its row (and its measurements ending in `/<task>`) is read.
     `reads_losses = False`: neither `forward` nor `update` reads the losses (the weights come from the state alone),
     so the engine gives each rank's own and spends no collective on them.
+
+    `stateful`: whether it has an update, by default whether its class defines one; a weighting whose options leave it
+    no state (a fixed preference of a method that can draw one) says False and runs as a weighting without.
     """
 
     per_task: bool = False
     reads_losses: bool = True
+    step_mean: bool = True
+
+    @property
+    def stateful(self) -> bool:
+        return type(self).update is not LossWeighting.update
 
     def forward(self, losses: Tensor) -> Union[Tensor, Solution]:
         raise NotImplementedError

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mtl_bench import tags
 from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.scalarization import preference_vector
 from mtl_bench.balancers.seeded import SeededGenerator
-from mtl_bench.gradient_engine.balancer import Context
-from mtl_bench.gradient_engine.loss_weighting_balancer import (
-    no_per_task_mode,
-    objective_weights,
-    rank_mean_losses,
-    weighted_backward,
-)
-from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
 
 DIRICHLET = "dirichlet"
 
-Preference = Union[str, Mapping[str, float], None]
+PreferenceOption = Union[str, Mapping[str, float], None]
 Concentration = Union[float, Mapping[str, float], None]
 
 
@@ -41,8 +33,9 @@ def concentration(alpha: Concentration, default: float, task_names: Sequence[str
     return [number(f"alpha.{name}", value, 0, above=True, finite=True) for name, value in zip(task_names, values)]
 
 
-class PreferenceScalarization(StagedBalancer):
-    """A scalarization f(L; r) whose preference r is fixed by config or drawn anew each optimizer step.
+class Preference(nn.Module):
+    """A scalarization's preference r, held by its weighting (`self.preference = Preference(...)`), fixed by config
+    or drawn anew each optimizer step.
 
     `preference`: a {task: r_i} mapping or None (1/T each) trains one trade-off, r fixed for the run;
     `dirichlet` draws r ~ Dir(alpha) for every optimizer step, as Pareto-front learning trains (COSMOS's code,
@@ -50,21 +43,33 @@ class PreferenceScalarization(StagedBalancer):
     concentration for every task) or {task: number}; 1 is uniform on the simplex, below 1 spreads the draws
     toward its corners.
 
-    The draws come from a CPU `torch.Generator` seeded with `seed` and kept in `state_dict` (RLW's scheme):
-    a resumed run draws what the uninterrupted one would, and every DDP rank draws the same r without
-    communicating (tasks in sorted name order, so the config's order does not matter). Each step's r is
-    drawn one step ahead into the `pref` buffer and committed by `step()`; a skipped step keeps r for its
-    retry (the generator still advances: rewinding it would need a host read of the skip flag). Under
-    accumulation the k micro-batches share the step's r.
+    The draws come from a CPU `torch.Generator` seeded with `seed` and kept in `state_dict` (RLW's scheme, under
+    `rng.`): a resumed run draws what the uninterrupted one would, and every DDP rank draws the same r without
+    communicating (tasks in sorted name order, so the config's order does not matter). Each step's r is in the
+    `pref` buffer; the next one is drawn by the weighting's `update` (`next()`, once per optimizer step) and
+    committed by the balancer's `step()`: a skipped step keeps r for its retry (the generator still advances:
+    rewinding it would need a host read of the skip flag). Under accumulation the k micro-batches share the step's r.
 
-    Metrics with `dirichlet`: `preference/<task>` (the step's r_i), besides `weight/<task>`.
+    Metrics with `dirichlet` (`metrics()`): `preference/<task>` (the step's r_i).
     """
 
     pref: Tensor
-    DEFAULT_ALPHA = 1.0
 
-    def __init__(self, task_names: Sequence[str], preference: Preference, alpha: Concentration, seed: int) -> None:
-        super().__init__(task_names)
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        preference: PreferenceOption,
+        alpha: Concentration,
+        seed: int,
+        default_alpha: float = 1.0,
+    ) -> None:
+        """
+        task_names: the tasks in the weighting's (sorted) order.
+        preference, alpha, seed: the method's options of the same names.
+        default_alpha: the concentration when `alpha` is null (the method's paper's).
+        """
+        super().__init__()
+        self.task_names = list(task_names)
         number("seed", seed, integer=True)
         self.draws = preference == DIRICHLET
         if isinstance(preference, str) and not self.draws:
@@ -73,7 +78,7 @@ class PreferenceScalarization(StagedBalancer):
             raise ValueError(f"alpha: the Dirichlet concentration needs preference: {DIRICHLET}, got {alpha!r}")
         self.rng = SeededGenerator(seed)
         if self.draws:
-            self.alpha = concentration(alpha, self.DEFAULT_ALPHA, self.task_names)
+            self.alpha = concentration(alpha, default_alpha, self.task_names)
             self._alpha = torch.tensor(self.alpha)  # float32, on the CPU like the generator
             self.register_buffer("pref", self._draw())
         else:
@@ -82,36 +87,33 @@ class PreferenceScalarization(StagedBalancer):
 
     def extra_repr(self) -> str:
         if not self.draws:
-            return f"tasks={self.task_names}, preference={self.pref.tolist()}"
-        return f"tasks={self.task_names}, preference={DIRICHLET}, alpha={self.alpha}, seed={self.rng.seed}"
+            return f"preference={self.pref.tolist()}"
+        return f"preference={DIRICHLET}, alpha={self.alpha}"  # the seed: its generator's repr
 
     def _draw(self) -> Tensor:
         return torch._sample_dirichlet(self._alpha, generator=self.rng.generator)
 
-    def _next(self) -> None:
-        """Stage the next step's r, once per optimizer step."""
-        if "pref" in self._pending:
-            return
+    def next(self) -> dict[str, Tensor]:
+        """The next step's r as the new value of `pref` (for the weighting's update, once per optimizer step); {}
+        for a fixed r."""
+        if not self.draws:
+            return {}
         draw = self._draw()
         if self.pref.device.type == "cuda":  # pinned, so the copy does not wait for the device
             draw = draw.pin_memory()
-        self._stage(pref=draw.to(self.pref.device, non_blocking=True))
+        return {"pref": draw.to(self.pref.device, non_blocking=True)}
 
-    def _objective(self, losses: Tensor) -> Tensor:
-        """f(L; r), a differentiable 0-d tensor of the (T,) losses."""
-        raise NotImplementedError
-
-    def per_task_problem(self) -> str:
-        return no_per_task_mode(self)
-
-    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        self.check_losses(losses)
-        ordered = {name: losses[name] for name in self.task_names}
+    def metrics(self) -> dict[str, Tensor]:
+        """`preference/<task>`: this step's r when it is drawn (a copy: the commit overwrites the buffer)."""
         if not self.draws:
-            return weighted_backward(self, ordered, objective_weights(self._objective, rank_mean_losses(ordered)), ctx)
-        self._begin(JOINT, ctx, shared)
-        pref = self.pref.clone()  # this step's r: a commit overwrites the buffer
-        self._next()
-        metrics = weighted_backward(self, ordered, objective_weights(self._objective, rank_mean_losses(ordered)), ctx)
-        self._end_joint()
-        return metrics | {tags.preference(name): pref[i] for i, name in enumerate(self.task_names)}
+            return {}
+        pref = self.pref.clone()
+        return {tags.preference(name): pref[i] for i, name in enumerate(self.task_names)}
+
+
+def preference_of(balancer: nn.Module) -> Optional[Preference]:
+    """The `Preference` a balancer's weighting holds (a preference scalarization's), or None."""
+    weighting = getattr(balancer, "weighting", None)
+    if not isinstance(weighting, nn.Module):
+        return None
+    return next((module for module in weighting.modules() if isinstance(module, Preference)), None)

@@ -4,6 +4,7 @@ preference it sees each step, and its evaluation at rays spread on the simplex (
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtl_bench import tags
 from mtl_bench.analysis.front_metrics import front_summary, hypervolume, require_pymoo
 from mtl_bench.balancers import Balancer
-from mtl_bench.balancers.preference import PreferenceScalarization
+from mtl_bench.balancers.preference import DIRICHLET, Preference, preference_of
 from mtl_bench.catalog import conf_root
 from mtl_bench.config import ENGINE_KEYS, TrainerConf
 from mtl_bench.engine.builders import build, node_dict
@@ -58,7 +59,8 @@ def build_front_model(
 
 
 def preference_balancers() -> list[str]:
-    """The balancer options that can draw a preference each step (their class is a PreferenceScalarization)."""
+    """The balancer options that can draw a preference each step: their class takes a `preference` and, built on two
+    tasks with preference=dirichlet, its weighting holds a `Preference` that draws."""
     found = []
     for path in sorted((conf_root() / "balancer").glob("*.yaml")):
         target = yaml.safe_load(path.read_text()).get("_target_", "")
@@ -67,7 +69,13 @@ def preference_balancers() -> list[str]:
             cls = getattr(__import__(module, fromlist=[name]), name)
         except (ImportError, AttributeError):
             continue
-        if isinstance(cls, type) and issubclass(cls, PreferenceScalarization):
+        if not isinstance(cls, type) or "preference" not in inspect.signature(cls).parameters:
+            continue
+        try:
+            preference = preference_of(cls(task_names=["a", "b"], preference=DIRICHLET))
+        except (TypeError, ValueError):  # it needs more to build, or its `preference` is another option
+            continue
+        if preference is not None and preference.draws:
             found.append(path.stem)
     return found
 
@@ -82,12 +90,13 @@ def check_front(model: MultiTaskModel, balancer: Balancer, cfg: DictConfig, conf
             )
         return
     name = f"model/front={str(typed).rpartition('.')[2]}"
-    if not isinstance(balancer, PreferenceScalarization):
+    preference = preference_of(balancer)
+    if preference is None:
         raise ConfigError(
             f"balancer: {name} trains on a preference drawn each step, which {type(balancer).__name__} does not draw; "
             f"choose balancer={'|'.join(preference_balancers())} with balancer.preference=dirichlet"
         )
-    if not balancer.draws:
+    if not preference.draws:
         raise ConfigError(
             f"balancer.preference: {name} needs a new preference each step: set balancer.preference=dirichlet"
         )
@@ -140,12 +149,12 @@ class FrontEvaluation(Callback):
     def __init__(
         self,
         model: PreferenceModel,
-        balancer: PreferenceScalarization,
+        preference: Preference,
         conf: TrainerConf,
         tasks: Sequence[str],
         reference: Optional[Mapping[str, float]],
     ) -> None:
-        self.model, self.balancer, self.tasks = model, balancer, list(tasks)
+        self.model, self.preference, self.tasks = model, preference, list(tasks)
         self.rays = (simplex_rays(conf.front.rays, len(tasks)) if conf.front.rays else []) + parse_preferences(
             conf.front.preferences or [], self.tasks
         )
@@ -170,8 +179,9 @@ class FrontEvaluation(Callback):
             run.front_record = self.record(fronts)
 
     def before_step(self) -> None:
-        """The balancer's preference of this step (its `pref` buffer until it commits the next one)."""
-        self.model.set_preference(self.balancer.pref)
+        """The balancer's preference of this step (the `pref` buffer of its weighting's `Preference`, until the
+        balancer's step() commits the next one)."""
+        self.model.set_preference(self.preference.pref)
 
     def centre(self) -> None:
         self.model.set_preference(torch.full((len(self.tasks),), 1.0 / len(self.tasks)))
@@ -247,9 +257,10 @@ def front_run(
     """The loop's callback for a front model (None without one); build_parts checked the combination."""
     if not isinstance(model, PreferenceModel):
         return None
-    assert isinstance(balancer, PreferenceScalarization)
+    preference = preference_of(balancer)
+    assert preference is not None
     reference = node_dict(cfg.tasks).get("front_reference")
-    return FrontEvaluation(model, balancer, conf, tasks, reference)
+    return FrontEvaluation(model, preference, conf, tasks, reference)
 
 
 def true_front_record(taskset: TaskSet, cfg: DictConfig) -> dict[str, Any]:

@@ -57,10 +57,11 @@ class LossWeightingBalancer(StagedBalancer):
     The weights are computed on the detached losses (float32) and one backward runs through the loss scale, so AMP
     changes nothing. Under DDP the losses are averaged across ranks (by name) first, so every rank uses the weights
     of the global batch and holds the same state. Under gradient accumulation a stateless weighting weights each
-    micro-batch by its own losses; one with state (an `update`) by the mean of the step's losses so far, and its
-    update sees the whole step's. A weighting whose w_i depends on L_i alone (`per_task`) also runs per-task steps;
-    its update then runs at `step()`, from every task's losses. A method of mtl-bench is a subclass whose
-    constructor, written in the method's file, builds its weighting; its state is saved under `weighting.`.
+    micro-batch by its own losses; one with state (an `update`) by the mean of the step's losses so far (by its own
+    with `step_mean = False`), and its update sees the whole step's. A weighting whose w_i depends on L_i alone
+    (`per_task`) also runs per-task steps; its update then runs at `step()`, from every task's losses. A method of
+    mtl-bench is a subclass whose constructor, written in the method's file, builds its weighting; its state is saved
+    under `weighting.`.
 
     Metrics: `weight/<task>`, and the weighting's.
     """
@@ -70,21 +71,20 @@ class LossWeightingBalancer(StagedBalancer):
     def __init__(self, task_names: Sequence[str], weighting: LossWeighting) -> None:
         super().__init__(task_names)
         self.weighting = weighting
-        self.stateful = type(weighting).update is not LossWeighting.update
+        self.stateful = weighting.stateful
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object) -> None:
         refuse_flat_state(self, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args)
 
-    def _rank_mean(self, weighted: Tensor, items: Tensor) -> tuple[Tensor, Tensor]:
-        """Σ items·L and items averaged over the ranks by name (one collective), in task order; each rank's own where
-        the weighting does not read its losses."""
+    def _rank_mean(self, **stats: Tensor) -> list[Tensor]:
+        """Each (T,) statistic (Σ items·L, items, L) averaged over the ranks by name (one collective), in task order;
+        each rank's own where the weighting does not read its losses."""
         if not self.weighting.reads_losses:
-            return weighted, items
+            return list(stats.values())
         names = self.task_names
-        local = {f"weighted/{n}": weighted[i] for i, n in enumerate(names)}
-        mean = average_by_name(local | {f"items/{n}": items[i] for i, n in enumerate(names)})
-        return torch.stack([mean[f"weighted/{n}"] for n in names]), torch.stack([mean[f"items/{n}"] for n in names])
+        mean = average_by_name({f"{key}/{n}": value[i] for key, value in stats.items() for i, n in enumerate(names)})
+        return [torch.stack([mean[f"{key}/{n}"] for n in names]) for key in stats]
 
     def _losses_for_weights(self, losses: dict[str, Tensor]) -> Tensor:
         """What a stateless forward gets: the losses averaged over the ranks, or each rank's own (detached) where
@@ -107,10 +107,11 @@ class LossWeightingBalancer(StagedBalancer):
         self._begin(JOINT, ctx, shared)
         items = batch_items(shared).expand(len(self.task_names))
         local = torch.stack([loss.detach().float() for loss in ordered.values()])
-        weighted, items = self._rank_mean(local * items, items)
+        own = {} if self.weighting.step_mean else {"loss": local}  # this micro-batch's, in the same collective
+        weighted, items, *rest = self._rank_mean(weighted=local * items, items=items, **own)
         weighted, items = self._mean("weighted", weighted), self._mean("items", items)
         step_losses = weighted / items  # the step's so far: the micro-batches' item-weighted mean
-        solution = as_solution(self.weighting(step_losses))
+        solution = as_solution(self.weighting(rest[0] if rest else step_losses))
         if self._sums["items"][1] == (self._ctx.accumulation_steps if self._ctx is not None else 1):
             self._stage_update(step_losses, items)
         metrics = weighted_backward(self, ordered, solution.weights, ctx) | solution.metrics
@@ -139,7 +140,7 @@ class LossWeightingBalancer(StagedBalancer):
     def _finish(self) -> dict[str, Tensor]:
         stats = [self._collected[name] for name in self.task_names]
         weighted, items = self._rank_mean(
-            torch.stack([s["weighted"] for s in stats]), torch.stack([s["items"] for s in stats])
+            weighted=torch.stack([s["weighted"] for s in stats]), items=torch.stack([s["items"] for s in stats])
         )
         self._stage_update(weighted / items, items)
         return {}

@@ -103,3 +103,49 @@ def test_per_task_steps_update_at_the_step_from_every_task_and_a_skipped_step_ke
         bal.step(skipped)
     torch.testing.assert_close(bal.weighting.seen, torch.tensor([1.0, 2.0, 3.0]))
     assert bal.weighting.updates.item() == 1
+
+
+class DrawnScale(LossWeighting):
+    """w = s · L (s a state no loss feeds, like a drawn preference: `step_mean = False`), s doubled by each update;
+    `draws=False` leaves it no state."""
+
+    step_mean = False
+
+    def __init__(self, draws: bool = True) -> None:
+        super().__init__()
+        self.draws = draws
+        self.register_buffer("scale", torch.ones(()))
+        self.seen = []
+
+    @property
+    def stateful(self) -> bool:
+        return self.draws
+
+    def forward(self, losses):
+        self.seen.append(losses.clone())
+        return self.scale * losses
+
+    def update(self, losses, items):
+        return {"scale": self.scale * 2}
+
+
+def test_a_weighting_off_the_step_mean_sees_each_micro_batch_and_updates_once_a_step():
+    bal = LossWeightingBalancer(TASKS3, DrawnScale())
+    ctx = BackwardContext(factor=0.5, accumulation_steps=2)
+    for step in range(2):
+        metrics = [
+            bal.backward(*constant(values, items), ctx)
+            for values, items in (((1.0, 2.0, 3.0), 3), ((5.0, 6.0, 7.0), 1))
+        ]
+        bal.step(False)
+        assert metrics[1]["weight/c"].item() == 7.0 * 2**step  # its own losses, the step's scale
+    torch.testing.assert_close(torch.stack(bal.weighting.seen[:2]), torch.tensor([[1.0, 2.0, 3.0], [5.0, 6.0, 7.0]]))
+    assert bal.weighting.scale.item() == 4.0
+
+
+def test_a_weighting_whose_options_leave_it_no_state_runs_without_an_update():
+    bal = LossWeightingBalancer(TASKS3, DrawnScale(draws=False))
+    assert not bal.stateful
+    bal.backward(*constant((1.0, 2.0, 3.0), 2))
+    bal.step(False)
+    assert bal.weighting.scale.item() == 1.0

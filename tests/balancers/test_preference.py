@@ -75,7 +75,7 @@ def test_resume_continues_the_uninterrupted_stream(name):
         range(3, 6),
         remake=lambda model: CLASSES[name](list(TASKS), preference="dirichlet", seed=99),
     )  # the stream comes from the state, not the new seed
-    assert {"pref", "rng._extra_state"} <= set(saved)
+    assert {"weighting.preference.pref", "weighting.preference.rng._extra_state"} <= set(saved)
     assert {f"preference/{t}" for t in TASKS} <= set(straight[0])
 
 
@@ -113,12 +113,28 @@ def test_accumulated_micro_batches_share_one_draw_per_step():
         bal.step()
 
 
+def test_accumulated_micro_batches_are_weighted_by_their_own_losses():
+    """The draw is no statistic of the losses: each micro-batch gets COSMOS's weights of its own losses at the step's r
+    (as with a fixed r), not those of the step's mean so far."""
+    bal = COSMOS(list(TASKS), lambda_=2.0, preference="dirichlet", seed=6)
+    assert bal.stateful and not COSMOS(list(TASKS)).stateful  # a fixed r has no update
+    ctx = BackwardContext(factor=0.5, accumulation_steps=2)
+    for values in ((1.0, 2.0), (5.0, 3.0)):
+        shared = torch.zeros(1, requires_grad=True)
+        metrics = bal.backward({t: (v + shared).sum() for t, v in zip(TASKS, values)}, shared, ctx)
+        r, losses = torch.stack([metrics[f"preference/{t}"] for t in TASKS]), torch.tensor(values)
+        cos = (r @ losses) / (r.norm() * losses.norm())
+        expected = r - 2.0 * (r / (r.norm() * losses.norm()) - cos * losses / losses.norm() ** 2)
+        torch.testing.assert_close(torch.stack([metrics[f"weight/{t}"] for t in TASKS]), expected)
+    bal.step()
+
+
 def test_a_fixed_preference_draws_nothing_and_logs_no_preference():
     bal = COSMOS(list(TASKS3), preference={"a": 0.2, "b": 0.3, "c": 0.5})
     shared = torch.zeros(1, requires_grad=True)
     metrics = bal.backward({t: (1.0 + shared).sum() for t in TASKS3}, shared)
     assert set(metrics) == {f"weight/{t}" for t in TASKS3}
-    assert bal.pref.tolist() == pytest.approx([0.2, 0.3, 0.5])
+    assert bal.weighting.preference.pref.tolist() == pytest.approx([0.2, 0.3, 0.5])
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))

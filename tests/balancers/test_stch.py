@@ -118,7 +118,7 @@ def test_warm_up_variant_matches_libmtl_main_reference_numbers():
     for name, p in model.named_parameters():
         expected = torch.tensor(STCH_MAIN_PARAMS_AFTER_7[name])
         torch.testing.assert_close(p.detach().flatten(), expected, rtol=1e-5, atol=1e-6, msg=name)
-    assert bal.steps.item() == 7 and bal.nadir_sum.abs().sum() > 0
+    assert bal.weighting.steps.item() == 7 and bal.weighting.nadir_sum.abs().sum() > 0
     assert sum(history[-1][f"weight/{t}"].item() for t in TASKS3) != pytest.approx(
         sum(history[0][f"weight/{t}"].item() for t in TASKS3)
     )
@@ -128,7 +128,25 @@ def test_warm_up_state_resumes_and_a_skipped_step_keeps_it():
     saved = assert_resume_and_skip_keep_the_state(
         lambda model: SmoothTchebycheff(list(TASKS3), mu=0.5, warmup_steps=2, nadir_steps=1), first=2, then=2
     )
-    assert saved["steps"].item() == 2 and saved["nadir_sum"].abs().sum() > 0
+    assert saved["weighting.steps"].item() == 2 and saved["weighting.nadir_sum"].abs().sum() > 0
+
+
+def test_under_accumulation_the_warm_up_uses_the_steps_mean_losses():
+    """The weights of each micro-batch are those of the step's mean so far, and the nadir point sums the whole step's
+    losses (its micro-batches' mean weighted by their examples)."""
+    from mtl_bench.balancers import BackwardContext
+
+    bal = SmoothTchebycheff(["a", "b"], mu=0.5, warmup_steps=1)
+    ctx = BackwardContext(factor=0.5, accumulation_steps=2)
+    weights = []
+    for values, items in (((1.0, 2.0), 3), ((5.0, 6.0), 1)):
+        shared = torch.zeros(items, requires_grad=True)
+        metrics = bal.backward({t: v + shared.mean() for t, v in zip("ab", values)}, shared, ctx)
+        weights.append([metrics["weight/a"].item(), metrics["weight/b"].item()])
+    bal.step(False)
+    assert weights == [pytest.approx([1.0, 0.5]), pytest.approx([1 / 2.0, 1 / 3.0])]  # 1/L of the mean so far
+    torch.testing.assert_close(bal.weighting.nadir_sum, torch.tensor([2.0, 3.0]))  # (3·1 + 5) / 4, (3·2 + 6) / 4
+    assert bal.weighting.steps.item() == 1
 
 
 def test_bad_warm_up_options():
