@@ -11,7 +11,8 @@ for its state's next values; a weighting only turns L into w (and into its next 
 
 from __future__ import annotations
 
-from typing import Union
+from dataclasses import dataclass
+from typing import Optional, Union
 
 from torch import Tensor, nn
 
@@ -39,11 +40,25 @@ class LossWeighting(nn.Module):
 
     `stateful`: whether it has an update, by default whether its class defines one; a weighting whose options leave it
     no state (a fixed preference of a method that can draw one) says False and runs as a weighting without.
+
+    `on_graph = True`: the weighting differentiates the step's losses with respect to the model (a bilevel method's
+    look-ahead). Its `forward(losses, scale, epoch)` gets this rank's losses of this micro-batch WITH their autograd
+    graph ((T,), float32, float64 where a loss is), `scale` the grad scaler's loss scale at the step's start (a 0-d
+    tensor; None without a scaler: take gradients of `scale * loss`, then divide, as `staged.scaled_grad`) and `epoch`
+    the step's epoch index (`BackwardContext.epoch`, from 0; 0 without a context), for a schedule that follows epochs.
+    The engine keeps the graph for its own backward: take gradients with `retain_graph=True`. Its state is the
+    `state` of the `Solution` it returns (buffer name -> new value; it has no `update`), committed at the balancer's
+    `step()` unless the step is skipped or one of the new values is not finite. The engine then backpropagates
+    Σ_i w_i L_i, or the `objective` of a `GraphSolution` in its place. It runs joint steps (`per_task` is not read);
+    under accumulation each micro-batch's forward sees the state committed at the last step, and the last one's new
+    state is committed. `HOST_SOLVE`: what `forward` solves on the host, if anything (`Balancer.HOST_SOLVE`).
     """
 
     per_task: bool = False
     reads_losses: bool = True
     step_mean: bool = True
+    on_graph: bool = False
+    HOST_SOLVE: str = ""
 
     @property
     def stateful(self) -> bool:
@@ -54,3 +69,12 @@ class LossWeighting(nn.Module):
 
     def update(self, losses: Tensor, items: Tensor) -> dict[str, Tensor]:
         return {}
+
+
+@dataclass
+class GraphSolution(Solution):
+    """What an `on_graph` weighting may return: a `Solution` whose step backpropagates `objective` (a 0-d tensor on
+    the model's graph, e.g. Σ_p ⟨d_p, p⟩ for a direction d it computed) in place of Σ_i w_i L_i; the weights are then
+    only reported (`weight/<task>`). None: Σ_i w_i L_i, as a plain `Solution`."""
+
+    objective: Optional[Tensor] = None

@@ -8,9 +8,10 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.loss_weighting import LossWeighting
+from mtl_bench.balancers.loss_weighting import GraphSolution, LossWeighting
 from mtl_bench.balancers.weighting import as_solution
-from mtl_bench.gradient_engine.balancer import Balancer, Context, refuse_flat_state
+from mtl_bench.errors import ContractError
+from mtl_bench.gradient_engine.balancer import BackwardContext, Balancer, Context, refuse_flat_state
 from mtl_bench.gradient_engine.rank_average import average_by_name
 from mtl_bench.gradient_engine.staged import JOINT, PER_TASK, StagedBalancer
 
@@ -61,17 +62,25 @@ class LossWeightingBalancer(StagedBalancer):
     with `step_mean = False`), and its update sees the whole step's. A weighting whose w_i depends on L_i alone
     (`per_task`) also runs per-task steps; its update then runs at `step()`, from every task's losses. A method of
     mtl-bench is a subclass whose constructor, written in the method's file, builds its weighting; its state is saved
-    under `weighting.`.
+    under `weighting.`. An `on_graph` weighting (a bilevel method) gets this micro-batch's own losses with their graph
+    and the loss scale, and returns its new state with its weights; its host solve (`HOST_SOLVE`) runs in `backward`.
 
     Metrics: `weight/<task>`, and the weighting's.
     """
 
     weighting: LossWeighting
+    HOST_SOLVE_IN = "backward"  # an on-graph weighting's forward, called there
 
     def __init__(self, task_names: Sequence[str], weighting: LossWeighting) -> None:
         super().__init__(task_names)
+        if weighting.on_graph and weighting.stateful:
+            raise ContractError(
+                f"{type(weighting).__name__}: an on_graph weighting returns its new state in its forward's Solution; "
+                "it has no update"
+            )
         self.weighting = weighting
         self.stateful = weighting.stateful
+        self.HOST_SOLVE = weighting.HOST_SOLVE
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object) -> None:
         refuse_flat_state(self, state_dict, prefix)
@@ -101,6 +110,8 @@ class LossWeightingBalancer(StagedBalancer):
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         self.check_losses(losses)
         ordered = {name: losses[name] for name in self.task_names}
+        if self.weighting.on_graph:
+            return self._backward_on_graph(ordered, shared, ctx)
         if not self.stateful:
             solution = as_solution(self.weighting(self._losses_for_weights(ordered)))
             return weighted_backward(self, ordered, solution.weights, ctx) | solution.metrics
@@ -118,7 +129,28 @@ class LossWeightingBalancer(StagedBalancer):
         self._end_joint()
         return metrics
 
+    def _backward_on_graph(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context) -> dict[str, Tensor]:
+        """The weighting differentiates this micro-batch's own losses (their graph kept for the backward here); the
+        state in its Solution is staged (kept only if finite), then one backward of Σ_i w_i L_i or of its objective."""
+        self._begin(JOINT, ctx, shared)
+        context = BackwardContext.of(ctx)
+        # at least float32 (a float64 loss stays float64): a half-precision loss enters the sums as float32
+        stacked = torch.stack([loss.to(torch.promote_types(loss.dtype, torch.float32)) for loss in losses.values()])
+        solution = as_solution(self.weighting(stacked, self._loss_scale, context.epoch if context is not None else 0))
+        if solution.state:
+            self._require_finite(*solution.state.values())
+            self._stage(**{f"weighting.{name}": value for name, value in solution.state.items()})
+        objective = solution.objective if isinstance(solution, GraphSolution) else None
+        self.run_backward((solution.weights * stacked).sum() if objective is None else objective, ctx)
+        self._end_joint()
+        return {tags.weight(name): solution.weights[i] for i, name in enumerate(losses)} | solution.metrics
+
     def per_task_problem(self) -> Optional[str]:
+        if self.weighting.on_graph:
+            return (
+                f"{type(self).__name__} has no per-task mode: its weighting differentiates every task's loss of the "
+                "same batch; use trainer.step_mode=joint"
+            )
         return None if self.weighting.per_task else no_per_task_mode(self)
 
     def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:

@@ -1,5 +1,6 @@
 """The loss-weighting contract (balancers/loss_weighting.py) run by LossWeightingBalancer: the backward of
-Σ_i w_i L_i through the loss scale, state staged until the step is taken, per-task steps for a per_task weighting."""
+Σ_i w_i L_i through the loss scale, state staged until the step is taken, per-task steps for a per_task weighting,
+and an on_graph weighting's gradients of the step's own losses, its state from its Solution and its own objective."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import pytest
 import torch
 
 from mtl_bench.balancers import BackwardContext, LossWeighting, Solution
+from mtl_bench.balancers.loss_weighting import GraphSolution
+from mtl_bench.errors import ContractError
 from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer, objective_weights
+from mtl_bench.gradient_engine.staged import scaled_grad
 from tests.helpers.balancer_kit import TASKS3, batch, make_model, task_losses
 
 
@@ -149,3 +153,84 @@ def test_a_weighting_whose_options_leave_it_no_state_runs_without_an_update():
     bal.backward(*constant((1.0, 2.0, 3.0), 2))
     bal.step(False)
     assert bal.weighting.scale.item() == 1.0
+
+
+class InverseGradNorm(LossWeighting):
+    """On the graph: w_i = 1 / ‖∇_θ L_i‖ (unscaled) at `params`; its state counts the steps and keeps the last epoch
+    (`poison` makes the new count NaN); `objective` backpropagates Σ_p ⟨1, p⟩ in place of Σ w_i L_i."""
+
+    on_graph = True
+
+    def __init__(self, params, objective: bool = False, poison: bool = False) -> None:
+        super().__init__()
+        self.params, self.objective, self.poison = list(params), objective, poison
+        self.register_buffer("steps", torch.zeros(()))
+        self.register_buffer("epoch", torch.zeros(()))
+        self.scales = []
+
+    def forward(self, losses, scale=None, epoch=0):
+        self.scales.append(scale)
+        norms = []
+        for loss in losses:
+            grads = scaled_grad(loss, self.params, scale, retain_graph=True, allow_unused=True)
+            norm = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads if g is not None]))
+            norms.append(norm / scale if scale is not None else norm)
+        state = {"steps": self.steps + (float("nan") if self.poison else 1), "epoch": torch.full((), float(epoch))}
+        objective = sum((p * torch.ones_like(p)).sum() for p in self.params) if self.objective else None
+        return GraphSolution(1 / torch.stack(norms), state=state, objective=objective)
+
+
+def grad_norm(loss, params):
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    return torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads if g is not None]))
+
+
+def test_an_on_graph_weighting_differentiates_the_step_s_own_losses_and_its_state_waits_for_the_step():
+    model, reference = make_model(), make_model()
+    x, y = batch()
+    out, losses = task_losses(model, x, y)
+    weighting = InverseGradNorm(model.parameters())
+    bal = LossWeightingBalancer(["c", "a", "b"], weighting)
+    ctx = BackwardContext(scaler=torch.amp.GradScaler("cpu", init_scale=4.0), factor=0.5, epoch=3)
+    metrics = bal.backward(losses, out.shared, ctx)
+    assert weighting.scales[0].item() == 4.0  # the grad scaler's scale, without the backward's factor
+    _, ref_losses = task_losses(reference, x, y)
+    params = list(reference.parameters())
+    weights = {t: 1 / grad_norm(ref_losses[t], params) for t in TASKS3}
+    (0.5 * sum(weights[t].detach() * ref_losses[t] for t in TASKS3)).backward()
+    for p, q in zip(model.parameters(), params):
+        torch.testing.assert_close(p.grad / 4, q.grad, rtol=1e-5, atol=1e-7)
+    for t in TASKS3:
+        assert metrics[f"weight/{t}"].item() == pytest.approx(weights[t].item(), rel=1e-5)
+    assert weighting.steps.item() == 0
+    bal.step(False)
+    assert (weighting.steps.item(), weighting.epoch.item()) == (1, 3)
+    assert set(bal.state_dict()) == {"weighting.steps", "weighting.epoch"}
+    out, losses = task_losses(model, x, y)
+    bal.backward(losses, out.shared, BackwardContext(epoch=4))
+    bal.step(True)  # skipped: the state stays
+    assert (weighting.steps.item(), weighting.epoch.item()) == (1, 3)
+
+
+def test_an_on_graph_weighting_s_objective_replaces_the_weighted_sum_and_a_non_finite_state_is_not_kept():
+    model = make_model()
+    out, losses = task_losses(model, *batch())
+    bal = LossWeightingBalancer(TASKS3, InverseGradNorm(model.parameters(), objective=True, poison=True))
+    metrics = bal.backward(losses, out.shared)  # without a context: committed at once
+    for p in model.parameters():
+        torch.testing.assert_close(p.grad, torch.ones_like(p))
+    assert set(metrics) == {"weight/a", "weight/b", "weight/c"}
+    assert bal.weighting.steps.item() == 0 and bal.weighting.epoch.item() == 0
+
+
+def test_an_on_graph_weighting_runs_joint_steps_and_has_no_update():
+    model = make_model()
+    bal = LossWeightingBalancer(TASKS3, InverseGradNorm(model.parameters()))
+    assert "LossWeightingBalancer has no per-task mode" in bal.per_task_problem()
+
+    class WithUpdate(InverseGradNorm):
+        def update(self, losses, items):
+            return {}
+
+    with pytest.raises(ContractError, match="^WithUpdate: an on_graph weighting returns its new state in its forward"):
+        LossWeightingBalancer(TASKS3, WithUpdate(model.parameters()))
