@@ -7,22 +7,24 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import number
+from mtl_bench.balancers.loss_weighting import LossWeighting
 from mtl_bench.balancers.softmax_logits import (
-    hold_softmax_logits,
+    bilevel_source,
+    hold_logits,
     no_per_task_mode,
     one_micro_batch,
     stacked,
     unscale,
 )
 from mtl_bench.balancers.validation_source import ValidationSource
-from mtl_bench.gradient_engine.balancer import BackwardContext, Context
-from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
+from mtl_bench.balancers.weighting import Solution
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
+from mtl_bench.gradient_engine.staged import scaled_grad
 
 
-class AutoLambda(StagedBalancer):
+class AutoLambdaWeighting(LossWeighting):
     """Task logits α (start at 1/T), weights λ = softmax(α); the network descends Σ_i λ_i L_i on its batch,
     and α learns, before each step, what a look-ahead step would do to the validation loss Σ_i L_i^val:
 
@@ -46,64 +48,44 @@ class AutoLambda(StagedBalancer):
     `trainer.validation_source`, a full batch). The look-ahead forwards leave BatchNorm's running statistics
     alone (LibMTL's ±ε forwards run on the live model and update them; they do not change the update).
 
-    Needs a validation source (`validation`, given by the engine); one process (the look-ahead is not synchronized
-    across DDP ranks), joint mode, no gradient accumulation. Under fp16 the look-ahead gradients are taken
-    through the grad scaler's scale and divided by it. A step whose α update is not finite keeps the old α.
+    An `on_graph` weighting: it takes the look-ahead gradient from the step's own losses and their graph, which the
+    engine then backpropagates as Σ_i λ_i(α_new) L_i. Needs a validation source (`validation`, given by the engine);
+    one process (the look-ahead is not synchronized across DDP ranks), joint mode, no gradient accumulation (the
+    balancer refuses them). Under fp16 the look-ahead gradients are taken through the grad scaler's scale and divided
+    by it. A step whose α update is not finite trains with the old α and keeps it.
 
     Metrics: `weight/<task>` (λ_i used this step). α and Adam's moments are buffers.
     """
 
-    # what must see one batch of every task in one process (for the messages)
-    ONE_BATCH_WORK, VALIDATION_WORK, STEP_WORK = "its look-ahead step", "the validation loss", "one look-ahead step"
+    on_graph = True
+    task_names: list[str]
     validation: ValidationSource
     logits: Tensor
     exp_avg: Tensor
     exp_avg_sq: Tensor
     opt_step: Tensor
 
-    def __init__(
-        self,
-        task_names: Sequence[str],
-        outer_lr: float = 1e-3,
-        world_size: int = 1,
-        validation: Optional[ValidationSource] = None,
-    ) -> None:
-        """
-        task_names: the tasks (given by the engine).
-        outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
-        world_size: the number of DDP processes (given by the engine); must be 1.
-        validation: the training batch, validation batches, task losses, parameters and lr (given by the engine;
-            in your own loop, any ValidationSource).
-        """
-        super().__init__(task_names)
-        hold_softmax_logits(self, world_size, validation, self.ONE_BATCH_WORK)
-        self.outer_lr = number("outer_lr", outer_lr, 0, above=True)
+    def __init__(self, task_names: Sequence[str], outer_lr: float, validation: ValidationSource) -> None:
+        """Options as `AutoLambda`'s, checked there; `task_names` in the balancer's (sorted) order."""
+        super().__init__()
+        self.task_names, self.outer_lr = list(task_names), outer_lr
+        hold_logits(self, len(self.task_names), validation)
 
     def extra_repr(self) -> str:
-        return f"tasks={self.task_names}, outer_lr={self.outer_lr}"
+        return f"outer_lr={self.outer_lr}"
 
-    def per_task_problem(self) -> str:
-        return no_per_task_mode(self, self.ONE_BATCH_WORK, self.VALIDATION_WORK)
-
-    def accumulation_problem(self, steps: int) -> Optional[str]:
-        return one_micro_batch(self, steps, self.STEP_WORK)
-
-    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        self.check_losses(losses)
-        context = BackwardContext.of(ctx)
+    def forward(self, losses: Tensor, scale: Optional[Tensor] = None, epoch: int = 0) -> Solution:
+        """λ(α_new) from the look-ahead on `losses` (the step's, with their graph); α's update as the new state."""
         source = self.validation
-        self._begin(JOINT, context, shared)
         # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
-        scale = self._loss_scale  # the grad scaler's, set by _begin (None without one)
         trainable = source.trainable_parameters()
         names, params = list(trainable), list(trainable.values())
-        ordered = stacked(self.task_names, losses)
         alpha = self.logits
         lr = source.learning_rate()
 
         # The look-ahead step θ' = θ − η ∇_θ Σ λ_i L_i, from this step's graph (kept for the real backward).
-        inner = (torch.softmax(alpha, dim=-1) * ordered).sum()
-        grads = self._grad(inner, params, scale, allow_unused=True)
+        inner = (torch.softmax(alpha, dim=-1) * losses).sum()
+        grads = scaled_grad(inner, params, scale, retain_graph=True, allow_unused=True)
         with torch.no_grad():
             ahead = {
                 n: (p - lr * unscale(g, scale) if g is not None else p.clone()).requires_grad_()
@@ -131,11 +113,38 @@ class AutoLambda(StagedBalancer):
             new, exp_avg, exp_avg_sq, step = adam_update(
                 alpha, -lr * hessian, self.exp_avg, self.exp_avg_sq, self.opt_step, self.outer_lr, (0.9, 0.999), 1e-8
             )
-            self._require_finite(new)
-            new = torch.where(torch.isfinite(new).all(), new, alpha)
-        self._stage(logits=new, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
+            kept = torch.where(torch.isfinite(new).all(), new, alpha)  # a non-finite α: this step trains with the old
+        # `new` itself in the state: a non-finite one is not committed (nor are the moments)
+        state = {"logits": new, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "opt_step": step}
+        return Solution(torch.softmax(kept, dim=-1), state=state)
 
-        weights = torch.softmax(new, dim=-1)
-        self.run_backward((weights * ordered).sum(), context)
-        self._end_joint()
-        return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
+
+class AutoLambda(LossWeightingBalancer):
+    """Auto-λ (`AutoLambdaWeighting`) as a balancer: `balancer=auto_lambda`."""
+
+    # what must see one batch of every task in one process (for the messages)
+    ONE_BATCH_WORK, VALIDATION_WORK, STEP_WORK = "its look-ahead step", "the validation loss", "one look-ahead step"
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        outer_lr: float = 1e-3,
+        world_size: int = 1,
+        validation: Optional[ValidationSource] = None,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
+        world_size: the number of DDP processes (given by the engine); must be 1.
+        validation: the training batch, validation batches, task losses, parameters and lr (given by the engine;
+            in your own loop, any ValidationSource).
+        """
+        source = bilevel_source(type(self).__name__, world_size, validation, self.ONE_BATCH_WORK)
+        outer_lr = number("outer_lr", outer_lr, 0, above=True)
+        super().__init__(task_names, AutoLambdaWeighting(sorted(task_names), outer_lr, source))
+
+    def per_task_problem(self) -> str:
+        return no_per_task_mode(self, self.ONE_BATCH_WORK, self.VALIDATION_WORK)
+
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        return one_micro_batch(self, steps, self.STEP_WORK)

@@ -41,7 +41,7 @@ def test_one_step_by_hand_on_quadratic_losses():
     metrics = bal.backward(task_losses("train", {}), theta, BackwardContext())
     bal.step()
     delta = 0.1 * 0.24 / (0.24 + 1e-8)
-    assert bal.logits.tolist() == pytest.approx([0.5 + delta, 0.5 - delta], abs=1e-12)
+    assert bal.weighting.logits.tolist() == pytest.approx([0.5 + delta, 0.5 - delta], abs=1e-12)
     sig = 1 / (1 + math.exp(-2 * delta))
     assert [metrics[f"weight/{t}"].item() for t in TASKS] == pytest.approx([sig, 1 - sig], abs=1e-12)
     assert theta.grad.item() == pytest.approx(sig * -1.0 + (1 - sig) * 3.0, abs=1e-12)
@@ -147,8 +147,8 @@ def test_parameters_and_weights_equal_libmtl_after_six_steps(outer_lr):
         opt.step()
         bal.step()
     torch.testing.assert_close(ref.tw.detach(), torch.tensor(LIBMTL_LOGITS_AFTER_6[outer_lr], dtype=torch.float64))
-    torch.testing.assert_close(bal.logits, ref.tw.detach(), rtol=1e-9, atol=1e-12)
-    assert not torch.allclose(bal.logits, torch.full((2,), 0.5, dtype=torch.float64))  # the weights moved
+    torch.testing.assert_close(bal.weighting.logits, ref.tw.detach(), rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(bal.weighting.logits, torch.full((2,), 0.5, dtype=torch.float64))  # the weights moved
     for (name, ours), theirs in zip(model.named_parameters(), ref.model.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-12, msg=name)
 
@@ -178,7 +178,7 @@ def test_grad_scaler_gives_the_fp32_update():
                 scaler.step(opt)
                 scaler.update()
             bal.step()
-        results.append((bal.logits.clone(), [p.detach().clone() for p in model.parameters()]))
+        results.append((bal.weighting.logits.clone(), [p.detach().clone() for p in model.parameters()]))
     (logits, params), (scaled_logits, scaled_params) = results
     torch.testing.assert_close(scaled_logits, logits, rtol=1e-5, atol=1e-6)
     for p, q in zip(params, scaled_params):
@@ -197,10 +197,12 @@ def test_resumed_run_ends_like_the_uninterrupted_one(compose_cfg, tmp_path):
         torch.load(tmp_path / run / "checkpoints" / "last.pt", weights_only=True)["balancer"]
         for run in ("straight", "resumed")
     ]
-    assert set(states[0]) == {"logits", "exp_avg", "exp_avg_sq", "opt_step"}
+    assert set(states[0]) == {"weighting.logits", "weighting.exp_avg", "weighting.exp_avg_sq", "weighting.opt_step"}
     for key, value in states[0].items():
         assert torch.equal(states[1][key], value), key
-    assert states[0]["opt_step"].item() == 12 and not torch.equal(states[0]["logits"], torch.full((2,), 0.5))
+    assert states[0]["weighting.opt_step"].item() == 12 and not torch.equal(
+        states[0]["weighting.logits"], torch.full((2,), 0.5)
+    )
 
 
 def test_metrics_are_0_d_and_a_step_reads_nothing_from_the_device(monkeypatch: pytest.MonkeyPatch):

@@ -79,7 +79,7 @@ def test_a_bilevel_run_holds_out_rows_of_a_task_set_read_from_disk(compose_cfg, 
     result = train(compose_cfg(*overrides), tmp_path / "run", overrides=overrides)  # drops mlp's keys TinyDense lacks
     assert result.step == 2
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["balancer"]
-    assert state["opt_step"].item() == 2 and torch.isfinite(state["logits"]).all()
+    assert state["weighting.opt_step"].item() == 2 and torch.isfinite(state["weighting.logits"]).all()
 
 
 class Moved:
