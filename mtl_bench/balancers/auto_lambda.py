@@ -74,7 +74,9 @@ class AutoLambdaWeighting(LossWeighting):
     def extra_repr(self) -> str:
         return f"outer_lr={self.outer_lr}"
 
-    def forward(self, losses: Tensor, scale: Optional[Tensor] = None, epoch: int = 0) -> Solution:
+    def forward(  # type: ignore[override]  # an on_graph forward: the losses one by one, the scale, the epoch
+        self, losses: Sequence[Tensor], scale: Optional[Tensor] = None, epoch: int = 0
+    ) -> Solution:
         """λ(α_new) from the look-ahead on `losses` (the step's, with their graph); α's update as the new state."""
         source = self.validation
         # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
@@ -84,7 +86,7 @@ class AutoLambdaWeighting(LossWeighting):
         lr = source.learning_rate()
 
         # The look-ahead step θ' = θ − η ∇_θ Σ λ_i L_i, from this step's graph (kept for the real backward).
-        inner = (torch.softmax(alpha, dim=-1) * losses).sum()
+        inner = (torch.softmax(alpha, dim=-1) * torch.stack(list(losses))).sum()
         grads = scaled_grad(inner, params, scale, retain_graph=True, allow_unused=True)
         with torch.no_grad():
             ahead = {

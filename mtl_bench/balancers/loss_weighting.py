@@ -43,7 +43,8 @@ class LossWeighting(nn.Module):
 
     `on_graph = True`: the weighting differentiates the step's losses with respect to the model (a bilevel method's
     look-ahead). Its `forward(losses, scale, epoch)` gets this rank's losses of this micro-batch WITH their autograd
-    graph ((T,), float32, float64 where a loss is), `scale` the grad scaler's loss scale at the step's start (a 0-d
+    graph, one by one (a tuple of T 0-d tensors, float32 or float64, in task order: a task's own gradient then walks
+    its own branch only; `torch.stack` them for a sum), `scale` the grad scaler's loss scale at the step's start (a 0-d
     tensor; None without a scaler: take gradients of `scale * loss`, then divide, as `staged.scaled_grad`) and `epoch`
     the step's epoch index (`BackwardContext.epoch`, from 0; 0 without a context), for a schedule that follows epochs.
     The engine keeps the graph for its own backward: take gradients with `retain_graph=True`. Its state is the

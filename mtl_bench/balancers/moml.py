@@ -8,24 +8,25 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import number
+from mtl_bench.balancers.loss_weighting import LossWeighting
 from mtl_bench.balancers.softmax_logits import (
-    hold_softmax_logits,
+    bilevel_source,
+    hold_logits,
     no_per_task_mode,
     one_micro_batch,
-    stacked,
     unscale,
 )
 from mtl_bench.balancers.validation_source import ValidationSource
-from mtl_bench.gradient_engine.balancer import BackwardContext, Context
+from mtl_bench.balancers.weighting import Solution
 from mtl_bench.gradient_engine.host import host_gramian
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 from mtl_bench.gradient_engine.solvers import min_norm_simplex
-from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
+from mtl_bench.gradient_engine.staged import scaled_grad
 
 
-class MOML(StagedBalancer):
+class MOMLWeighting(LossWeighting):
     """Task logits α (start at 1/T), weights λ = softmax(α); the network descends Σ_i λ_i L_i on its batch,
     and α learns, before each step, how a look-ahead step moves every task's validation loss, each one an
     objective of the upper level (multi-objective, solved by MGDA):
@@ -54,20 +55,20 @@ class MOML(StagedBalancer):
     numbers up to rounding. The look-ahead forward leaves BatchNorm's running statistics alone (LibMTL's runs
     on a deep copy of the model, whose statistics are thrown away: the same).
 
-    Needs a validation source (`validation`, given by the engine); one process (the look-ahead and the α update are not
-    synchronized across DDP ranks), joint mode, no gradient accumulation. Under fp16 the per-task gradients are
-    taken through the grad scaler's scale and divided by it. A step whose α update is not finite (a task's α
-    gradient of zero norm, e.g. with one task) keeps the old α. One host read per step: the T×T Gramian of the
-    normalised α gradients, for the min-norm solver (as MGDA).
+    An `on_graph` weighting: g_f comes from the step's own losses and their graph, which the engine then backpropagates
+    as Σ_i λ_i(α_new) L_i. Needs a validation source (`validation`, given by the engine); one process (the look-ahead
+    and the α update are not synchronized across DDP ranks), joint mode, no gradient accumulation (the balancer
+    refuses them). Under fp16 the per-task gradients are taken through the grad scaler's scale and divided by it. A
+    step whose α update is not finite (a task's α gradient of zero norm, e.g. with one task) trains with the old α and
+    keeps it. One host read per step: the T×T Gramian of the normalised α gradients, for the min-norm solver (as
+    MGDA).
 
     Metrics: `weight/<task>` (λ_i used this step). α and Adam's moments are buffers.
     """
 
+    on_graph = True
     HOST_SOLVE = "Frank-Wolfe min-norm on the simplex (numpy)"
-    HOST_SOLVE_IN = "_min_norm_weights"
-
-    # what must see one batch of every task in one process (for the messages)
-    ONE_BATCH_WORK, VALIDATION_WORK, STEP_WORK = "its look-ahead step", "the validation losses", "one look-ahead step"
+    task_names: list[str]
     validation: ValidationSource
     logits: Tensor
     exp_avg: Tensor
@@ -75,51 +76,29 @@ class MOML(StagedBalancer):
     opt_step: Tensor
 
     def __init__(
-        self,
-        task_names: Sequence[str],
-        inner_lr: float = 0.1,
-        outer_lr: float = 1e-3,
-        world_size: int = 1,
-        validation: Optional[ValidationSource] = None,
+        self, task_names: Sequence[str], inner_lr: float, outer_lr: float, validation: ValidationSource
     ) -> None:
-        """
-        task_names: the tasks (given by the engine).
-        inner_lr: the lr of the one-step SGD look-ahead (> 0; LibMTL's --inner_lr default 0.1).
-        outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
-        world_size: the number of DDP processes (given by the engine); must be 1.
-        validation: the validation batches, task losses and parameters (given by the engine; in your own loop,
-            any ValidationSource).
-        """
-        super().__init__(task_names)
-        hold_softmax_logits(self, world_size, validation, self.ONE_BATCH_WORK)
-        self.inner_lr, self.outer_lr = (
-            number("inner_lr", inner_lr, 0, above=True),
-            number("outer_lr", outer_lr, 0, above=True),
-        )
+        """Options as `MOML`'s, checked there; `task_names` in the balancer's (sorted) order."""
+        super().__init__()
+        self.task_names, self.inner_lr, self.outer_lr = list(task_names), inner_lr, outer_lr
+        hold_logits(self, len(self.task_names), validation)
 
     def extra_repr(self) -> str:
-        return f"tasks={self.task_names}, inner_lr={self.inner_lr}, outer_lr={self.outer_lr}"
+        return f"inner_lr={self.inner_lr}, outer_lr={self.outer_lr}"
 
-    def per_task_problem(self) -> str:
-        return no_per_task_mode(self, self.ONE_BATCH_WORK, self.VALIDATION_WORK)
-
-    def accumulation_problem(self, steps: int) -> Optional[str]:
-        return one_micro_batch(self, steps, self.STEP_WORK)
-
-    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        self.check_losses(losses)
-        context = BackwardContext.of(ctx)
+    def forward(  # type: ignore[override]  # an on_graph forward: the losses one by one, the scale, the epoch
+        self, losses: Sequence[Tensor], scale: Optional[Tensor] = None, epoch: int = 0
+    ) -> Solution:
+        """λ(α_new) from the look-ahead on `losses` (the step's, with their graph); α's update as the new state."""
         source = self.validation
-        self._begin(JOINT, context, shared)
         # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
-        scale = self._loss_scale  # the grad scaler's, set by _begin (None without one)
         trainable = source.trainable_parameters()
         names, params = list(trainable), list(trainable.values())
         alpha = self.logits
         z = torch.softmax(alpha, dim=-1)
 
         # g_f, per parameter a (T, numel) block, from this step's graph (kept for the real backward).
-        g_f = self._per_task_grads([losses[name] for name in self.task_names], params, scale)
+        g_f = self._per_task_grads(list(losses), params, scale)
         with torch.no_grad():  # the look-ahead θ' = θ − η_in λᵀ g_f
             ahead = {
                 n: (p - self.inner_lr * (z @ g).view_as(p)).requires_grad_() for n, p, g in zip(names, params, g_f)
@@ -139,22 +118,18 @@ class MOML(StagedBalancer):
             new, exp_avg, exp_avg_sq, step = adam_update(
                 alpha, direction, self.exp_avg, self.exp_avg_sq, self.opt_step, self.outer_lr, (0.9, 0.999), 1e-8
             )
-            self._require_finite(new)
-            new = torch.where(torch.isfinite(new).all(), new, alpha)
-        self._stage(logits=new, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step)
+            kept = torch.where(torch.isfinite(new).all(), new, alpha)  # a non-finite α: this step trains with the old
+        # `new` itself in the state: a non-finite one is not committed (nor are the moments)
+        state = {"logits": new, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "opt_step": step}
+        return Solution(torch.softmax(kept, dim=-1), state=state)
 
-        weights = torch.softmax(new, dim=-1)
-        ordered = stacked(self.task_names, losses)
-        self.run_backward((weights * ordered).sum(), context)
-        self._end_joint()
-        return {tags.weight(name): weights[i] for i, name in enumerate(self.task_names)}
-
-    def _per_task_grads(self, losses: list[Tensor], params: Sequence[Tensor], scale: Optional[Tensor]) -> list[Tensor]:
+    @staticmethod
+    def _per_task_grads(losses: Sequence[Tensor], params: Sequence[Tensor], scale: Optional[Tensor]) -> list[Tensor]:
         """Each loss's gradient at every parameter (zero where a loss does not reach it), unscaled: one (T, numel)
         block per parameter, as the columns of LibMTL's flattened T × d matrix."""
         blocks = [p.new_zeros(len(losses), p.numel()) for p in params]
         for t, loss in enumerate(losses):
-            for block, g in zip(blocks, self._grad(loss, params, scale, allow_unused=True)):
+            for block, g in zip(blocks, scaled_grad(loss, params, scale, retain_graph=True, allow_unused=True)):
                 if g is not None:
                     block[t] = unscale(g, scale).reshape(-1)
         return blocks
@@ -166,3 +141,36 @@ class MOML(StagedBalancer):
         t = normalized.shape[0]
         solution = np.full(t, np.nan) if gram is None else min_norm_simplex(gram)
         return torch.as_tensor(solution, dtype=normalized.dtype).to(normalized.device)
+
+
+class MOML(LossWeightingBalancer):
+    """MOML (`MOMLWeighting`) as a balancer: `balancer=moml`."""
+
+    # what must see one batch of every task in one process (for the messages)
+    ONE_BATCH_WORK, VALIDATION_WORK, STEP_WORK = "its look-ahead step", "the validation losses", "one look-ahead step"
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        inner_lr: float = 0.1,
+        outer_lr: float = 1e-3,
+        world_size: int = 1,
+        validation: Optional[ValidationSource] = None,
+    ) -> None:
+        """
+        task_names: the tasks (given by the engine).
+        inner_lr: the lr of the one-step SGD look-ahead (> 0; LibMTL's --inner_lr default 0.1).
+        outer_lr: the lr of the logits' Adam (> 0; LibMTL's --outer_lr default 1e-3).
+        world_size: the number of DDP processes (given by the engine); must be 1.
+        validation: the validation batches, task losses and parameters (given by the engine; in your own loop,
+            any ValidationSource).
+        """
+        source = bilevel_source(type(self).__name__, world_size, validation, self.ONE_BATCH_WORK)
+        inner_lr, outer_lr = number("inner_lr", inner_lr, 0, above=True), number("outer_lr", outer_lr, 0, above=True)
+        super().__init__(task_names, MOMLWeighting(sorted(task_names), inner_lr, outer_lr, source))
+
+    def per_task_problem(self) -> str:
+        return no_per_task_mode(self, self.ONE_BATCH_WORK, self.VALIDATION_WORK)
+
+    def accumulation_problem(self, steps: int) -> Optional[str]:
+        return one_micro_batch(self, steps, self.STEP_WORK)

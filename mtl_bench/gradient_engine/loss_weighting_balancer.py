@@ -135,13 +135,13 @@ class LossWeightingBalancer(StagedBalancer):
         self._begin(JOINT, ctx, shared)
         context = BackwardContext.of(ctx)
         # at least float32 (a float64 loss stays float64): a half-precision loss enters the sums as float32
-        stacked = torch.stack([loss.to(torch.promote_types(loss.dtype, torch.float32)) for loss in losses.values()])
-        solution = as_solution(self.weighting(stacked, self._loss_scale, context.epoch if context is not None else 0))
+        own = tuple(loss.to(torch.promote_types(loss.dtype, torch.float32)) for loss in losses.values())
+        solution = as_solution(self.weighting(own, self._loss_scale, context.epoch if context is not None else 0))
         if solution.state:
             self._require_finite(*solution.state.values())
             self._stage(**{f"weighting.{name}": value for name, value in solution.state.items()})
         objective = solution.objective if isinstance(solution, GraphSolution) else None
-        self.run_backward((solution.weights * stacked).sum() if objective is None else objective, ctx)
+        self.run_backward((solution.weights * torch.stack(own)).sum() if objective is None else objective, ctx)
         self._end_joint()
         return {tags.weight(name): solution.weights[i] for i, name in enumerate(losses)} | solution.metrics
 

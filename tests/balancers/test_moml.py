@@ -49,7 +49,7 @@ def test_one_step_by_hand_when_the_validation_losses_agree():
     bal, metrics, theta = quadratic_step({"a": 2.0, "b": 1.0})
     r = 1 / math.sqrt(2)
     delta = 0.1 * r / (r + 1e-8)
-    assert bal.logits.tolist() == pytest.approx([0.5 + delta, 0.5 - delta], abs=1e-12)
+    assert bal.weighting.logits.tolist() == pytest.approx([0.5 + delta, 0.5 - delta], abs=1e-12)
     sig = 1 / (1 + math.exp(-2 * delta))
     assert [metrics[f"weight/{t}"].item() for t in TASKS] == pytest.approx([sig, 1 - sig], abs=1e-12)
     assert theta.grad.item() == pytest.approx(sig * -1.0 + (1 - sig) * 3.0, abs=1e-12)
@@ -60,8 +60,8 @@ def test_one_step_by_hand_when_the_validation_losses_conflict():
     normalisation, so the min-norm point is their midpoint (γ = −(−1 − 1)/(1 + 1 + 2) = ½), the direction is 0,
     and Adam's first step with a zero gradient leaves α (and λ = ½) unchanged; its step count still advances."""
     bal, metrics, theta = quadratic_step({"a": 2.0, "b": 0.0})
-    assert bal.logits.tolist() == [0.5, 0.5]
-    assert bal.opt_step.item() == 1
+    assert bal.weighting.logits.tolist() == [0.5, 0.5]
+    assert bal.weighting.opt_step.item() == 1
     assert [metrics[f"weight/{t}"].item() for t in TASKS] == [0.5, 0.5]
     assert theta.grad.item() == pytest.approx(0.5 * -1.0 + 0.5 * 3.0, abs=1e-12)
 
@@ -275,14 +275,14 @@ def test_parameters_and_weights_equal_libmtl_after_six_steps(case, outer_lr):
 
     ref = run_reference(case, outer_lr, torch.float64)
     bal, model = run_ours(case, outer_lr, torch.float64)
-    torch.testing.assert_close(bal.logits, ref.tw.detach(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(bal.weighting.logits, ref.tw.detach(), rtol=1e-9, atol=1e-12)
     n = len(CASES[case][1])
-    assert not torch.allclose(bal.logits, torch.full((n,), 1 / n, dtype=torch.float64))  # the weights moved
+    assert not torch.allclose(bal.weighting.logits, torch.full((n,), 1 / n, dtype=torch.float64))  # the weights moved
     for (name, ours), theirs in zip(model.named_parameters(), ref.model.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-12, msg=name)
 
     bal32, _ = run_ours(case, outer_lr, torch.float32)
-    torch.testing.assert_close(bal32.logits, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(bal32.weighting.logits, expected, rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------- the contract
@@ -309,7 +309,7 @@ def test_grad_scaler_gives_the_fp32_update():
                 scaler.step(opt)
                 scaler.update()
             bal.step()
-        results.append((bal.logits.clone(), [p.detach().clone() for p in model.parameters()]))
+        results.append((bal.weighting.logits.clone(), [p.detach().clone() for p in model.parameters()]))
     (logits, params), (scaled_logits, scaled_params) = results
     torch.testing.assert_close(scaled_logits, logits, rtol=1e-5, atol=1e-6)
     for p, q in zip(params, scaled_params):
@@ -341,10 +341,12 @@ def test_resumed_run_ends_like_the_uninterrupted_one(compose_cfg, tmp_path):
         torch.load(tmp_path / run / "checkpoints" / "last.pt", weights_only=True)["balancer"]
         for run in ("straight", "resumed")
     ]
-    assert set(states[0]) == {"logits", "exp_avg", "exp_avg_sq", "opt_step"}
+    assert set(states[0]) == {"weighting.logits", "weighting.exp_avg", "weighting.exp_avg_sq", "weighting.opt_step"}
     for key, value in states[0].items():
         assert torch.equal(states[1][key], value), key
-    assert states[0]["opt_step"].item() == 12 and not torch.equal(states[0]["logits"], torch.full((2,), 0.5))
+    assert states[0]["weighting.opt_step"].item() == 12 and not torch.equal(
+        states[0]["weighting.logits"], torch.full((2,), 0.5)
+    )
 
 
 def test_metrics_are_the_0_d_weights():
