@@ -9,10 +9,11 @@ import torch
 from scipy.optimize import minimize
 from torch import Tensor
 
-from mtl_bench import tags
 from mtl_bench.balancers.adam_update import adam_update
 from mtl_bench.balancers.checks import number
+from mtl_bench.balancers.loss_weighting import GraphSolution, LossWeighting
 from mtl_bench.balancers.softmax_logits import (
+    bilevel_source,
     hold_softmax_logits,
     no_per_task_mode,
     one_micro_batch,
@@ -20,14 +21,14 @@ from mtl_bench.balancers.softmax_logits import (
     unscale,
 )
 from mtl_bench.balancers.validation_source import ValidationSource
-from mtl_bench.gradient_engine.balancer import BackwardContext, Context
-from mtl_bench.gradient_engine.staged import JOINT, StagedBalancer
+from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
+from mtl_bench.gradient_engine.staged import scaled_grad
 
 # LibMTL stops the inner SGD steps once f exceeds this ("caused by too large inner_lr and inner_step").
 INNER_LOSS_LIMIT = 1e5
 
 
-class FORUM(StagedBalancer):
+class FORUMWeighting(LossWeighting):
     """FORUM: task logits α (start at 1/T) and the network θ descend together, (α, θ) along one direction
     that lowers every task's validation loss F_t(θ) while keeping θ near the minimizer of the inner problem
     f(α, θ) = Σ_i softmax(α)_i L_i(θ) (its value-function gap q as a constraint):
@@ -67,10 +68,12 @@ class FORUM(StagedBalancer):
     Where SGD at inner_lr diverges on the model, the last inner iterate's loss (only the ones before it are checked
     against 1e5, as in LibMTL) may be infinite: g_q and the program are then not finite and the step is skipped.
 
-    Needs a validation source (`validation`, given by the engine); one process, joint mode, no gradient
-    accumulation. Under fp16 every gradient is taken through the grad scaler's scale and divided by it, and
-    the direction d_θ is written as the gradient of Σ_p ⟨d_p, p⟩ through `ctx.scale`. Outside the engine
-    `ctx.epoch` is what the loop sets (0 by default and without a context: λ is then the program's w of each step).
+    An `on_graph` weighting: g_f comes from the step's own losses and their graph, and its `GraphSolution`'s objective
+    Σ_p ⟨d_p, p⟩, whose gradient is d_θ, is what the engine backpropagates (through `ctx.scale`). Needs a validation
+    source (`validation`, given by the engine); one process, joint mode, no gradient accumulation (the balancer refuses
+    them). Under fp16 every gradient is taken through the grad scaler's scale and divided by it. `epoch` is the
+    context's `ctx.epoch`: outside the engine what the loop sets (0 by default and without a context: λ is then the
+    program's w of each step).
 
     Cost per step: the step's forward, one backward for g_f, inner_step forwards and backwards (plus one
     forward) at the inner copies, one forward and T backwards on the validation batch, and the program.
@@ -78,17 +81,130 @@ class FORUM(StagedBalancer):
     Metrics: `weight/<task>` (softmax(α) used this step). α, its Adam moments and λ are buffers.
     """
 
+    on_graph = True
     HOST_SOLVE = "scipy's SLSQP on the (T+1)×(T+1) program"
-    HOST_SOLVE_IN = "backward"
-
-    # what must see one batch of every task in one process (for the messages)
-    ONE_BATCH_WORK, VALIDATION_WORK, STEP_WORK = "its inner steps", "validation gradients", "its inner steps"
+    task_names: list[str]
     validation: ValidationSource
     logits: Tensor
     exp_avg: Tensor
     exp_avg_sq: Tensor
     opt_step: Tensor
     lambdas: Tensor
+
+    def __init__(
+        self,
+        task_names: Sequence[str],
+        outer_lr: float,
+        inner_lr: float,
+        inner_step: int,
+        phi: float,
+        validation: ValidationSource,
+    ) -> None:
+        """Options as `FORUM`'s, checked there; `task_names` in the balancer's (sorted) order."""
+        super().__init__()
+        self.task_names, self.outer_lr, self.inner_lr = list(task_names), outer_lr, inner_lr
+        self.inner_step, self.phi = inner_step, phi
+        hold_softmax_logits(self, len(self.task_names), validation)
+        self.register_buffer("lambdas", torch.zeros(len(self.task_names)))
+
+    def extra_repr(self) -> str:
+        return f"outer_lr={self.outer_lr}, inner_lr={self.inner_lr}, inner_step={self.inner_step}, phi={self.phi}"
+
+    def forward(  # type: ignore[override]  # an on_graph forward: the losses one by one, the scale, the epoch
+        self, losses: Sequence[Tensor], scale: Optional[Tensor] = None, epoch: int = 0
+    ) -> GraphSolution:
+        """z = softmax(α) (reported), the new α and λ as the state, and the objective whose gradient is d_θ."""
+        source = self.validation
+        # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
+        trainable = source.trainable_parameters()
+        names, params = list(trainable), list(trainable.values())
+        ordered = torch.stack(list(losses))
+        alpha = self.logits
+        z = torch.softmax(alpha, dim=-1)
+        n = len(self.task_names)
+
+        # g_f: the θ part from this step's graph; the α part is the softmax's backward, as autograd computes it.
+        g_f = self._flat(self._scaled_grad((z * ordered).sum(), params, scale), params, scale)
+        g_f_alpha = self._softmax_grad(z, ordered.detach())
+
+        # θ^K: inner_step SGD steps of f(α, ·) on the training batch, from θ, at copies of the parameters.
+        inputs, targets = source.training_batch()
+        current = {name: p.detach() for name, p in zip(names, params)}
+        going = torch.ones((), dtype=torch.bool, device=ordered.device)
+        for _ in range(self.inner_step):
+            current = {name: p.detach().requires_grad_() for name, p in current.items()}
+            inner = (z.detach() * stacked(self.task_names, source.task_losses(inputs, targets, current))).sum()
+            going = going & ~(inner.detach() > INNER_LOSS_LIMIT)  # LibMTL breaks out of its loop here
+            found = self._scaled_grad(inner, list(current.values()), scale)
+            with torch.no_grad():
+                current = {
+                    name: torch.where(going, p - self.inner_lr * unscale(g, scale), p) if g is not None else p
+                    for (name, p), g in zip(current.items(), found)
+                }
+        with torch.no_grad():
+            at_inner = stacked(self.task_names, source.task_losses(inputs, targets, current))
+        g_q_alpha = (g_f_alpha - self._softmax_grad(z, at_inner)).to(g_f.dtype)
+        g_q = torch.cat([g_q_alpha, g_f])
+
+        # g_F: each task's validation gradient at θ, normalized, zero in α. The model itself runs this forward.
+        val_inputs, val_targets = source.next_validation_batch()
+        outer = stacked(self.task_names, source.task_losses(val_inputs, val_targets))
+        g_F = torch.stack([self._flat(self._scaled_grad(outer[i], params, scale), params, scale) for i in range(n)])
+        g_F = g_F / g_F.pow(2).sum(-1).sqrt().unsqueeze(1)
+        g_F = torch.cat([g_F.new_zeros(n, n), g_F], dim=1)
+
+        q_norm = g_q.norm().pow(2) + 1e-8
+        pi = self.phi - (g_F @ g_q) / q_norm
+        a = torch.cat([g_F, g_q.unsqueeze(0)])
+        # The step's one host sync: the program runs on the host (as LibMTL's cvxpy).
+        host = torch.cat([(a @ a.T).reshape(-1), pi, q_norm.reshape(1)]).double().cpu().numpy()
+        gram, pi_host, q_norm_host = host[: (n + 1) ** 2].reshape(n + 1, n + 1), host[-n - 1 : -1], host[-1]
+        w = torch.as_tensor(forum_weights(gram, pi_host, self.phi * q_norm_host), device=alpha.device)
+
+        lambdas = self.lambdas + (w[:n].to(self.lambdas.dtype) - self.lambdas) / (epoch + 1) ** 0.75
+        nu = (lambdas.to(pi.dtype) * pi).sum().clamp(min=0)
+        direction = lambdas.to(g_F.dtype) @ g_F + nu * g_q
+        with torch.no_grad():
+            new, exp_avg, exp_avg_sq, step = adam_update(
+                alpha,
+                direction[:n].to(alpha.dtype),
+                self.exp_avg,
+                self.exp_avg_sq,
+                self.opt_step,
+                self.outer_lr,
+                (0.9, 0.999),
+                1e-8,
+            )
+        state = {"logits": new, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "opt_step": step, "lambdas": lambdas}
+
+        # θ's gradient is d_θ: the objective Σ_p ⟨d_p, p⟩, which the engine backpropagates through its scale.
+        pieces = direction[n:].detach().split([p.numel() for p in params])
+        surrogate = torch.stack([(d.view_as(p) * p).sum() for d, p in zip(pieces, params)]).sum()
+        return GraphSolution(z, state=state, objective=surrogate)
+
+    @staticmethod
+    def _scaled_grad(loss: Tensor, params: Sequence[Tensor], scale: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+        """Gradient of one loss through the loss scale (None where it does not reach), the graph kept."""
+        return scaled_grad(loss, params, scale, retain_graph=True, allow_unused=True)
+
+    @staticmethod
+    def _softmax_grad(z: Tensor, losses: Tensor) -> Tensor:
+        """∇_α Σ softmax(α)_i L_i = z ∘ (L − z·L): the softmax's backward, as autograd computes it."""
+        return z * (losses - (losses * z).sum())
+
+    @classmethod
+    def _flat(cls, grads: Sequence[Optional[Tensor]], params: Sequence[Tensor], scale: Optional[Tensor]) -> Tensor:
+        """One flat vector of the gradients (zeros for a parameter the loss does not reach), unscaled."""
+        return torch.cat(
+            [(unscale(g, scale) if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)]
+        )
+
+
+class FORUM(LossWeightingBalancer):
+    """FORUM (`FORUMWeighting`) as a balancer: `balancer=forum`."""
+
+    # what must see one batch of every task in one process (for the messages)
+    ONE_BATCH_WORK, VALIDATION_WORK, STEP_WORK = "its inner steps", "validation gradients", "its inner steps"
 
     def __init__(
         self,
@@ -110,118 +226,22 @@ class FORUM(StagedBalancer):
         validation: the training batch, validation batches, task losses and parameters (given by the engine; in
             your own loop, any ValidationSource).
         """
-        super().__init__(task_names)
-        hold_softmax_logits(self, world_size, validation, self.ONE_BATCH_WORK)
-        self.outer_lr, self.inner_lr = (
+        source = bilevel_source(type(self).__name__, world_size, validation, self.ONE_BATCH_WORK)
+        weighting = FORUMWeighting(
+            sorted(task_names),
             number("outer_lr", outer_lr, 0, above=True),
             number("inner_lr", inner_lr, 0, above=True),
-        )
-        self.inner_step, self.phi = (
             number("inner_step", inner_step, 1, integer=True),
             number("phi", phi, 0, finite=True),
+            source,
         )
-        self.register_buffer("lambdas", torch.zeros(len(self.task_names)))
-
-    def extra_repr(self) -> str:
-        return (
-            f"tasks={self.task_names}, outer_lr={self.outer_lr}, inner_lr={self.inner_lr}, "
-            f"inner_step={self.inner_step}, phi={self.phi}"
-        )
+        super().__init__(task_names, weighting)
 
     def per_task_problem(self) -> str:
         return no_per_task_mode(self, self.ONE_BATCH_WORK, self.VALIDATION_WORK)
 
     def accumulation_problem(self, steps: int) -> Optional[str]:
         return one_micro_batch(self, steps, self.STEP_WORK)
-
-    def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
-        self.check_losses(losses)
-        context = BackwardContext.of(ctx)
-        source = self.validation
-        self._begin(JOINT, context, shared)
-        # fp16: gradients through the loss scale, then divided by it (their fp16 backward underflows otherwise).
-        scale = self._loss_scale  # the grad scaler's, set by _begin (None without one)
-        trainable = source.trainable_parameters()
-        names, params = list(trainable), list(trainable.values())
-        ordered = stacked(self.task_names, losses)
-        alpha = self.logits
-        z = torch.softmax(alpha, dim=-1)
-        n = len(self.task_names)
-
-        # g_f: the θ part from this step's graph; the α part is the softmax's backward, as autograd computes it.
-        g_f = self._flat(self._grad((z * ordered).sum(), params, scale, allow_unused=True), params, scale)
-        g_f_alpha = self._softmax_grad(z, ordered.detach())
-
-        # θ^K: inner_step SGD steps of f(α, ·) on the training batch, from θ, at copies of the parameters.
-        inputs, targets = source.training_batch()
-        current = {name: p.detach() for name, p in zip(names, params)}
-        going = torch.ones((), dtype=torch.bool, device=shared.device)
-        for _ in range(self.inner_step):
-            current = {name: p.detach().requires_grad_() for name, p in current.items()}
-            inner = (z.detach() * stacked(self.task_names, source.task_losses(inputs, targets, current))).sum()
-            going = going & ~(inner.detach() > INNER_LOSS_LIMIT)  # LibMTL breaks out of its loop here
-            found = self._grad(inner, list(current.values()), scale, allow_unused=True)
-            with torch.no_grad():
-                current = {
-                    name: torch.where(going, p - self.inner_lr * unscale(g, scale), p) if g is not None else p
-                    for (name, p), g in zip(current.items(), found)
-                }
-        with torch.no_grad():
-            at_inner = stacked(self.task_names, source.task_losses(inputs, targets, current))
-        g_q_alpha = (g_f_alpha - self._softmax_grad(z, at_inner)).to(g_f.dtype)
-        g_q = torch.cat([g_q_alpha, g_f])
-
-        # g_F: each task's validation gradient at θ, normalized, zero in α. The model itself runs this forward.
-        val_inputs, val_targets = source.next_validation_batch()
-        outer = stacked(self.task_names, source.task_losses(val_inputs, val_targets))
-        g_F = torch.stack([self._flat(self._grad(outer[i], params, scale, True), params, scale) for i in range(n)])
-        g_F = g_F / g_F.pow(2).sum(-1).sqrt().unsqueeze(1)
-        g_F = torch.cat([g_F.new_zeros(n, n), g_F], dim=1)
-
-        q_norm = g_q.norm().pow(2) + 1e-8
-        pi = self.phi - (g_F @ g_q) / q_norm
-        a = torch.cat([g_F, g_q.unsqueeze(0)])
-        # The step's one host sync: the program runs on the host (as LibMTL's cvxpy).
-        host = torch.cat([(a @ a.T).reshape(-1), pi, q_norm.reshape(1)]).double().cpu().numpy()
-        gram, pi_host, q_norm_host = host[: (n + 1) ** 2].reshape(n + 1, n + 1), host[-n - 1 : -1], host[-1]
-        w = torch.as_tensor(forum_weights(gram, pi_host, self.phi * q_norm_host), device=alpha.device)
-
-        epoch = context.epoch if context is not None else 0
-        lambdas = self.lambdas + (w[:n].to(self.lambdas.dtype) - self.lambdas) / (epoch + 1) ** 0.75
-        nu = (lambdas.to(pi.dtype) * pi).sum().clamp(min=0)
-        direction = lambdas.to(g_F.dtype) @ g_F + nu * g_q
-        with torch.no_grad():
-            new, exp_avg, exp_avg_sq, step = adam_update(
-                alpha,
-                direction[:n].to(alpha.dtype),
-                self.exp_avg,
-                self.exp_avg_sq,
-                self.opt_step,
-                self.outer_lr,
-                (0.9, 0.999),
-                1e-8,
-            )
-        self._require_finite(new, lambdas)
-        self._stage(logits=new, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, opt_step=step, lambdas=lambdas)
-
-        # θ's gradient is d_θ: the backward of Σ_p ⟨d_p, p⟩, through the context's scale and factor.
-        pieces = direction[n:].detach().split([p.numel() for p in params])
-        surrogate = torch.stack([(d.view_as(p) * p).sum() for d, p in zip(pieces, params)]).sum()
-        self.run_backward(surrogate, context)
-        self._end_joint()
-        return {tags.weight(name): z[i] for i, name in enumerate(self.task_names)}
-
-    @staticmethod
-    def _softmax_grad(z: Tensor, losses: Tensor) -> Tensor:
-        """∇_α Σ softmax(α)_i L_i = z ∘ (L − z·L): the softmax's backward, as autograd computes it."""
-        return z * (losses - (losses * z).sum())
-
-    @classmethod
-    def _flat(cls, grads: Sequence[Optional[Tensor]], params: Sequence[Tensor], scale: Optional[Tensor]) -> Tensor:
-        """One flat vector of the gradients (zeros for a parameter the loss does not reach), unscaled."""
-        return torch.cat(
-            [(unscale(g, scale) if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)]
-        )
 
 
 def forum_weights(gram: np.ndarray, pi: np.ndarray, w_constant: float) -> np.ndarray:

@@ -13,7 +13,7 @@ from mtl_bench.balancers.checks import number
 from mtl_bench.balancers.loss_weighting import LossWeighting
 from mtl_bench.balancers.softmax_logits import (
     bilevel_source,
-    hold_logits,
+    hold_softmax_logits,
     no_per_task_mode,
     one_micro_batch,
     unscale,
@@ -81,7 +81,7 @@ class MOMLWeighting(LossWeighting):
         """Options as `MOML`'s, checked there; `task_names` in the balancer's (sorted) order."""
         super().__init__()
         self.task_names, self.inner_lr, self.outer_lr = list(task_names), inner_lr, outer_lr
-        hold_logits(self, len(self.task_names), validation)
+        hold_softmax_logits(self, len(self.task_names), validation)
 
     def extra_repr(self) -> str:
         return f"inner_lr={self.inner_lr}, outer_lr={self.outer_lr}"

@@ -12,7 +12,6 @@ from torch import Tensor
 from mtl_bench.balancers.loss_weighting import LossWeighting
 from mtl_bench.balancers.validation_source import ValidationSource, require_validation
 from mtl_bench.gradient_engine.balancer import Balancer
-from mtl_bench.gradient_engine.staged import StagedBalancer
 
 
 def bilevel_source(
@@ -28,7 +27,7 @@ def bilevel_source(
     return require_validation(name, validation)
 
 
-def hold_logits(weighting: LossWeighting, tasks: int, validation: ValidationSource) -> None:
+def hold_softmax_logits(weighting: LossWeighting, tasks: int, validation: ValidationSource) -> None:
     """Keep the validation source on the weighting and register the logits α of its `tasks` tasks (start at 1/T) and
     their Adam moments as its buffers."""
     # Held as a plain attribute: a source that is itself an nn.Module (a user's wrapper of the model) must not
@@ -38,27 +37,6 @@ def hold_logits(weighting: LossWeighting, tasks: int, validation: ValidationSour
     weighting.register_buffer("exp_avg", torch.zeros(tasks))
     weighting.register_buffer("exp_avg_sq", torch.zeros(tasks))
     weighting.register_buffer("opt_step", torch.zeros(()))
-
-
-def hold_softmax_logits(
-    balancer: StagedBalancer, world_size: int, validation: Optional[ValidationSource], one_batch_work: str
-) -> None:
-    """Check the one process (`one_batch_work`, e.g. "its look-ahead step", names what is not synchronized), keep
-    the validation source, and register the task logits α (start at 1/T) and their Adam moments as buffers."""
-    name = type(balancer).__name__
-    if world_size != 1:
-        raise ValueError(
-            f"world_size: {name} runs in one process ({one_batch_work} and the update of its weights are not "
-            f"synchronized across ranks), got {world_size}"
-        )
-    # Held as a plain attribute: a source that is itself an nn.Module (a user's wrapper of the model) must not
-    # become a submodule, whose parameters would join the balancer's and its state_dict.
-    object.__setattr__(balancer, "validation", require_validation(name, validation))
-    n = len(balancer.task_names)
-    balancer.register_buffer("logits", torch.full((n,), 1.0 / n))
-    balancer.register_buffer("exp_avg", torch.zeros(n))
-    balancer.register_buffer("exp_avg_sq", torch.zeros(n))
-    balancer.register_buffer("opt_step", torch.zeros(()))
 
 
 def stacked(task_names: Sequence[str], losses: dict[str, Tensor]) -> Tensor:

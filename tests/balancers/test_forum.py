@@ -49,11 +49,11 @@ def test_one_step_by_hand_on_quadratic_losses(epoch):
     bal.step()
     pi_a = 0.1 + 1 / (1.02 + 1e-8)
     lam = 1 / (epoch + 1) ** 0.75
-    assert bal.lambdas.tolist() == pytest.approx([lam, 0.0], abs=1e-9)
+    assert bal.weighting.lambdas.tolist() == pytest.approx([lam, 0.0], abs=1e-9)
     assert theta.grad.item() == pytest.approx(lam * (pi_a - 1), abs=1e-9)
     g = lam * pi_a * 0.1
     delta = 0.1 * g / (g + 1e-8)
-    assert bal.logits.tolist() == pytest.approx([0.5 + delta, 0.5 - delta], abs=1e-9)
+    assert bal.weighting.logits.tolist() == pytest.approx([0.5 + delta, 0.5 - delta], abs=1e-9)
     assert [metrics[f"weight/{t}"].item() for t in TASKS] == [0.5, 0.5]  # softmax(α) used in the step
 
 
@@ -299,10 +299,10 @@ def test_parameters_weights_and_lambdas_equal_libmtl_after_six_steps(outer_lr, i
         lambda_buffer = ref.bacth_forward_FORUM(*inner, *outer, lambda_buffer, EPOCHS[step])
 
     model, bal = ours_after(steps, outer_lr, inner_lr, inner_step)
-    torch.testing.assert_close(bal.lambdas, torch.as_tensor(lambda_buffer), rtol=0, atol=1e-6)
-    torch.testing.assert_close(bal.logits, ref.tw.weights.detach(), rtol=0, atol=1e-6)
-    assert not torch.allclose(bal.logits, torch.full((2,), 0.5, dtype=torch.float64))  # the weights moved
-    assert 0 < bal.lambdas.sum() <= 1 + 1e-9
+    torch.testing.assert_close(bal.weighting.lambdas, torch.as_tensor(lambda_buffer), rtol=0, atol=1e-6)
+    torch.testing.assert_close(bal.weighting.logits, ref.tw.weights.detach(), rtol=0, atol=1e-6)
+    assert not torch.allclose(bal.weighting.logits, torch.full((2,), 0.5, dtype=torch.float64))  # the weights moved
+    assert 0 < bal.weighting.lambdas.sum() <= 1 + 1e-9
     for (name, ours), theirs in zip(model.named_parameters(), ref.model.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6, msg=name)
 
@@ -349,8 +349,8 @@ def test_grad_scaler_gives_the_fp32_update():
     scaled_model, scaled_bal = ours_after(
         4, 0.3, 0.1, 2, torch.float32, torch.amp.GradScaler("cpu", init_scale=2.0**12)
     )
-    torch.testing.assert_close(scaled_bal.logits, bal.logits, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(scaled_bal.lambdas, bal.lambdas, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(scaled_bal.weighting.logits, bal.weighting.logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(scaled_bal.weighting.lambdas, bal.weighting.lambdas, rtol=1e-4, atol=1e-5)
     for p, q in zip(model.parameters(), scaled_model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
 
@@ -368,10 +368,12 @@ def test_resumed_run_ends_like_the_uninterrupted_one(compose_cfg, tmp_path):
         torch.load(tmp_path / run / "checkpoints" / "last.pt", weights_only=True)["balancer"]
         for run in ("straight", "resumed")
     ]
-    assert set(states[0]) == {"logits", "exp_avg", "exp_avg_sq", "opt_step", "lambdas"}
+    assert set(states[0]) == {f"weighting.{k}" for k in ("logits", "exp_avg", "exp_avg_sq", "opt_step", "lambdas")}
     for key, value in states[0].items():
         assert torch.equal(states[1][key], value), key
-    assert states[0]["opt_step"].item() == 30 and not torch.equal(states[0]["logits"], torch.full((2,), 0.5))
+    assert states[0]["weighting.opt_step"].item() == 30 and not torch.equal(
+        states[0]["weighting.logits"], torch.full((2,), 0.5)
+    )
 
 
 def test_a_skipped_step_keeps_logits_and_lambdas():
@@ -382,8 +384,10 @@ def test_a_skipped_step_keeps_logits_and_lambdas():
     out = model(inputs)
     bal.backward({t: F.mse_loss(out.preds[t], targets[t]) for t in TASKS}, out.shared, BackwardContext())
     bal.step(torch.tensor(True))
-    assert torch.equal(bal.logits, torch.full((2,), 0.5)) and torch.equal(bal.lambdas, torch.zeros(2))
-    assert bal.opt_step.item() == 0
+    assert torch.equal(bal.weighting.logits, torch.full((2,), 0.5)) and torch.equal(
+        bal.weighting.lambdas, torch.zeros(2)
+    )
+    assert bal.weighting.opt_step.item() == 0
 
 
 def test_the_smoke_command_trains_and_reports_the_weights(tmp_path):
