@@ -20,6 +20,7 @@ from mtl_bench.balancers.softmax_logits import (
 )
 from mtl_bench.balancers.validation_source import ValidationSource
 from mtl_bench.balancers.weighting import Solution
+from mtl_bench.gradient_engine.balancer import task_list
 from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 from mtl_bench.gradient_engine.staged import scaled_grad
 
@@ -141,6 +142,7 @@ class AutoLambda(LossWeightingBalancer):
         validation: the training batch, validation batches, task losses, parameters and lr (given by the engine;
             in your own loop, any ValidationSource).
         """
+        task_names = task_list(type(self), task_names)  # a mapping is refused first, as by every balancer
         source = bilevel_source(type(self).__name__, world_size, validation, self.ONE_BATCH_WORK)
         outer_lr = number("outer_lr", outer_lr, 0, above=True)
         super().__init__(task_names, AutoLambdaWeighting(sorted(task_names), outer_lr, source))

@@ -21,6 +21,7 @@ from mtl_bench.balancers.softmax_logits import (
     unscale,
 )
 from mtl_bench.balancers.validation_source import ValidationSource
+from mtl_bench.gradient_engine.balancer import task_list
 from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 from mtl_bench.gradient_engine.staged import scaled_grad
 
@@ -226,6 +227,7 @@ class FORUM(LossWeightingBalancer):
         validation: the training batch, validation batches, task losses and parameters (given by the engine; in
             your own loop, any ValidationSource).
         """
+        task_names = task_list(type(self), task_names)  # a mapping is refused first, as by every balancer
         source = bilevel_source(type(self).__name__, world_size, validation, self.ONE_BATCH_WORK)
         weighting = FORUMWeighting(
             sorted(task_names),

@@ -20,6 +20,7 @@ from mtl_bench.balancers.softmax_logits import (
 )
 from mtl_bench.balancers.validation_source import ValidationSource
 from mtl_bench.balancers.weighting import Solution
+from mtl_bench.gradient_engine.balancer import task_list
 from mtl_bench.gradient_engine.host import host_gramian
 from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 from mtl_bench.gradient_engine.solvers import min_norm_simplex
@@ -165,6 +166,7 @@ class MOML(LossWeightingBalancer):
         validation: the validation batches, task losses and parameters (given by the engine; in your own loop,
             any ValidationSource).
         """
+        task_names = task_list(type(self), task_names)  # a mapping is refused first, as by every balancer
         source = bilevel_source(type(self).__name__, world_size, validation, self.ONE_BATCH_WORK)
         inner_lr, outer_lr = number("inner_lr", inner_lr, 0, above=True), number("outer_lr", outer_lr, 0, above=True)
         super().__init__(task_names, MOMLWeighting(sorted(task_names), inner_lr, outer_lr, source))
