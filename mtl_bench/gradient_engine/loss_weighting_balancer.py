@@ -69,7 +69,7 @@ class LossWeightingBalancer(StagedBalancer):
     """
 
     weighting: LossWeighting
-    HOST_SOLVE_IN = "backward"  # an on-graph weighting's forward, called there
+    HOST_SOLVE_IN = "backward"  # where the weighting's forward (and its host solve) runs
 
     def __init__(self, task_names: Sequence[str], weighting: LossWeighting) -> None:
         super().__init__(task_names)
