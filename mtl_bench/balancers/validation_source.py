@@ -16,7 +16,8 @@ Batch = tuple[Any, dict[str, Tensor]]  # (inputs, {task: targets}), on the model
 
 
 class ValidationSource(Protocol):
-    """The loop's side of a bilevel method (Auto-λ, MOML, FORUM), asked from inside `backward`."""
+    """The loop's side of a bilevel method (Auto-λ, MOML, FORUM), asked from inside the step (its balancer's `backward`,
+    where their on-graph weighting's `forward` runs)."""
 
     def training_batch(self) -> Batch:
         """This micro-batch's training (inputs, targets): the batch whose losses `backward` received."""
