@@ -59,3 +59,99 @@ def test_a_result_without_one_direction_per_block_is_one_line():
     with pytest.raises(ContractError, match=r"an Aggregation with one direction per block \(4\)") as err:
         bal.backward(losses, out.shared)
     assert "\n" not in str(err.value)
+
+
+class RowMean(Mean):
+    """`Mean` that also takes J row by row, building its running sum of the rows in a kept spare; says which it got."""
+
+    def __init__(self, shapes) -> None:
+        super().__init__()
+        self.got: list[str] = []
+        for k, shape in enumerate(shapes):
+            self.register_buffer(f"total_{k}", torch.zeros(shape))
+
+    def forward(self, blocks, scale, losses):
+        self.got.append("blocks")
+        return self.forward_rows(iter([[b[i] for b in blocks] for i in range(blocks[0].shape[0])]), scale, losses)
+
+    def forward_rows(self, rows, scale, losses):
+        self.got.append("rows")
+        sums = None
+        for row in rows:
+            sums = list(row) if sums is None else [s + g for s, g in zip(sums, row)]
+        new = [
+            torch.add(getattr(self, f"total_{k}"), s, out=self.staging_buffer(f"total_{k}", s))
+            for k, s in enumerate(sums)
+        ]
+        state = {"steps": self.steps + 1, **{f"total_{k}": v for k, v in enumerate(new)}}
+        t = len(losses)
+        solution = Solution(torch.full((t,), 1 / t), state=state)
+        return Aggregation([s / t for s in sums], solution, stats=[losses, torch.stack([s.norm() for s in sums])])
+
+
+def row_mean_balancer(model):
+    params = list(model.trunk.parameters())
+    return AggregatorBalancer(TASKS3, params, RowMean([p.shape for p in params]))
+
+
+def test_forward_rows_streams_one_joint_batch_and_blocks_come_elsewhere_with_the_same_gradients():
+    model = make_model()
+    x, y = batch()
+    grads = []
+    for micro, per_task in [(1, False), (2, False), (1, True)]:
+        bal = row_mean_balancer(model)
+        model.zero_grad()
+        ctx = BackwardContext(accumulation_steps=micro, factor=1 / micro)
+        for _ in range(micro):
+            out, losses = task_losses(model, x, y)
+            if per_task:
+                for task in TASKS3:
+                    out, losses = task_losses(model, x, y)
+                    bal.backward_task(task, losses[task], out.shared, ctx)
+            else:
+                metrics = bal.backward(losses, out.shared, ctx)
+        bal.step(False)
+        grads.append([p.grad.clone() for p in model.parameters()])
+        assert bal.aggregator.got == (["rows"] if micro == 1 and not per_task else ["blocks", "rows"])
+    assert "grad_cos/a/b" in metrics  # measured from the streamed rows too
+    for other in grads[1:]:
+        for g, h in zip(grads[0], other):
+            torch.testing.assert_close(g, h, rtol=1e-6, atol=1e-7)
+
+
+def test_a_staged_spare_trades_places_with_its_buffer_and_non_finite_stats_keep_the_state():
+    model = make_model()
+    bal = row_mean_balancer(model)
+    out, losses = task_losses(model, *batch())
+    bal.backward(losses, out.shared, BackwardContext())
+    spare = bal.aggregator._spares["total_0"]
+    bal.step(False)
+    assert bal.aggregator.total_0 is spare and bal.aggregator.steps.item() == 1  # no copy: the spare is the state
+    before = {k: v.clone() for k, v in bal.state_dict().items()}
+    out, losses = task_losses(model, *batch(seed=2))
+    bal.backward(losses, out.shared, BackwardContext(factor=float("inf")))  # the gradients overflow
+    bal.step(False)  # a step taken, but the stats are not finite: the state stays
+    assert all(torch.equal(v, before[k]) for k, v in bal.state_dict().items())
+
+
+def test_forward_rows_that_leaves_rows_unread_is_one_line():
+    class FirstRowOnly(Aggregator):
+        def forward_rows(self, rows, scale, losses):
+            first = next(rows)
+            return Aggregation([g.clone() for g in first], Solution(torch.ones(3)))
+
+    model = make_model()
+    bal = AggregatorBalancer(TASKS3, list(model.trunk.parameters()), FirstRowOnly())
+    out, losses = task_losses(model, *batch())
+    with pytest.raises(ContractError, match=r"forward_rows read 1 of 3 rows; the contract: every row") as err:
+        bal.backward(losses, out.shared)
+    assert "\n" not in str(err.value)
+
+
+def test_a_checkpoint_with_the_aggregators_state_under_flat_names_is_refused_in_one_line():
+    model = make_model()
+    bal = AggregatorBalancer(TASKS3, list(model.trunk.parameters()), Mean())
+    for flat in [{"steps": torch.tensor(1)}, {"rng._extra_state": {}}]:  # a buffer, a generator that moved
+        with pytest.raises(ContractError, match=r"the aggregator's state under flat names .*start a new run") as err:
+            bal.load_state_dict(flat)
+        assert "\n" not in str(err.value)
