@@ -155,3 +155,11 @@ def test_a_checkpoint_with_the_aggregators_state_under_flat_names_is_refused_in_
         with pytest.raises(ContractError, match=r"the aggregator's state under flat names .*start a new run") as err:
             bal.load_state_dict(flat)
         assert "\n" not in str(err.value)
+
+
+def test_an_aggregator_that_reads_the_representation_needs_shared_rep():
+    class Signs(Aggregator):
+        reads_representation = True
+
+    with pytest.raises(ValueError, match="^grad_source: Signs reads the shared representation; it needs shared_rep$"):
+        AggregatorBalancer(TASKS3, list(make_model().trunk.parameters()), Signs())
