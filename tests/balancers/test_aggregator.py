@@ -163,3 +163,27 @@ def test_an_aggregator_that_reads_the_representation_needs_shared_rep():
 
     with pytest.raises(ValueError, match="^grad_source: Signs reads the shared representation; it needs shared_rep$"):
         AggregatorBalancer(TASKS3, list(make_model().trunk.parameters()), Signs())
+
+
+def test_an_aggregator_that_weighs_heads_scales_each_heads_gradient_by_its_head_weight():
+    class WeighedHeads(Mean):
+        weighs_heads = True
+
+        def forward(self, blocks, scale, losses):
+            result = super().forward(blocks, scale, losses)
+            result.solution.head_weights = torch.tensor([2.0, 3.0, 4.0])
+            return result
+
+    model, plain = make_model(), make_model()
+    x, y = batch()
+    for bal, m in [
+        (AggregatorBalancer(TASKS3, list(model.trunk.parameters()), WeighedHeads()), model),
+        (AggregatorBalancer(TASKS3, list(plain.trunk.parameters()), Mean()), plain),
+    ]:
+        out, losses = task_losses(m, x, y)
+        bal.backward(losses, out.shared)
+    for factor, task in zip([2.0, 3.0, 4.0], TASKS3):
+        for p, q in zip(model.heads[task].parameters(), plain.heads[task].parameters()):
+            torch.testing.assert_close(p.grad, factor * q.grad)
+    for p, q in zip(model.trunk.parameters(), plain.trunk.parameters()):
+        assert torch.equal(p.grad, q.grad)
