@@ -148,8 +148,10 @@ class AggregatorBalancer(GradientBalancer):
                 (direction,) = result.direction
                 roots = [leaf_grads_root(heads)] if heads else []
                 torch.autograd.backward([shared, *roots], [direction.to(shared.dtype), *[None] * len(roots)])
-            else:  # made for this call: autograd keeps them as `.grad` without a copy
-                write_leaf_grads([*zip(self._params, result.direction), *heads])
+            else:  # handed over: autograd keeps them as `.grad` without a copy where nothing else holds them
+                pairs, result.direction = [*zip(self._params, result.direction), *heads], []
+                heads.clear()
+                write_leaf_grads(pairs)
         except GradientShapeError as err:
             raise ContractError(f"{self.part_name} wrote {err}") from None
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, solution.weights.unbind())}

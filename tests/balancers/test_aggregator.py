@@ -187,3 +187,27 @@ def test_an_aggregator_that_weighs_heads_scales_each_heads_gradient_by_its_head_
             torch.testing.assert_close(p.grad, factor * q.grad)
     for p, q in zip(model.trunk.parameters(), plain.trunk.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+def test_the_direction_becomes_grad_without_a_copy():
+    made: list[int] = []
+
+    def recorded(result):
+        made.extend(d.data_ptr() for d in result.direction)
+        return result
+
+    class KeptMean(Mean):
+        def forward(self, blocks, scale, losses):
+            return recorded(super().forward(blocks, scale, losses))
+
+    class KeptRows(RowMean):
+        def forward_rows(self, rows, scale, losses):
+            return recorded(super().forward_rows(rows, scale, losses))
+
+    for aggregator in [KeptMean(), KeptRows([p.shape for p in make_model().trunk.parameters()])]:  # blocks, rows
+        made.clear()
+        model = make_model()
+        bal = AggregatorBalancer(TASKS3, list(model.trunk.parameters()), aggregator)
+        out, losses = task_losses(model, *batch())
+        bal.backward(losses, out.shared, BackwardContext())
+        assert [p.grad.data_ptr() for p in model.trunk.parameters()] == made  # the aggregator's tensors themselves
