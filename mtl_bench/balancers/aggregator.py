@@ -25,9 +25,11 @@ from mtl_bench.gradient_engine.staged import staging_buffer
 @dataclass
 class Aggregation:
     """What an aggregator returns: the direction, one tensor per block shaped like its parameter (`block.shape[1:]`)
-    and scaled as the blocks are, and a `Solution` whose (T,) weights are logged as `weight/<task>` (each task's share
-    of the direction), with the heads' weights (read when the aggregator `weighs_heads`), its measurements and the new
-    values of its buffers (committed at the balancer's `step()` unless it is skipped).
+    and scaled as the blocks are (made for this step, it becomes `.grad` as it is; one that shares memory with a
+    block or with the aggregator's state is copied first), and a `Solution` whose (T,) weights are logged as
+    `weight/<task>` (each task's share of the direction), with the heads' weights (read when the aggregator
+    `weighs_heads`), its measurements and the new values of its buffers (committed at the balancer's `step()` unless
+    it is skipped).
 
     `stats`: a few values the new state was computed from (per-task norms, the losses), whose finiteness stands for
     the gradients': where one is not finite the state is not committed (J itself is not checked: a pass over T×P).

@@ -149,7 +149,7 @@ class AggregatorBalancer(GradientBalancer):
                 roots = [leaf_grads_root(heads)] if heads else []
                 torch.autograd.backward([shared, *roots], [direction.to(shared.dtype), *[None] * len(roots)])
             else:  # handed over: autograd keeps them as `.grad` without a copy where nothing else holds them
-                pairs, result.direction = [*zip(self._params, result.direction), *heads], []
+                pairs, result.direction = [*zip(self._params, self._own(result.direction, like)), *heads], []
                 heads.clear()
                 write_leaf_grads(pairs)
         except GradientShapeError as err:
@@ -159,3 +159,10 @@ class AggregatorBalancer(GradientBalancer):
             metrics.update(gram_metrics(self._unscaled_gramian(measured, scale), self.task_names))
         metrics.update(solution.metrics)
         return metrics
+
+    def _own(self, directions: list[Tensor], blocks: Sequence[Tensor]) -> list[Tensor]:
+        """The directions as `.grad` may keep them: one that shares memory with a block (J is rewritten by the next
+        step) or with the aggregator's state is copied; the others (made for this step) are handed over as they are."""
+        spares = self.aggregator.__dict__.get("_spares", {}).values()
+        kept = {t.untyped_storage().data_ptr() for t in [*blocks, *self.aggregator.buffers(), *spares]}
+        return [d.clone() if d.untyped_storage().data_ptr() in kept else d for d in directions]

@@ -211,3 +211,25 @@ def test_the_direction_becomes_grad_without_a_copy():
         out, losses = task_losses(model, *batch())
         bal.backward(losses, out.shared, BackwardContext())
         assert [p.grad.data_ptr() for p in model.trunk.parameters()] == made  # the aggregator's tensors themselves
+
+
+def test_a_direction_that_is_a_view_of_a_block_or_of_the_state_is_copied_into_grad():
+    class Views(Aggregator):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("kept", torch.ones(2, 4, 3))
+
+        def forward(self, blocks, scale, losses):
+            return Aggregation([self.kept[0], *(b[0] for b in blocks[1:])], Solution(torch.ones(3)))
+
+    model = make_model()
+    bal = AggregatorBalancer(TASKS3, list(model.trunk.parameters()), Views())
+    out, losses = task_losses(model, *batch())
+    bal.backward(losses, out.shared)
+    first, *others = model.trunk.parameters()
+    assert torch.equal(first.grad, torch.ones(4, 3)) and first.grad.data_ptr() != bal.aggregator.kept.data_ptr()
+    first.grad.add_(1)  # .grad is its own: the state stays
+    assert torch.equal(bal.aggregator.kept, torch.ones(2, 4, 3))
+    assert all(
+        p.grad.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() for p, b in zip(others, bal._spare[1:])
+    )
