@@ -85,6 +85,7 @@ class AggregatorBalancer(GradientBalancer):
         loss_values = self._mean("losses", torch.stack([loss.detach().float() for loss in ordered]))
         heads: list[tuple[Tensor, Tensor]] = []
         kept: list[list[Tensor]] = []  # the rows, for the Gramian of a measured step
+        self._streamed = 0
         result = self.aggregator.forward_rows(self._rows(ordered, shared, scale, heads, kept), scale, loss_values)
         if self._streamed != len(ordered):
             raise ContractError(
@@ -106,7 +107,6 @@ class AggregatorBalancer(GradientBalancer):
     ) -> Iterator[list[Tensor]]:
         """Task by task, its gradients at the shared parameters (zeros where it does not reach one); its heads'
         gradients are added to `heads` (or held for the solution's head weights)."""
-        self._streamed = 0
         for i, (grads, own) in enumerate(task_gradients(ordered, shared, self._params, scale, self._param_ids)):
             heads += self._heads([own], [i])
             row = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self._params)]

@@ -148,6 +148,22 @@ def test_forward_rows_that_leaves_rows_unread_is_one_line():
     assert "\n" not in str(err.value)
 
 
+def test_forward_rows_that_reads_no_row_after_a_step_that_read_them_all_is_one_line():
+    class OnceOnly(Aggregator):
+        def forward_rows(self, rows, scale, losses):
+            sums = [sum(pieces) for pieces in zip(*rows)] if not hasattr(self, "done") else []
+            self.done = True
+            return Aggregation(sums, Solution(torch.ones(3)))
+
+    model = make_model()
+    bal = AggregatorBalancer(TASKS3, list(model.trunk.parameters()), OnceOnly())
+    out, losses = task_losses(model, *batch())
+    bal.backward(losses, out.shared)  # all three rows read, committed at once (no context)
+    out, losses = task_losses(model, *batch(seed=2))
+    with pytest.raises(ContractError, match=r"forward_rows read 0 of 3 rows"):
+        bal.backward(losses, out.shared)
+
+
 def test_a_checkpoint_with_the_aggregators_state_under_flat_names_is_refused_in_one_line():
     model = make_model()
     bal = AggregatorBalancer(TASKS3, list(model.trunk.parameters()), Mean())
