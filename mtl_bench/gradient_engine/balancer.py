@@ -219,12 +219,15 @@ def old_constructor_form(cls: type, names: Mapping[Any, Any]) -> str:
     )
 
 
-def refuse_flat_state(balancer: Balancer, state_dict: dict, prefix: str) -> None:
-    """A method's state is saved under `weighting.`; a checkpoint with flat names (`alpha`) predates that and is
-    refused in one line."""
-    flat = [key[len(prefix) :] for key in state_dict if key.startswith(prefix) and "." not in key[len(prefix) :]]
+def refuse_flat_state(balancer: Balancer, state_dict: dict, prefix: str, part: str = "weighting") -> None:
+    """A method's state is saved under its part's name (`weighting.`, `aggregator.`); a checkpoint with flat names
+    (`alpha`), or under a name that is none of the balancer's parts (a generator's `rng.` before it moved into the
+    part), predates that and is refused in one line."""
+    parts = {name for name, _ in balancer.named_children()}
+    own = [key[len(prefix) :] for key in state_dict if key.startswith(prefix)]
+    flat = [key for key in own if key.split(".", 1)[0] not in parts or "." not in key]
     if flat:
         raise ContractError(
-            f"{balancer.part_name}: the checkpoint keeps the weighting's state under flat names ({flat[0]!r}), a "
+            f"{balancer.part_name}: the checkpoint keeps the {part}'s state under flat names ({flat[0]!r}), a "
             "layout this version does not read; start a new run"
         )

@@ -53,6 +53,11 @@ from mtl_bench.gradient_engine.task_grads import grads_at_shared, task_jacobian
 GRAD_SOURCES = ("shared_params", "shared_rep")
 
 
+def trained(shared_params: Optional[Iterable[Tensor]]) -> list[Tensor]:
+    """The shared parameters that take gradients: J's blocks, in order (a method's per-block buffers follow them)."""
+    return [p for p in (shared_params or []) if p.requires_grad]
+
+
 class GradientBalancer(StagedBalancer):
     """The gradient engine: gathers the per-task gradients (J) of a step and writes the direction back.
 
@@ -101,7 +106,7 @@ class GradientBalancer(StagedBalancer):
         super().__init__(task_names)
         self.grad_source = one_of("grad_source", grad_source, GRAD_SOURCES)
         self.heads_wait = False  # True: the heads' gradients wait for the solve's head weights
-        params = [p for p in (shared_params or []) if p.requires_grad]
+        params = trained(shared_params)
         if grad_source == "shared_params" and not params:
             raise ValueError("shared_params: grad_source=shared_params needs the model's shared parameters")
         self.__dict__["_params"] = params  # the model's: kept out of this module's registry and state_dict

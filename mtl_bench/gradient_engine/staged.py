@@ -13,6 +13,17 @@ from mtl_bench.gradient_engine.balancer import BackwardContext, Balancer, Contex
 JOINT, PER_TASK = "joint", "per_task"
 
 
+def staging_buffer(module: nn.Module, name: str, like: Tensor) -> Tensor:
+    """A tensor shaped and laid out like `like`, kept from step to step, to build `module`'s buffer `name`'s next value
+    in (a fresh tensor of T values per parameter costs the first touch of every page on each step). Staged, a CPU
+    spare becomes the buffer by trading places with it at the commit (the old buffer is the next spare)."""
+    spares = module.__dict__.setdefault("_spares", {})  # not state: kept out of the module's registry
+    spare = spares.get(name)
+    if spare is None or spare.shape != like.shape or spare.stride() != like.stride() or spare.device != like.device:
+        spare = spares[name] = torch.empty_like(like)
+    return spare
+
+
 def scaled_grad(
     loss: Tensor, inputs: Sequence[Tensor], scale: Tensor | None, retain_graph: bool = False, allow_unused: bool = False
 ) -> tuple[Tensor | None, ...]:
@@ -114,14 +125,8 @@ class StagedBalancer(Balancer):
         self._pending.update(values)
 
     def _staging_buffer(self, name: str, like: Tensor) -> Tensor:
-        """A tensor shaped and laid out like `like`, kept from step to step, to build buffer `name`'s next value in
-        (a fresh tensor of T values per parameter costs the first touch of every page on each step). Staged, a
-        CPU spare becomes the buffer by trading places with it at the commit (the old buffer is the next spare)."""
-        spares = self.__dict__.setdefault("_spares", {})  # not state: kept out of the module's registry
-        spare = spares.get(name)
-        if spare is None or spare.shape != like.shape or spare.stride() != like.stride() or spare.device != like.device:
-            spare = spares[name] = torch.empty_like(like)
-        return spare
+        """`staging_buffer` of buffer `name` (a submodule's for "aggregator.tracked_0")."""
+        return staging_buffer(*self._owner(name), like)
 
     def _owner(self, name: str) -> tuple[nn.Module, str]:
         """The module that holds buffer `name` (a submodule's for "weighting.lambdas") and the buffer's own name."""
@@ -165,16 +170,16 @@ class StagedBalancer(Balancer):
             if isinstance(skipped, Tensor):
                 taken = ~skipped.to(torch.bool)
                 keep = taken if keep is None else keep & taken.to(keep.device)
-            spares = self.__dict__.get("_spares", {})
             for name, value in self._pending.items():
                 owner, key = self._owner(name)
                 buf = owner._buffers[key]
                 assert buf is not None
-                if value is spares.get(name) and value.device.type == "cpu" and buf.stride() == value.stride():
+                spares = owner.__dict__.get("_spares", {})
+                if value is spares.get(key) and value.device.type == "cpu" and buf.stride() == value.stride():
                     # a CPU spare trades places with the buffer: no pass over its values (and reading the flags
                     # is no device sync on the CPU)
                     if keep is None or cpu_value(keep):
-                        spares[name], owner._buffers[key] = buf, value
+                        spares[key], owner._buffers[key] = buf, value
                 elif keep is None:
                     buf.copy_(value)
                 else:  # written in place: a fresh buffer of a T×P state costs its page faults on every step

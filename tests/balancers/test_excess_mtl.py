@@ -36,7 +36,8 @@ def test_two_steps_by_hand():
         return bal.backward(losses, theta)
 
     step(1.0)  # warm-up: S = (1, 4); e = (1/√1, 4/√4) = (1, 2) is the baseline; weights stay 1
-    assert bal.baseline.tolist() == pytest.approx([1.0, 2.0], rel=1e-6) and bal.weights.tolist() == [1.0, 1.0]
+    assert bal.aggregator.baseline.tolist() == pytest.approx([1.0, 2.0], rel=1e-6)
+    assert bal.aggregator.weights.tolist() == [1.0, 1.0]
     assert theta.grad.tolist() == [1.0, 2.0]
     metrics = step(3.0)  # S = (10, 8); e = (9/√10, 4/√8); ratio = e / (1, 2); w = 2·softmax(0.5·ratio)
     ratio = [9 / math.sqrt(10), 4 / math.sqrt(8) / 2]
@@ -130,7 +131,8 @@ def test_matches_libmtl_main_reference_numbers():
 
 def test_resume_continues_and_a_skipped_step_keeps_the_state():
     saved = assert_resume_and_skip_keep_the_state(lambda model: build(model, warmup_steps=2), first=3, then=2)
-    assert saved["steps"].item() == 3 and {"weights", "baseline", "sq_grad_sum_0"} <= set(saved)
+    assert saved["aggregator.steps"].item() == 3
+    assert {"aggregator.weights", "aggregator.baseline", "aggregator.sq_grad_sum_0"} <= set(saved)
 
 
 def test_per_task_mode_with_scaler_matches_the_joint_step():
@@ -154,4 +156,4 @@ def test_ddp_ranks_hold_the_same_state(tmp_path):
     """Each rank sees its own half batch; the squared gradients are averaged over the ranks, so the
     squared-gradient sums, weights and parameters agree bit for bit."""
     r0, _ = run_ddp(tmp_path, make_for_ranks, steps=3)
-    assert r0["state"]["steps"].item() == 3 and r0["state"]["sq_grad_sum_0"].abs().sum() > 0
+    assert r0["state"]["aggregator.steps"].item() == 3 and r0["state"]["aggregator.sq_grad_sum_0"].abs().sum() > 0

@@ -115,12 +115,15 @@ def test_rows_laid_out_unlike_s_take_the_kernel_on_s_relaid_once(every_cpu_float
     bal, reference = ExcessMTL(["a", "b"], [param]), torch.zeros(2, 6, 4)
     for step in range(2):
         block = torch.randn(2, 4, 6, generator=torch.Generator().manual_seed(step)).transpose(1, 2)
-        e = bal._kernel_excess(0, block, None)
+        state: dict = {}
+        e = bal.aggregator._kernel_excess(0, block, None, state)
         total, terms = torch_path(block, reference, None)
-        assert e is not None and bal._pending["sq_grad_sum_0"].stride() == block.stride()
+        assert e is not None and state["sq_grad_sum_0"].stride() == block.stride()
         torch.testing.assert_close(e, terms.reshape(2, -1).sum(1), rtol=1e-6, atol=0)
+        bal._stage(**{"aggregator.sq_grad_sum_0": state["sq_grad_sum_0"]})  # as AggregatorBalancer stages it
         bal._commit(False)
-        assert torch.equal(bal.sq_grad_sum_0, total) and bal.sq_grad_sum_0.stride() == block.stride()
+        sq_grad_sum = bal.aggregator.sq_grad_sum_0
+        assert torch.equal(sq_grad_sum, total) and sq_grad_sum.stride() == block.stride()
         reference = total
     assert len(every_cpu_float32_block) == 2
 
@@ -159,17 +162,17 @@ def test_large_float32_cpu_blocks_take_the_kernel_with_s_prime_kept(monkeypatch,
     large = torch.nn.Parameter(torch.randn(KERNEL_MIN_NUMEL // 2))
     bal = ExcessMTL(["a", "b"], [large])
     one_step(large, bal, 0)
-    spare, committed = bal._spares["sq_grad_sum_0"], bal.sq_grad_sum_0
+    spare, committed = bal.aggregator._spares["sq_grad_sum_0"], bal.aggregator.sq_grad_sum_0
     one_step(large, bal, 1)
     assert fake.calls == [(2, KERNEL_MIN_NUMEL // 2)] * 2
     # S' written into a kept buffer that becomes S, S the next S' buffer: no fresh T x P tensor, no copy per step
-    assert bal._spares["sq_grad_sum_0"] is committed and bal.sq_grad_sum_0 is spare
-    before = bal.sq_grad_sum_0.clone()
+    assert bal.aggregator._spares["sq_grad_sum_0"] is committed and bal.aggregator.sq_grad_sum_0 is spare
+    before = bal.aggregator.sq_grad_sum_0.clone()
     one_step(large, bal, 2, nan=True)  # not finite: the step is not kept, S stays (and stays S)
     assert (
-        bal.sq_grad_sum_0 is spare
-        and torch.equal(bal.sq_grad_sum_0, before)
-        and bal._spares["sq_grad_sum_0"] is committed
+        bal.aggregator.sq_grad_sum_0 is spare
+        and torch.equal(bal.aggregator.sq_grad_sum_0, before)
+        and bal.aggregator._spares["sq_grad_sum_0"] is committed
     )
     for param in [
         torch.nn.Parameter(torch.randn(100)),  # small
@@ -177,7 +180,7 @@ def test_large_float32_cpu_blocks_take_the_kernel_with_s_prime_kept(monkeypatch,
     ]:
         one_step(param, ExcessMTL(["a", "b"], [param]))
     monkeypatch.setattr(excess_mtl, "world_size", lambda: 2)  # DDP: its squares are averaged over the ranks first
-    assert bal._kernel_excess(0, torch.randn(2, KERNEL_MIN_NUMEL // 2), None) is None
+    assert bal.aggregator._kernel_excess(0, torch.randn(2, KERNEL_MIN_NUMEL // 2), None, {}) is None
     assert len(fake.calls) == 3
 
 

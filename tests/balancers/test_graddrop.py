@@ -62,7 +62,9 @@ def test_scaler_state_and_no_host_sync(monkeypatch: pytest.MonkeyPatch):
         torch.testing.assert_close(q.grad / 16, p.grad, rtol=1e-5, atol=1e-7)
     resumed = build(make_model(), seed=2)
     resumed.load_state_dict(saved)
-    assert torch.equal(resumed.rng.generator.get_state(), build(make_model(), seed=1).rng.generator.get_state())
+    assert torch.equal(
+        resumed.aggregator.rng.generator.get_state(), build(make_model(), seed=1).aggregator.rng.generator.get_state()
+    )
 
 
 def test_bad_options_fail_clearly():

@@ -37,7 +37,7 @@ def test_first_step_by_hand():
     lam = torch.softmax(torch.tensor([0.5, 0.5]) - 0.1 * step, dim=0)
     torch.testing.assert_close(torch.stack([metrics["weight/a"], metrics["weight/b"]]), lam)
     torch.testing.assert_close(theta.grad, lam @ y)
-    assert math.isclose(bal.tracked_0[1, 1].item(), 0.5, rel_tol=1e-6)
+    assert math.isclose(bal.aggregator.tracked_0[1, 1].item(), 0.5, rel_tol=1e-6)
 
 
 # LibMTL main (github.com/median-research-group/LibMTL, commit 4336804847eaa5e0b924b743d76beec7ac3fdc97),
@@ -131,7 +131,8 @@ def test_scaler_gives_the_fp32_parameters():
 
 def test_resume_continues_and_a_skipped_step_keeps_the_state():
     saved = assert_resume_and_skip_keep_the_state(build)
-    assert {"lambdas", "steps", "tracked_0"} <= set(saved) and saved["steps"].item() == 2
+    assert {"aggregator.lambdas", "aggregator.steps", "aggregator.tracked_0"} <= set(saved)
+    assert saved["aggregator.steps"].item() == 2
 
 
 def test_per_task_mode_with_scaler_matches_the_joint_step():
@@ -146,7 +147,7 @@ def make_for_ranks(names, model):
 @pytest.mark.slow  # two gloo processes, each starting torch
 def test_ddp_ranks_hold_the_same_state(tmp_path):
     r0, _ = run_ddp(tmp_path, make_for_ranks, steps=3)
-    assert r0["state"]["steps"].item() == 3
+    assert r0["state"]["aggregator.steps"].item() == 3
 
 
 def test_bad_options_fail_clearly():
