@@ -21,6 +21,7 @@ from mtl_bench.balancers.softmax_logits import (
     unscale,
 )
 from mtl_bench.balancers.validation_source import ValidationSource
+from mtl_bench.balancers.weighting import Solution
 from mtl_bench.gradient_engine.balancer import task_list
 from mtl_bench.gradient_engine.loss_weighting_balancer import LossWeightingBalancer
 from mtl_bench.gradient_engine.staged import scaled_grad
@@ -181,7 +182,7 @@ class FORUMWeighting(LossWeighting):
         # θ's gradient is d_θ: the objective Σ_p ⟨d_p, p⟩, which the engine backpropagates through its scale.
         pieces = direction[n:].detach().split([p.numel() for p in params])
         surrogate = torch.stack([(d.view_as(p) * p).sum() for d, p in zip(pieces, params)]).sum()
-        return GraphSolution(z, state=state, objective=surrogate)
+        return GraphSolution(Solution(z, state=state), surrogate)
 
     @staticmethod
     def _scaled_grad(loss: Tensor, params: Sequence[Tensor], scale: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:

@@ -12,7 +12,7 @@ for its state's next values; a weighting only turns L into w (and into its next 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Union
 
 from torch import Tensor, nn
 
@@ -73,9 +73,10 @@ class LossWeighting(nn.Module):
 
 
 @dataclass
-class GraphSolution(Solution):
-    """What an `on_graph` weighting may return: a `Solution` whose step backpropagates `objective` (a 0-d tensor on
-    the model's graph, e.g. Σ_p ⟨d_p, p⟩ for a direction d it computed) in place of Σ_i w_i L_i; the weights are then
-    only reported (`weight/<task>`). None: Σ_i w_i L_i, as a plain `Solution`."""
+class GraphSolution:
+    """What an `on_graph` weighting may return in place of a `Solution`: the solution (its weights only reported as
+    `weight/<task>`, its metrics and state as usual) and `objective`, a 0-d tensor on the model's graph that the step
+    backpropagates in place of Σ_i w_i L_i (e.g. Σ_p ⟨d_p, p⟩ for a direction d the weighting computed)."""
 
-    objective: Optional[Tensor] = None
+    solution: Solution
+    objective: Tensor

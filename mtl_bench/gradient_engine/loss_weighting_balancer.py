@@ -136,11 +136,12 @@ class LossWeightingBalancer(StagedBalancer):
         context = BackwardContext.of(ctx)
         # at least float32 (a float64 loss stays float64): a half-precision loss enters the sums as float32
         own = tuple(loss.to(torch.promote_types(loss.dtype, torch.float32)) for loss in losses.values())
-        solution = as_solution(self.weighting(own, self._loss_scale, context.epoch if context is not None else 0))
+        result = self.weighting(own, self._loss_scale, context.epoch if context is not None else 0)
+        objective = result.objective if isinstance(result, GraphSolution) else None
+        solution = result.solution if isinstance(result, GraphSolution) else as_solution(result)
         if solution.state:
             self._require_finite(*solution.state.values())
             self._stage(**{f"weighting.{name}": value for name, value in solution.state.items()})
-        objective = solution.objective if isinstance(solution, GraphSolution) else None
         self.run_backward((solution.weights * torch.stack(own)).sum() if objective is None else objective, ctx)
         self._end_joint()
         return {tags.weight(name): solution.weights[i] for i, name in enumerate(losses)} | solution.metrics

@@ -177,7 +177,8 @@ class InverseGradNorm(LossWeighting):
             norms.append(norm / scale if scale is not None else norm)
         state = {"steps": self.steps + (float("nan") if self.poison else 1), "epoch": torch.full((), float(epoch))}
         objective = sum((p * torch.ones_like(p)).sum() for p in self.params) if self.objective else None
-        return GraphSolution(1 / torch.stack(norms), state=state, objective=objective)
+        solution = Solution(1 / torch.stack(norms), state=state)
+        return solution if objective is None else GraphSolution(solution, objective)
 
 
 def grad_norm(loss, params):
