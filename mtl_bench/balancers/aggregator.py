@@ -40,6 +40,16 @@ class Aggregation:
     stats: list[Tensor] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class StepInfo:
+    """What an aggregator that `reads_step` is told about the step: `micro_batches`, how many backwards' gradients
+    the blocks sum (k under accumulation, each taken with its own factor; 1 for rows), and `measure`, whether this
+    step's measurements are read (`BackwardContext.measure`)."""
+
+    micro_batches: int
+    measure: bool
+
+
 class Aggregator(nn.Module):
     """A gradient method: `forward(blocks, scale, losses)` returns an `Aggregation`.
 
@@ -64,6 +74,12 @@ class Aggregator(nn.Module):
 
     weighs_heads: bool = False
     reads_representation: bool = False
+    reads_step: bool = False
+    measures_gradients: bool = False
+
+    def objective(self, loss: Tensor) -> Tensor:
+        """What is differentiated for a task's loss (a 0-d tensor on the graph); the loss itself unless overridden."""
+        return loss
 
     def forward(self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor) -> Aggregation:
         raise NotImplementedError
