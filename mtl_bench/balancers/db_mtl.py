@@ -28,6 +28,13 @@ class DualBalancingAggregator(Aggregator):
     at 0, not bias-corrected); α_i = max_j ‖m_j‖ / (‖m_i‖ + eps); the shared parameters' gradient is
     Σ_i α_i m_i. The task-specific parameters get the gradient of Σ_i log(L_i + eps) (weight 1 each).
 
+    Reference: LibMTL main `LibMTL/weighting/DB_MTL.py` (commit 4336804847eaa5e0b924b743d76beec7ac3fdc97;
+    not in LibMTL 1.1.5), defaults beta = 0.9, beta_sigma = 0 from its config. The gradients are always
+    those of the shared parameters: like LibMTL, which has no representation-gradient mode (`rep_grad=True` raises).
+    LibMTL takes the T gradients with T backwards through the whole network and then overwrites the shared
+    gradients; here the T backwards (one per task through its head and the trunk) give J, and the shared gradients
+    receive only Σ_i α_i m_i.
+
     The log is the aggregator's `objective`: the engine differentiates log(L_i + eps), so autograd scales each
     gradient by 1/(L_i + eps) at the loss node, the heads get their gradients of the log losses, and under
     accumulation and per-task steps every backward takes its own micro-batch's log. g is J unscaled (divided by the
@@ -136,13 +143,9 @@ class DualBalancingAggregator(Aggregator):
 class DualBalancing(AggregatorBalancer):
     """DB-MTL (`DualBalancingAggregator`) as a balancer: `balancer=db_mtl`; at the shared parameters.
 
-    Reference: LibMTL main `LibMTL/weighting/DB_MTL.py` (commit 4336804847eaa5e0b924b743d76beec7ac3fdc97;
-    not in LibMTL 1.1.5), defaults beta = 0.9, beta_sigma = 0 from its config. The gradients are always
-    those of the shared parameters (no grad_source option): like LibMTL, which has no representation-gradient mode
-    (`rep_grad=True` raises). LibMTL takes the T gradients with T backwards through the whole network and then
-    overwrites the shared gradients; here the T backwards (one per task through its head and the trunk) give the
-    aggregator J, and the shared gradients receive only Σ_i α_i m_i. Per-task mode takes each task's g_i on its own
-    batch and writes the shared gradient at the step's last backward. The state is saved under `aggregator.`.
+    The gradients are always those of the shared parameters (no grad_source option), as in LibMTL. Per-task mode
+    takes each task's g_i on its own batch and writes the shared gradient at the step's last backward. The state is
+    saved under `aggregator.`.
     """
 
     grad_source = "shared_params"  # its only one (scripts/methods_table.py reads it)
