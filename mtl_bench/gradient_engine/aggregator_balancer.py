@@ -49,7 +49,7 @@ class AggregatorBalancer(GradientBalancer):
         aggregator: Aggregator,
         grad_source: Literal["shared_params", "shared_rep"] = "shared_params",
     ) -> None:
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__(task_names, shared_params, grad_source, gramian_kernel=not aggregator.measures_gradients)
         if aggregator.reads_representation and grad_source != "shared_rep":
             raise ValueError(
                 f"grad_source: {type(aggregator).__name__} reads the shared representation; it needs shared_rep"

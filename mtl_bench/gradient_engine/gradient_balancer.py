@@ -102,7 +102,10 @@ class GradientBalancer(StagedBalancer):
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]],
         grad_source: str,
+        gramian_kernel: bool = True,
     ) -> None:
+        """gramian_kernel: build the C++ Gramian kernel now (False: for a method that takes no Gramian of J; one
+        asked for later is built then)."""
         super().__init__(task_names)
         self.grad_source = one_of("grad_source", grad_source, GRAD_SOURCES)
         self.heads_wait = False  # True: the heads' gradients wait for the solve's head weights
@@ -113,7 +116,7 @@ class GradientBalancer(StagedBalancer):
         self._param_ids = {id(p) for p in params}
         self._spare: Optional[list[Tensor]] = None  # last step's Jacobian blocks, rewritten by the next step
         self._clear_step()
-        if grad_source == "shared_params":
+        if grad_source == "shared_params" and gramian_kernel:
             build_kernel_for(params, len(self.task_names))
 
     def _clear_step(self) -> None:
