@@ -1,6 +1,6 @@
 """Loss balancers: each turns {task: loss} into gradients (see `Balancer`)."""
 
-from mtl_bench.balancers.aggregator import Aggregation, Aggregator
+from mtl_bench.balancers.aggregator import Aggregation, Aggregator, StepInfo
 from mtl_bench.balancers.aligned_mtl import AlignedMTL
 from mtl_bench.balancers.auto_lambda import AutoLambda
 from mtl_bench.balancers.cagrad import CAGrad
@@ -53,6 +53,7 @@ __all__ = [
     "Weighting",
     "Aggregator",
     "Aggregation",
+    "StepInfo",
     "LossWeighting",
     "needs_validation",
     "AlignedMTL",

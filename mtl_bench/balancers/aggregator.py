@@ -40,6 +40,16 @@ class Aggregation:
     stats: list[Tensor] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class StepInfo:
+    """What an aggregator that `reads_step` is told about the step: `micro_batches`, how many backwards' gradients
+    the blocks sum (k under accumulation, each taken with its own factor; 1 for rows), and `measure`, whether this
+    step's measurements are read (`BackwardContext.measure`)."""
+
+    micro_batches: int
+    measure: bool
+
+
 class Aggregator(nn.Module):
     """A gradient method: `forward(blocks, scale, losses)` returns an `Aggregation`.
 
@@ -52,10 +62,15 @@ class Aggregator(nn.Module):
     `head_weights` when `weighs_heads`).
 
     Class attributes ask the engine for more: `weighs_heads` (the heads' gradients wait for the solution's
-    `head_weights`) and `reads_representation` (with grad_source=shared_rep: `forward` also gets the representation's
-    values, detached, as `shared`: GradDrop's signs). An aggregator that reads each task's gradient once, task by
-    task, may also implement `forward_rows`: the engine then hands it each task's gradient as that task's backward
-    returns it, without forming J, where nothing else needs J whole.
+    `head_weights`), `reads_representation` (with grad_source=shared_rep: `forward` also gets the representation's
+    values, detached, as `shared`: GradDrop's signs), `reads_step` (`forward` and `forward_rows` also get `step`, a
+    `StepInfo`: a method whose state averages the step's gradients) and `measures_gradients` (the engine adds no
+    `grad_norm/` or `grad_cos/` of its own, keeps no rows for them and builds no Gramian kernel ahead: the
+    aggregator's metrics give them when `step.measure`). An aggregator that overrides `objective` has each task's
+    loss L_i replaced by objective(L_i) before anything is differentiated: J, the heads' gradients and `losses` are
+    those of the objectives (DB-MTL's log(L_i + eps), scaled by autograd at the loss node). An aggregator that reads
+    each task's gradient once, task by task, may also implement `forward_rows`: the engine then hands it each task's
+    gradient as that task's backward returns it, without forming J, where nothing else needs J whole.
 
     State lives in buffers (and a generator in a `SeededGenerator`); a new value goes back in `Solution.state`. A new
     value of T values per parameter is best built in `self.staging_buffer(name, like)`: the buffer and that spare
@@ -64,6 +79,12 @@ class Aggregator(nn.Module):
 
     weighs_heads: bool = False
     reads_representation: bool = False
+    reads_step: bool = False
+    measures_gradients: bool = False
+
+    def objective(self, loss: Tensor) -> Tensor:
+        """What is differentiated for a task's loss (a 0-d tensor on the graph); the loss itself unless overridden."""
+        return loss
 
     def forward(self, blocks: list[Tensor], scale: Optional[Tensor], losses: Tensor) -> Aggregation:
         raise NotImplementedError

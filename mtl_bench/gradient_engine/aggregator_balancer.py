@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from mtl_bench import tags
-from mtl_bench.balancers.aggregator import Aggregation, Aggregator
+from mtl_bench.balancers.aggregator import Aggregation, Aggregator, StepInfo
 from mtl_bench.balancers.weighting import check_solution
 from mtl_bench.errors import ContractError
 from mtl_bench.gradient_engine.balancer import BackwardContext, Context, refuse_flat_state
@@ -36,7 +36,8 @@ class AggregatorBalancer(GradientBalancer):
 
     An aggregator with `forward_rows` gets J row by row, each task's gradient as its backward returns it (no T×P
     copy into J), on one process in a joint step of one micro-batch with shared_params; elsewhere (DDP, which may
-    average J; accumulation, which sums it; per-task steps) `forward` gets the blocks.
+    average J; accumulation, which sums it; per-task steps) `forward` gets the blocks. An aggregator's `objective`
+    replaces each loss before any backward (joint and per task); `reads_step` and `measures_gradients` as there.
     """
 
     aggregator: Aggregator
@@ -48,7 +49,7 @@ class AggregatorBalancer(GradientBalancer):
         aggregator: Aggregator,
         grad_source: Literal["shared_params", "shared_rep"] = "shared_params",
     ) -> None:
-        super().__init__(task_names, shared_params, grad_source)
+        super().__init__(task_names, shared_params, grad_source, gramian_kernel=not aggregator.measures_gradients)
         if aggregator.reads_representation and grad_source != "shared_rep":
             raise ValueError(
                 f"grad_source: {type(aggregator).__name__} reads the shared representation; it needs shared_rep"
@@ -56,6 +57,7 @@ class AggregatorBalancer(GradientBalancer):
         self.aggregator = aggregator
         self.heads_wait = aggregator.weighs_heads
         self._streams = type(aggregator).forward_rows is not Aggregator.forward_rows
+        self._transforms = type(aggregator).objective is not Aggregator.objective
         self._streamed = 0  # rows the aggregator has read in this step (forward_rows)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
@@ -67,14 +69,17 @@ class AggregatorBalancer(GradientBalancer):
     ) -> dict[str, Tensor]:
         if self.aggregator.reads_representation:
             assert shared is not None  # shared_rep (checked in __init__)
-            result = self.aggregator(blocks, scale, losses, shared.detach())
+            result = self.aggregator(blocks, scale, losses, shared.detach(), **self._step_info(blocks=True))
         else:
-            result = self.aggregator(blocks, scale, losses)
+            result = self.aggregator(blocks, scale, losses, **self._step_info(blocks=True))
         return self._take(result, blocks, scale, [], shared, blocks)
 
     def backward(self, losses: dict[str, Tensor], shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
         """The engine's backward, or for an aggregator with `forward_rows` on one process in a step of one
         micro-batch, J streamed to it row by row (see the class docstring)."""
+        if self._transforms:
+            self.check_losses(losses)
+            losses = {name: self.aggregator.objective(losses[name]) for name in self.task_names}
         context = BackwardContext.of(ctx)
         one_batch = context is None or context.accumulation_steps == 1
         if not (self._streams and self.grad_source == "shared_params" and one_batch and world_size() == 1):
@@ -86,7 +91,8 @@ class AggregatorBalancer(GradientBalancer):
         heads: list[tuple[Tensor, Tensor]] = []
         kept: list[list[Tensor]] = []  # the rows, for the Gramian of a measured step
         self._streamed = 0
-        result = self.aggregator.forward_rows(self._rows(ordered, shared, scale, heads, kept), scale, loss_values)
+        rows = self._rows(ordered, shared, scale, heads, kept)
+        result = self.aggregator.forward_rows(rows, scale, loss_values, **self._step_info(blocks=False))
         if self._streamed != len(ordered):
             raise ContractError(
                 f"{self.part_name}: forward_rows read {self._streamed} of {len(ordered)} rows; the contract: every "
@@ -96,6 +102,19 @@ class AggregatorBalancer(GradientBalancer):
         metrics = self._take(result, self._params, scale, heads, None, measured)
         self._end_joint()
         return metrics
+
+    def backward_task(self, task: str, loss: Tensor, shared: Tensor, ctx: Context = None) -> dict[str, Tensor]:
+        if self._transforms:
+            loss = self.aggregator.objective(loss)
+        return super().backward_task(task, loss, shared, ctx)
+
+    def _step_info(self, blocks: bool) -> dict[str, StepInfo]:
+        """`step` for an aggregator that `reads_step`: the blocks sum the step's backwards at the shared parameters
+        (k micro-batches); with shared_rep, and for rows, one."""
+        if not self.aggregator.reads_step:
+            return {}
+        k = self._steps() if blocks and self.grad_source == "shared_params" else 1
+        return {"step": StepInfo(k, self.measuring)}
 
     def _rows(
         self,
@@ -110,7 +129,7 @@ class AggregatorBalancer(GradientBalancer):
         for i, (grads, own) in enumerate(task_gradients(ordered, shared, self._params, scale, self._param_ids)):
             heads += self._heads([own], [i])
             row = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, self._params)]
-            if self.measuring:  # grad_norm/grad_cos need every pair of this batch's gradients
+            if self.measuring and not self.aggregator.measures_gradients:  # grad_cos: every pair of this batch's
                 kept.append(row)
             self._streamed += 1
             yield row
@@ -155,7 +174,7 @@ class AggregatorBalancer(GradientBalancer):
         except GradientShapeError as err:
             raise ContractError(f"{self.part_name} wrote {err}") from None
         metrics = {tags.weight(n): v for n, v in zip(self.task_names, solution.weights.unbind())}
-        if measured is not None and self.measuring:
+        if measured is not None and self.measuring and not self.aggregator.measures_gradients:
             metrics.update(gram_metrics(self._unscaled_gramian(measured, scale), self.task_names))
         metrics.update(solution.metrics)
         return metrics

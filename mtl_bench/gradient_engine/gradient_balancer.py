@@ -102,7 +102,10 @@ class GradientBalancer(StagedBalancer):
         task_names: Sequence[str],
         shared_params: Optional[Iterable[Tensor]],
         grad_source: str,
+        gramian_kernel: bool = True,
     ) -> None:
+        """gramian_kernel: build the C++ Gramian kernel now (False: for a method that takes no Gramian of J; one
+        asked for later is built then)."""
         super().__init__(task_names)
         self.grad_source = one_of("grad_source", grad_source, GRAD_SOURCES)
         self.heads_wait = False  # True: the heads' gradients wait for the solve's head weights
@@ -113,7 +116,7 @@ class GradientBalancer(StagedBalancer):
         self._param_ids = {id(p) for p in params}
         self._spare: Optional[list[Tensor]] = None  # last step's Jacobian blocks, rewritten by the next step
         self._clear_step()
-        if grad_source == "shared_params":
+        if grad_source == "shared_params" and gramian_kernel:
             build_kernel_for(params, len(self.task_names))
 
     def _clear_step(self) -> None:
@@ -232,6 +235,12 @@ class GradientBalancer(StagedBalancer):
             metrics = self._aggregate_checked([rows], scale, self._mean("losses", loss_values), shared)
             self._end_joint()
             return metrics
+        if self._seen.get("joint", 0) >= self._steps():  # the k-th backward wrote the update; step() never came
+            self._reset()
+            raise RuntimeError(
+                f"{type(self).__name__}: the previous step's update is still pending; call balancer.step() after "
+                "each optimizer step (after scaler.update() when there is a grad scaler)"
+            )
         spare = self._spare if self._blocks is None else None  # never the accumulator of this step's micro-batches
         self._spare = None  # while the blocks are in use
         blocks, heads = task_jacobian(ordered, shared, self._params, scale, self._param_ids, spare)
@@ -292,12 +301,12 @@ class GradientBalancer(StagedBalancer):
         return self._aggregate_checked(blocks, scale, losses, None)
 
     def step(self, skipped: bool | Tensor | None = None) -> dict[str, Tensor]:
-        pending_joint = self._mode == JOINT and self._seen.get("joint", 0) not in (0, self._steps())
-        if pending_joint:
-            self._reset()
+        done, expected = self._seen.get("joint", 0), self._steps()
+        if self._mode == JOINT and done not in (0, expected):
+            self._reset()  # the counts are read before: the reset clears them
             raise RuntimeError(
-                f"{type(self).__name__}: step() after {self._seen.get('joint')} of "
-                f"{self._steps()} accumulated backwards; the update was dropped"
+                f"{type(self).__name__}: step() after {done} of {expected} backwards (accumulated); the update "
+                "was dropped"
             )
         return super().step(skipped)
 

@@ -249,3 +249,72 @@ def test_a_direction_that_is_a_view_of_a_block_or_of_the_state_is_copied_into_gr
     assert all(
         p.grad.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() for p, b in zip(others, bal._spare[1:])
     )
+
+
+class LogMean(RowMean):
+    """`RowMean` of the gradients of log(L_i), recording what it was told of each step and the losses it got."""
+
+    reads_step = True
+    measures_gradients = True
+
+    def __init__(self, shapes) -> None:
+        super().__init__(shapes)
+        self.told: list[tuple[int, bool]] = []
+        self.losses: list[torch.Tensor] = []
+
+    def objective(self, loss):
+        return torch.log(loss)
+
+    def forward(self, blocks, scale, losses, step):
+        self.told.append((step.micro_batches, step.measure))
+        self.losses.append(losses)
+        return super().forward(blocks, scale, losses)
+
+    def forward_rows(self, rows, scale, losses, step=None):
+        if step is not None:  # from the engine, not from forward
+            self.told.append((step.micro_batches, step.measure))
+            self.losses.append(losses)
+        return super().forward_rows(rows, scale, losses)
+
+
+def test_an_aggregators_objective_is_what_the_engine_differentiates_and_it_is_told_the_step():
+    x, y = batch()
+    reference = make_model()
+    out, losses = task_losses(reference, x, y)
+    torch.autograd.backward([torch.log(losses[t]) for t in TASKS3])  # the heads': ∇log L_i (the trunk: the mean)
+    for micro, per_task, measure in [(1, False, True), (2, False, False), (2, True, True)]:
+        model = make_model()
+        params = list(model.trunk.parameters())
+        bal = AggregatorBalancer(TASKS3, params, LogMean([p.shape for p in params]))
+        ctx = BackwardContext(accumulation_steps=micro, factor=1 / micro, measure=measure)
+        for _ in range(micro):
+            if per_task:
+                for task in TASKS3:
+                    out, losses = task_losses(model, x, y)
+                    metrics = bal.backward_task(task, losses[task], out.shared, ctx)
+            else:
+                out, losses = task_losses(model, x, y)
+                metrics = bal.backward(losses, out.shared, ctx)
+        bal.step(False)
+        assert bal.aggregator.told == [(micro, measure)]  # k backwards summed in the blocks; rows: one
+        expected_losses = torch.stack([torch.log(losses[t]).detach() for t in TASKS3])
+        torch.testing.assert_close(bal.aggregator.losses[0], expected_losses)  # the objectives' values
+        assert not any(k.startswith(("grad_norm/", "grad_cos/")) for k in metrics)  # it measures its own
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            expected = q.grad / 3 if name.startswith("trunk.") else q.grad  # Mean's direction; heads weight 1
+            torch.testing.assert_close(p.grad, expected, rtol=1e-5, atol=1e-7, msg=f"{micro} {per_task} {name}")
+
+
+def test_a_backward_past_the_kth_micro_batch_and_a_step_before_it_are_one_line_each():
+    model = make_model()
+    bal = AggregatorBalancer(TASKS3, list(model.trunk.parameters()), Mean())
+    ctx = BackwardContext(accumulation_steps=2, factor=0.5)
+    for _ in range(2):
+        out, losses = task_losses(model, *batch())
+        bal.backward(losses, out.shared, ctx)
+    out, losses = task_losses(model, *batch())
+    with pytest.raises(RuntimeError, match=r"^AggregatorBalancer: the previous step's update is still pending"):
+        bal.backward(losses, out.shared, ctx)  # the loop forgot balancer.step()
+    bal.backward(losses, out.shared, ctx)  # refused and reset: a new step starts
+    with pytest.raises(RuntimeError, match=r"step\(\) after 1 of 2 backwards \(accumulated\); the update was dropped$"):
+        bal.step()

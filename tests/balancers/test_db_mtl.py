@@ -53,7 +53,7 @@ def test_two_steps_by_hand(beta_sigma: float, second_ema: tuple[float, float]):
     theta.grad = None
     metrics = bal.backward(*square_case(theta))
     ema_a, ema_b = second_ema
-    assert bal.grad_ema.tolist() == [pytest.approx([ema_a, 0.0]), pytest.approx([0.0, ema_b])]
+    assert bal.aggregator.grad_ema.tolist() == [pytest.approx([ema_a, 0.0]), pytest.approx([0.0, ema_b])]
     assert [metrics[f"db_mtl/ema_norm/{t}"].item() for t in TASKS] == pytest.approx([ema_a, ema_b])
     assert theta.grad.tolist() == pytest.approx([ema_a, ema_a])
 
@@ -138,8 +138,8 @@ def test_matches_libmtl_main_reference_numbers():
     model = pair_model()
     bal = db(model, beta=0.9, beta_sigma=0.5)
     train(model, bal, range(5), lr=0.1)
-    torch.testing.assert_close(bal.grad_ema, torch.tensor(DB_MTL_GRAD_BUFFER_AFTER_5), rtol=1e-5, atol=1e-6)
-    assert bal.steps.item() == 5
+    torch.testing.assert_close(bal.aggregator.grad_ema, torch.tensor(DB_MTL_GRAD_BUFFER_AFTER_5), rtol=1e-5, atol=1e-6)
+    assert bal.aggregator.steps.item() == 5
     for name, p in model.named_parameters():
         torch.testing.assert_close(
             p.detach().flatten(), torch.tensor(DB_MTL_PARAMS_AFTER_5[name]), rtol=1e-5, atol=1e-6, msg=name
@@ -155,7 +155,7 @@ def grads(model: nn.Module) -> list[torch.Tensor]:
 
 def test_state_dict_round_trip_continues_identically():
     saved, _ = assert_resume_continues(lambda model: db(model, beta_sigma=0.5), range(3), range(3, 6))
-    assert set(saved) == {"grad_ema", "steps"}
+    assert set(saved) == {"aggregator.grad_ema", "aggregator.steps"}
 
 
 def test_grad_scaler_gives_the_fp32_update_and_a_skipped_step_changes_nothing():
@@ -203,7 +203,7 @@ def test_per_task_mode_gives_the_joint_gradients_and_state():
     assert metrics.keys() == expected.keys()
     for key in expected:
         torch.testing.assert_close(metrics[key], expected[key], rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(bal.grad_ema, joint.grad_ema, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(bal.aggregator.grad_ema, joint.aggregator.grad_ema, rtol=1e-5, atol=1e-7)
     for g, ref in zip(grads(model), grads(joint_model)):
         torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-7)
 
@@ -241,7 +241,7 @@ def test_metrics_and_no_host_sync(monkeypatch: pytest.MonkeyPatch):
     bal = db(pair_model())
     # A GPU's path: the staged EMA is committed by torch.where. On the CPU a kept buffer trades places with it,
     # which reads the step's flags (no device sync there); a buffer that is no kept spare takes the GPU's path.
-    monkeypatch.setattr(bal, "_staging_buffer", lambda name, like: torch.empty_like(like))
+    monkeypatch.setattr(bal.aggregator, "staging_buffer", lambda name, like: torch.empty_like(like))
     metrics = metrics_without_host_sync(bal, monkeypatch)
     families = ("weight", "grad_norm", "db_mtl/ema_norm")
     assert set(metrics) == {f"{family}/{t}" for family in families for t in TASKS}
@@ -259,7 +259,7 @@ def test_ddp_ranks_hold_the_same_state(tmp_path: Path):
     """Two gloo ranks, each on its half of every batch (tasks listed in different orders): the per-task
     gradients are averaged across ranks before the EMA, so both hold the same EMA and parameters."""
     r0, _ = run_ddp(tmp_path, DDP_BALANCER, DDP_STEPS)  # checks that both ranks hold the same state and parameters
-    assert r0["state"]["steps"].item() == DDP_STEPS and r0["state"]["grad_ema"].abs().sum() > 0
+    assert r0["state"]["aggregator.steps"].item() == DDP_STEPS and r0["state"]["aggregator.grad_ema"].abs().sum() > 0
 
 
 @pytest.mark.parametrize(
